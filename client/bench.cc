@@ -1,0 +1,223 @@
+// flatkv-bench: measures FlatKV's storage engine against the engines people
+// would otherwise use (RocksDB, LevelDB, Kyoto Cabinet), in-process, with the
+// same keys, values and threads for each. See client/README.md.
+//
+//   flatkv-bench engine --engine flat --workload fillrandom,readrandom
+//       --num 1000000 --value-size 100 --threads 1 --dir /tmp/b --fresh --json
+//
+// Each workload prints one line (db_bench-like text, or one JSON object with
+// --json) to stdout; notes and errors go to stderr so stdout stays parseable.
+#include <cinttypes>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "client/bench_engine.h"
+#include "client/bench_flags.h"
+#include "client/bench_sys.h"
+#include "client/bench_workload.h"
+
+namespace flatkv::client {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// Bytes of user data per op: an 8-byte key plus the value.
+constexpr uint64_t kKeyBytes = 8;
+
+// One output line's worth of numbers.
+struct Report {
+  const char* workload = "";
+  uint64_t ops = 0;
+  double seconds = 0;
+  double ops_per_sec = 0;
+  double micros_per_op = 0;
+  double mb_per_sec = 0;
+  uint64_t rss_bytes = 0;
+  uint64_t write_bytes = 0;
+  uint64_t disk_bytes = 0;
+  uint64_t found = 0;
+  double write_amp = 0;
+  uint64_t errors = 0;
+};
+
+Report MakeReport(const BenchFlags& f, Workload w, const WorkloadResult& r,
+                  uint64_t write_bytes) {
+  Report rep;
+  rep.workload = WorkloadName(w);
+  rep.ops = r.ops;
+  rep.seconds = r.seconds;
+  rep.found = r.found;
+  rep.errors = r.errors;
+  rep.write_bytes = write_bytes;
+  // A zero interval (tiny --num on a coarse clock) reports 0, never inf:
+  // JSON has no infinity and a reader would choke on it.
+  if (r.seconds > 0) {
+    rep.ops_per_sec = static_cast<double>(r.ops) / r.seconds;
+    rep.micros_per_op = r.seconds * 1e6 / static_cast<double>(r.ops);
+  }
+  double user_bytes = static_cast<double>(f.num) * static_cast<double>(kKeyBytes + f.value_size);
+  if (w != Workload::kReopen && r.seconds > 0) rep.mb_per_sec = user_bytes / r.seconds / 1e6;
+  if (IsWriteWorkload(w) && user_bytes > 0) rep.write_amp = write_bytes / user_bytes;
+  rep.rss_bytes = ReadRssBytes();
+  rep.disk_bytes = DiskBytes(f.dir);
+  return rep;
+}
+
+// fillrandom   :   1.234 micros/op  810372 ops/sec  87.5 MB/s  (flat, 100 B, 1 thr)
+void PrintText(const BenchFlags& f, Workload w, const Report& rep) {
+  std::string extra;
+  if (w == Workload::kReadRandom || w == Workload::kReadMissing) {
+    extra += ", " + std::to_string(rep.found) + " of " + std::to_string(rep.ops) + " found";
+  }
+  if (rep.errors > 0) extra += ", " + std::to_string(rep.errors) + " errors";
+  if (f.sync) extra += ", sync";
+  std::printf("%-12s : %7.3f micros/op %7.0f ops/sec %5.1f MB/s  (%s, %u B, %d thr%s)\n",
+              rep.workload, rep.micros_per_op, rep.ops_per_sec, rep.mb_per_sec,
+              f.engine.c_str(), f.value_size, f.threads, extra.c_str());
+}
+
+// Field names are the contract in shared/DESIGN.md ("Tools"); scripts parse
+// them, so add fields, never rename. Every string printed comes from a fixed
+// table (engine and workload names), so none needs escaping.
+void PrintJson(const BenchFlags& f, const Report& rep) {
+  std::printf(
+      "{\"engine\":\"%s\",\"workload\":\"%s\",\"num\":%" PRIu64 ",\"value_size\":%u,"
+      "\"threads\":%d,\"sync\":\"%s\",\"seconds\":%.9f,\"ops_per_sec\":%.1f,"
+      "\"micros_per_op\":%.3f,\"mb_per_sec\":%.3f,\"rss_bytes\":%" PRIu64
+      ",\"write_bytes\":%" PRIu64 ",\"disk_bytes\":%" PRIu64 ",\"found\":%" PRIu64
+      ",\"write_amp\":%.4f,\"errors\":%" PRIu64 "}\n",
+      f.engine.c_str(), rep.workload, f.num, f.value_size, f.threads,
+      f.sync ? "always" : "none", rep.seconds, rep.ops_per_sec, rep.micros_per_op,
+      rep.mb_per_sec, rep.rss_bytes, rep.write_bytes, rep.disk_bytes, rep.found,
+      rep.write_amp, rep.errors);
+}
+
+WorkloadConfig MakeConfig(const BenchFlags& f, const BenchEngineOptions& open_options,
+                          const ValueBuffer* values, int position) {
+  WorkloadConfig c;
+  c.num = f.num;
+  c.threads = f.threads;
+  c.seed = f.seed;
+  c.position = position;
+  c.values = values;
+  c.open_options = open_options;
+  return c;
+}
+
+// Fills an empty database with an untimed fillrandom so that a list starting
+// with readrandom (say) measures reads of real data, not of nothing.
+bool PreFill(BenchEngine* engine, const BenchFlags& f, const WorkloadConfig& config) {
+  std::fprintf(stderr,
+               "flatkv-bench: note: %s is empty; filling it with fillrandom of %" PRIu64
+               " keys (untimed) before %s\n",
+               f.dir.c_str(), f.num, WorkloadName(f.workloads.front()));
+  WorkloadResult r;
+  Status s = RunWorkload(engine, Workload::kFillRandom, config, &r);
+  if (s.ok() && r.errors == 0) return true;
+  std::fprintf(stderr, "flatkv-bench: pre-fill failed: %s\n",
+               s.ok() ? r.first_error.c_str() : s.ToString().c_str());
+  return false;
+}
+
+// Runs the workload list on one open database and returns the exit code.
+// Sets *open to false if a failed reopen left the database closed.
+int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
+                 const BenchEngineOptions& open_options, bool dir_was_empty, bool* open) {
+  ValueBuffer values(f.value_size, f.seed);
+  // The pre-fill uses position -1 so its permutation differs from a later
+  // fillrandom's, as two separate runs would.
+  if (dir_was_empty && NeedsData(f.workloads.front()) &&
+      !PreFill(engine, f, MakeConfig(f, open_options, &values, -1))) {
+    return kExitFailure;
+  }
+  bool io_ok = false;
+  ReadIoWriteBytes(&io_ok);
+  if (!io_ok) std::fprintf(stderr, "flatkv-bench: note: /proc/self/io unreadable; write_bytes is 0\n");
+  int exit_code = kExitOk;
+  for (size_t i = 0; i < f.workloads.size(); ++i) {
+    Workload w = f.workloads[i];
+    WorkloadResult r;
+    uint64_t before = ReadIoWriteBytes();
+    Status s = RunWorkload(engine, w, MakeConfig(f, open_options, &values, static_cast<int>(i)), &r);
+    uint64_t after = ReadIoWriteBytes();
+    if (!s.ok()) {
+      // Only a failed reopen gets here; the database is closed now.
+      *open = false;
+      std::fprintf(stderr, "flatkv-bench: %s: %s\n", WorkloadName(w), s.ToString().c_str());
+      return kExitFailure;
+    }
+    Report rep = MakeReport(f, w, r, after >= before ? after - before : 0);
+    if (f.json) {
+      PrintJson(f, rep);
+    } else {
+      PrintText(f, w, rep);
+    }
+    std::fflush(stdout);
+    if (r.errors > 0) {
+      std::fprintf(stderr, "flatkv-bench: %s: %" PRIu64 " errors; first: %s\n",
+                   WorkloadName(w), r.errors, r.first_error.c_str());
+      exit_code = kExitFailure;
+    }
+  }
+  return exit_code;
+}
+
+int RunEngineBench(const BenchFlags& f) {
+  std::unique_ptr<BenchEngine> engine;
+  Status s = NewBenchEngine(f.engine, &engine);
+  if (!s.ok()) {
+    std::fprintf(stderr, "flatkv-bench: %s\n", s.message().c_str());
+    return kExitUsage;
+  }
+  bool dir_was_empty = false;
+  s = PrepareDir(f.dir, f.fresh, &dir_was_empty);
+  if (!s.ok()) {
+    std::fprintf(stderr, "flatkv-bench: %s\n", s.message().c_str());
+    return s.IsInvalidArgument() ? kExitUsage : kExitFailure;
+  }
+  BenchEngineOptions options;
+  options.dir = f.dir;
+  options.sync = f.sync;
+  options.num = f.num;
+  options.value_size = f.value_size;
+  options.index_item_bytes = f.index_item_bytes;
+  options.data_files = f.data_files;
+  s = engine->Open(options);
+  if (!s.ok()) {
+    std::fprintf(stderr, "flatkv-bench: cannot open %s in %s: %s\n", engine->name(),
+                 f.dir.c_str(), s.ToString().c_str());
+    return kExitFailure;
+  }
+  bool open = true;
+  int exit_code = RunWorkloads(engine.get(), f, options, dir_was_empty, &open);
+  if (open) {
+    s = engine->Close();
+    if (!s.ok()) {
+      std::fprintf(stderr, "flatkv-bench: close: %s\n", s.ToString().c_str());
+      exit_code = kExitFailure;
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace
+}  // namespace flatkv::client
+
+int main(int argc, char** argv) {
+  using flatkv::client::BenchFlags;
+  BenchFlags flags;
+  flatkv::Status s = flatkv::client::ParseBenchFlags(argc, argv, &flags);
+  if (!s.ok()) {
+    std::fprintf(stderr, "flatkv-bench: %s\n(run 'flatkv-bench --help' for usage)\n",
+                 s.message().c_str());
+    return 2;
+  }
+  if (flags.help) {
+    flatkv::client::PrintBenchUsage(stdout);
+    return 0;
+  }
+  return flatkv::client::RunEngineBench(flags);
+}

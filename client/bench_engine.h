@@ -1,0 +1,101 @@
+// BenchEngine is the one interface flatkv-bench drives: FlatKV's own Store and
+// the peer engines it is compared with (RocksDB, LevelDB, Kyoto Cabinet). Each
+// adapter configures its engine the way that engine's users run it, so the
+// numbers compare engines rather than tuning effort:
+//
+//   flat          engine::Store, EngineOptions{path, sync} plus the optional
+//                 index_item_bytes / data_files pass-throughs
+//   rocksdb       defaults + create_if_missing + 64 MiB LRU block cache
+//   leveldb       defaults + create_if_missing + 64 MiB LRU block cache
+//   kyotocabinet  HashDB, tune_buckets(max(num, 1M)) before open
+//
+// Keys are 64-bit integers. Flat takes them as they are; the peers get them
+// as 8 big-endian bytes so that ascending integers are ascending in their
+// (bytewise) key order and fillseq really is sequential for them.
+//
+// Writes are acknowledged without a per-write sync unless sync is set: then
+// WriteOptions::sync for RocksDB/LevelDB, HashDB::OAUTOSYNC for Kyoto and
+// SyncMode::kAlways for flat.
+//
+// Thread safety: after Open() returns OK, Put/Get/Delete may be called from
+// any number of threads at once (all four engines are internally
+// synchronized). Open and Close must not race with anything.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "engine/status.h"
+
+namespace flatkv::client {
+
+// What an adapter needs to open its engine. Zero means "the engine's default"
+// for the flat-only knobs.
+struct BenchEngineOptions {
+  std::string dir;           // database directory; exists before Open()
+  bool sync = false;         // sync every write before it returns
+  uint64_t num = 0;          // records the run will hold (Kyoto sizes its buckets)
+  uint32_t value_size = 0;   // expected value size (lets Get avoid allocating)
+  int index_item_bytes = 0;  // flat only: EngineOptions::index_item_bytes
+  int data_files = 0;        // flat only: EngineOptions::data_files
+};
+
+class BenchEngine {
+ public:
+  virtual ~BenchEngine() = default;
+
+  // The engine's name as spelled on the command line ("flat", "rocksdb", ...).
+  virtual const char* name() const = 0;
+
+  // Opens (creating if needed) the database in options.dir. May be called
+  // again after Close() to reopen the same database.
+  virtual Status Open(const BenchEngineOptions& options) = 0;
+
+  // Stores "value" under "key", replacing any previous value.
+  virtual Status Put(int64_t key, std::string_view value) = 0;
+
+  // On a hit fills *value and returns OK; returns NotFound on a miss. Any
+  // other status is an error. Reuses *value's capacity where the engine's API
+  // allows, so a warm loop does not allocate.
+  virtual Status Get(int64_t key, std::string* value) = 0;
+
+  // Removes "key". Removing an absent key is OK, not an error.
+  virtual Status Delete(int64_t key) = 0;
+
+  // Closes the database cleanly (the way its users shut it down). Further
+  // calls other than Open() fail.
+  virtual Status Close() = 0;
+};
+
+// Engine names flatkv-bench knows, compiled in or not, in usage order.
+inline constexpr const char* kBenchEngineNames[] = {"flat", "rocksdb", "leveldb",
+                                                    "kyotocabinet"};
+
+// True if "name" is one of kBenchEngineNames and its adapter was compiled in.
+bool BenchEngineBuilt(std::string_view name);
+
+// Creates the (unopened) adapter for "name". Returns InvalidArgument naming
+// the engine if it is unknown, or "engine X not built into this flatkv-bench"
+// if its library was not found at build time.
+Status NewBenchEngine(std::string_view name, std::unique_ptr<BenchEngine>* result);
+
+// Adapter factories, one per translation unit; only those whose library was
+// found are compiled (see client/CMakeLists.txt).
+std::unique_ptr<BenchEngine> NewFlatBenchEngine();
+std::unique_ptr<BenchEngine> NewRocksDbBenchEngine();
+std::unique_ptr<BenchEngine> NewLevelDbBenchEngine();
+std::unique_ptr<BenchEngine> NewKyotoBenchEngine();
+
+// Writes "key" as 8 big-endian bytes into buf[0..8), so bytewise order equals
+// numeric order for non-negative keys.
+inline void EncodeBigEndianKey(int64_t key, char* buf) {
+  uint64_t v = static_cast<uint64_t>(key);
+  for (int i = 7; i >= 0; --i) {
+    buf[i] = static_cast<char>(v & 0xff);
+    v >>= 8;
+  }
+}
+
+}  // namespace flatkv::client

@@ -1,0 +1,43 @@
+// Command line of flatkv-bench:
+//
+//   flatkv-bench engine --engine E --workload W[,W...] --dir D [options]
+//
+// Flags take "--name value" or "--name=value". Parsing never exits or throws:
+// it returns InvalidArgument naming the flag, and main() turns that into a
+// message and exit code 2.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "client/bench_workload.h"
+#include "engine/status.h"
+
+namespace flatkv::client {
+
+struct BenchFlags {
+  bool help = false;                      // --help / -h: print usage, exit 0
+  std::string engine;                     // --engine (required)
+  std::vector<Workload> workloads;        // --workload, run in order
+  std::string dir;                        // --dir (required)
+  uint64_t num = 1000000;                 // --num: keys, and ops per workload
+  uint32_t value_size = 100;              // --value-size in bytes
+  int threads = 1;                        // --threads
+  bool sync = false;                      // --sync none|always
+  bool json = false;                      // --json: one JSON object per line
+  bool fresh = false;                     // --fresh: empty --dir first
+  uint64_t seed = 301;                    // --seed for keys and values
+  int index_item_bytes = 0;               // --index-item-bytes (flat), 0 = default
+  int data_files = 0;                     // --data-files (flat), 0 = default
+};
+
+// Parses argv (argv[0] is the program). On success fills *flags; on a bad
+// command line returns InvalidArgument with a one-line reason.
+Status ParseBenchFlags(int argc, char** argv, BenchFlags* flags);
+
+// Writes the usage text to "out".
+void PrintBenchUsage(std::FILE* out);
+
+}  // namespace flatkv::client

@@ -1,0 +1,51 @@
+// The flat adapter: FlatKV's own engine::Store, opened with the options a
+// user of flatkv-server would get from `storage.*` (defaults, plus sync and
+// the two layout knobs the bench exposes).
+#include <memory>
+
+#include "client/bench_engine.h"
+#include "engine/options.h"
+#include "engine/store.h"
+
+namespace flatkv::client {
+namespace {
+
+class FlatBenchEngine : public BenchEngine {
+ public:
+  const char* name() const override { return "flat"; }
+
+  Status Open(const BenchEngineOptions& options) override {
+    engine::EngineOptions eo;
+    eo.path = options.dir;
+    eo.sync = options.sync ? engine::SyncMode::kAlways : engine::SyncMode::kNone;
+    if (options.index_item_bytes > 0) eo.index_item_bytes = options.index_item_bytes;
+    if (options.data_files > 0) eo.data_files = options.data_files;
+    return engine::Store::Open(eo, &store_);
+  }
+
+  Status Put(int64_t key, std::string_view value) override {
+    return store_->Put(key, value);
+  }
+
+  Status Get(int64_t key, std::string* value) override { return store_->Get(key, value); }
+
+  Status Delete(int64_t key) override { return store_->Remove(key, nullptr); }
+
+  Status Close() override {
+    if (store_ == nullptr) return Status::IOError("flat: not open");
+    Status s = store_->Close();
+    store_.reset();
+    return s;
+  }
+
+ private:
+  std::unique_ptr<engine::Store> store_;
+};
+
+}  // namespace
+
+std::unique_ptr<BenchEngine> NewFlatBenchEngine() {
+  return std::make_unique<FlatBenchEngine>();
+}
+
+}  // namespace flatkv::client

@@ -1,0 +1,158 @@
+// The workloads of flatkv-bench and the machinery that times them: which keys
+// each one touches, the value bytes it writes, and the threads that run it.
+//
+// Keys live in [0, num). Every key sequence is a pure function of (--seed,
+// workload position, thread), so two runs with the same flags issue the same
+// operations in the same order against every engine.
+//
+//   fillseq       put 0..num-1 ascending; thread t takes the t-th slice
+//   fillrandom    put a random permutation of [0, num): each key once
+//   overwrite     put num keys drawn with replacement from [0, num)
+//   readrandom    get num keys drawn with replacement from [0, num)
+//   readmissing   get num keys drawn from [num, 2*num): never written
+//   deleterandom  delete a random permutation of [0, num)
+//   reopen        close (untimed), then time one Open
+//
+// Thread safety: RunWorkload starts and joins its own threads; the
+// ValueBuffer is shared read-only between them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "client/bench_engine.h"
+#include "engine/status.h"
+
+namespace flatkv::client {
+
+enum class Workload {
+  kFillSeq,
+  kFillRandom,
+  kOverwrite,
+  kReadRandom,
+  kReadMissing,
+  kDeleteRandom,
+  kReopen,
+};
+
+// Parses a workload name as spelled on the command line; false if unknown.
+bool ParseWorkload(std::string_view name, Workload* workload);
+const char* WorkloadName(Workload workload);
+// "fillseq|fillrandom|..." for usage and error messages.
+const char* WorkloadNameList();
+
+// Workloads that write (puts and deletes): they get a write_amp.
+bool IsWriteWorkload(Workload workload);
+// Workloads that read what a fill wrote: on an empty directory the bench
+// fills first so their numbers mean something.
+bool NeedsData(Workload workload);
+
+// splitmix64: tiny, fast and good enough to drive key choice. Each thread
+// owns one, so there is no shared state in the timed loop.
+class Rng {
+ public:
+  // __extension__ keeps -Wpedantic quiet about the GCC/Clang 128-bit type.
+  __extension__ typedef unsigned __int128 Uint128;
+
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, n) by multiply-shift (Lemire), without a division.
+  uint64_t Uniform(uint64_t n) {
+    return static_cast<uint64_t>((static_cast<Uint128>(Next()) * n) >> 64);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// A seeded bijection of [0, n): a random permutation that costs no memory,
+// so a billion-key fillrandom does not inflate rss_bytes by 8 GB. It mixes
+// within the smallest power of two >= n and walks the cycle until it lands
+// below n (fewer than two steps on average).
+class KeyPermutation {
+ public:
+  KeyPermutation(uint64_t n, uint64_t seed);
+  uint64_t operator()(uint64_t i) const {
+    uint64_t x = i;
+    do {
+      x = Mix(x);
+    } while (x >= n_);
+    return x;
+  }
+
+ private:
+  // Each step (odd multiply, xor-shift, add, all modulo 2^bits) is a
+  // bijection of [0, 2^bits), so the composition is one too.
+  uint64_t Mix(uint64_t x) const {
+    for (int r = 0; r < kRounds; ++r) {
+      x = (x * mul_[r]) & mask_;
+      x ^= x >> shift_;
+      x = (x + add_[r]) & mask_;
+    }
+    return x;
+  }
+
+  static constexpr int kRounds = 3;
+  uint64_t n_;
+  uint64_t mask_;
+  int shift_;
+  uint64_t mul_[kRounds];
+  uint64_t add_[kRounds];
+};
+
+// Value bytes generated once, like db_bench's RandomGenerator: random
+// printable bytes in which each 100-byte stretch holds 50 random bytes
+// repeated, so a compressing engine (RocksDB/LevelDB with Snappy) sees a 0.5
+// compression ratio, as it would on real data, not on zeros or noise. Puts
+// slice it, so producing a value costs nothing in the timed loop.
+class ValueBuffer {
+ public:
+  ValueBuffer(uint32_t value_size, uint64_t seed);
+  // The value for the op at "pos" (advanced past it). Slices wrap around a
+  // 1 MiB buffer (larger if values are).
+  std::string_view Next(size_t* pos) const {
+    if (*pos + value_size_ > data_.size()) *pos = 0;
+    std::string_view v(data_.data() + *pos, value_size_);
+    *pos += value_size_;
+    return v;
+  }
+  size_t size() const { return data_.size(); }
+  uint32_t value_size() const { return value_size_; }
+
+ private:
+  uint32_t value_size_;
+  std::string data_;
+};
+
+// What one timed workload did.
+struct WorkloadResult {
+  double seconds = 0;
+  uint64_t ops = 0;     // operations issued (num, or 1 for reopen)
+  uint64_t found = 0;   // gets that hit
+  uint64_t errors = 0;  // ops that failed with anything but NotFound
+  std::string first_error;  // the first such failure, for stderr
+};
+
+struct WorkloadConfig {
+  uint64_t num = 0;
+  int threads = 1;
+  uint64_t seed = 301;      // mixed with "position" and the thread index
+  int position = 0;         // index of the workload in --workload, so repeats differ
+  const ValueBuffer* values = nullptr;
+  BenchEngineOptions open_options;  // for reopen
+};
+
+// Runs "workload" against the open "engine" with config.threads threads that
+// start together; seconds covers the first start to the last finish. Per-op
+// failures are counted, not fatal. Returns an error only if the engine could
+// not be reopened (reopen), after which it is closed.
+Status RunWorkload(BenchEngine* engine, Workload workload, const WorkloadConfig& config,
+                   WorkloadResult* result);
+
+}  // namespace flatkv::client

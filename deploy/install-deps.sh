@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package FlatKV's build, tests and benchmark need.
+# Idempotent: packages already present are skipped by apt; safe to run twice.
+# Usage (as root on Debian 12): bash deploy/install-deps.sh
+set -euo pipefail
+
+packages=(
+  # build
+  cmake g++ make pkg-config ninja-build
+  # server and cluster (Thrift needs Boost headers it does not depend on)
+  thrift-compiler libthrift-dev libboost-dev libevent-dev
+  libzookeeper-mt-dev zookeeper
+  libspdlog-dev libyaml-cpp-dev
+  # tests
+  catch2 python3-thrift strace
+  # peer engines for flatkv-bench
+  librocksdb-dev libleveldb-dev libkyotocabinet-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,96 @@
+// FlatIndex maps each integer key of [kmin, kmin + slots) to the position of
+// its newest record: slot (key - kmin) holds an item_bytes-wide little-endian
+// value, 0 meaning absent (FlatTable decides what a nonzero value encodes).
+// The slots live in one file mapped with mmap(); its first page is a header:
+//
+//   0         8     12    16      24      32    36     40    44    48
+//   +---------+-----+-----+-------+-------+-----+------+-----+-----+----------
+//   | magic   | ver | W   | kmin  | slots | N   | clean| crc | 0   | checkpoint
+//   | FLATKVIX| 1   |4..8 | i64   | u64   | u32 | u32  | u32 |     | u64 x N ...
+//   +---------+-----+-----+-------+-------+-----+------+-----+-----+----------
+//   4096: slot 0, slot 1, ... (W bytes each); file size = 4096 + slots * W
+//
+// crc is the masked CRC32C of the 4096-byte header with the crc field zeroed.
+// checkpoint[i] is the offset in data file i up to which the slots are known
+// to reflect every record; clean = 1 means the table was closed cleanly.
+//
+// The slot area starts sparse (a hole); a page is reserved with fallocate()
+// the first time a slot in it is stored, so a full disk is a NoSpace status,
+// never a SIGBUS, and a few scattered keys cost a few pages.
+//
+// Thread safety: Load() may run concurrently with everything (it uses
+// relaxed atomic byte loads; callers detect torn values with a seqlock, see
+// FlatTable). Store() may run concurrently with Store() on other slots.
+// WriteHeader() and Sync() need external synchronization.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/status.h"
+
+namespace flatkv::engine {
+
+struct IndexParams {
+  int64_t kmin = 0;
+  uint64_t slots = 0;
+  int item_bytes = 6;  // 4..8
+  int data_files = 16;
+};
+
+class FlatIndex {
+ public:
+  static constexpr size_t kHeaderBytes = 4096;
+  static constexpr int kMaxDataFiles = (kHeaderBytes - 48) / 8;
+
+  // Opens the index at "path". With "create", a missing file is created empty
+  // (all slots absent, checkpoints 0, clean). Returns NotFound if the file is
+  // missing and !create, and Corruption if the header is damaged, its CRC or
+  // parameters do not match "params", or the file size is wrong.
+  static Status Open(const std::string& path, const IndexParams& params, bool create,
+                     std::unique_ptr<FlatIndex>* result);
+
+  ~FlatIndex();
+
+  uint64_t Load(uint64_t slot) const;
+  // Stores "value" (< 2^(8*item_bytes)) into the slot; NoSpace if the page
+  // holding it cannot be reserved.
+  Status Store(uint64_t slot, uint64_t value);
+
+  bool clean() const { return clean_; }
+  const std::vector<uint64_t>& checkpoints() const { return checkpoints_; }
+
+  // Rewrites the header with these values and makes it durable (msync).
+  Status WriteHeader(bool clean, const std::vector<uint64_t>& checkpoints);
+  // Makes every stored slot durable (msync of the slot area).
+  Status Sync();
+  // Sets every slot to absent (used before rebuilding from the logs).
+  Status Clear();
+
+  const IndexParams& params() const { return params_; }
+  const std::string& path() const { return path_; }
+
+  FlatIndex(const FlatIndex&) = delete;
+  FlatIndex& operator=(const FlatIndex&) = delete;
+
+ private:
+  FlatIndex(std::string path, int fd, const IndexParams& params, char* base, size_t len);
+  Status ReadHeader();
+  Status ReservePage(uint64_t page);
+
+  const std::string path_;
+  int fd_;
+  const IndexParams params_;
+  char* const base_;  // mapping of the whole file
+  const size_t len_;
+  char* const slots_;
+  bool clean_ = true;
+  std::vector<uint64_t> checkpoints_;
+  // One bit per page of the slot area: reserved by this process already.
+  std::unique_ptr<std::atomic<uint64_t>[]> reserved_;
+};
+
+}  // namespace flatkv::engine

@@ -1,0 +1,698 @@
+// Implementation notes
+//
+// Recovery. The index header holds, per data file, a checkpoint: the log
+// offset up to which the slots are known to be durable and complete. A clean
+// close writes checkpoints equal to the files' sizes and clean = 1; such a
+// table opens with no log I/O at all. Otherwise each file's tail past its
+// checkpoint is replayed (records applied in log order, bad ones reported and
+// skipped) and the file is cut after its last valid record, which removes a
+// torn write and the space reserved ahead. After an OS crash an index page
+// may have reached the disk ahead of the log bytes its slots point at, so every
+// slot pointing past its file's checkpoint must be a record the replay found;
+// if one is not, the index is rebuilt from offset 0 of every file. A missing
+// or damaged index is rebuilt the same way.
+#include "engine/flat_table.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+namespace flatkv::engine {
+namespace {
+
+constexpr size_t kNoHintGuess = 4096;
+// Enough to read a record's header and an append fragment's part list.
+constexpr size_t kHeadBytes = kRecordHeaderSize + 1 + kMaxAppendParts * kAppendPartBytes;
+// Reads larger than this use a one-off buffer instead of the thread's.
+constexpr size_t kMaxScratch = 1 << 20;
+
+uint64_t SizeBound(unsigned c) { return uint64_t{2 + (c & 1)} << ((c >> 1) + 4); }
+
+unsigned SizeClass(uint64_t n) {
+  unsigned c = 0;
+  if (n > 64) c = 2 * (63 - __builtin_clzll(n - 1) - 5);
+  while (SizeBound(c) < n) ++c;
+  return c;
+}
+
+Status WriteMeta(const std::string& dir, const IndexParams& p) {
+  const std::string path = dir + "/META";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "flatkv-table 1\nkmin " << p.kmin << "\nslots " << p.slots << "\nitem_bytes "
+        << p.item_bytes << "\ndata_files " << p.data_files << "\n";
+    out.flush();
+    if (!out) return Status::IOError("writing " + tmp);
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) return Status::FromErrno("renaming " + tmp, errno);
+  return Status::OK();
+}
+
+// Reads META into *p. NotFound if absent, Corruption if unreadable.
+Status ReadMeta(const std::string& dir, IndexParams* p) {
+  const std::string path = dir + "/META";
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(path + " does not exist");
+  std::string magic, k;
+  int version = 0;
+  in >> magic >> version;
+  IndexParams r;
+  in >> k >> r.kmin >> k >> r.slots >> k >> r.item_bytes >> k >> r.data_files;
+  if (!in || magic != "flatkv-table" || version != 1 || r.item_bytes < 4 || r.item_bytes > 8 ||
+      r.data_files < 1 || r.data_files > FlatIndex::kMaxDataFiles || r.slots == 0) {
+    return Status::Corruption(path + " is not a valid table description");
+  }
+  *p = r;
+  return Status::OK();
+}
+
+}  // namespace
+
+FlatTable::FlatTable(const TableParams& params, EngineCounters* counters)
+    : params_(params), counters_(counters) {
+  const int w = params.index.item_bytes;
+  hint_bits_ = w == 4 ? 0 : 6;
+  const uint64_t max_value = w == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * w)) - 1;
+  pos_limit_ = (max_value - 1) >> hint_bits_;
+  files_.reset(new FileState[params.index.data_files]);
+}
+
+FlatTable::~FlatTable() {
+  Status st = Close();
+  if (!st.ok()) spdlog::error("closing table {}: {}", params_.dir, st.ToString());
+}
+
+std::string FlatTable::DataPath(int file) const {
+  char name[32];
+  std::snprintf(name, sizeof(name), "/data-%03d.log", file);
+  return params_.dir + name;
+}
+
+Status FlatTable::Open(const TableParams& requested, bool create, EngineCounters* counters,
+                       std::unique_ptr<FlatTable>* result) {
+  TableParams params = requested;
+  IndexParams meta;
+  Status st = ReadMeta(params.dir, &meta);
+  if (st.ok()) {
+    if (meta.kmin != params.index.kmin || meta.slots != params.index.slots) {
+      return Status::InvalidArgument(params.dir + " covers keys [" + std::to_string(meta.kmin) +
+                                     ", +" + std::to_string(meta.slots) +
+                                     "), which the configured key_min/segment_keys do not match");
+    }
+    params.index = meta;  // existing tables keep their width and file count
+  } else if (st.IsNotFound() && create) {
+    if (mkdir(params.dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Status::FromErrno("creating " + params.dir, errno);
+    }
+    FLATKV_RETURN_IF_ERROR(WriteMeta(params.dir, params.index));
+  } else {
+    return st;
+  }
+  std::unique_ptr<FlatTable> table(new FlatTable(params, counters));
+  bool rebuild = false;
+  const std::string index_path = params.dir + "/index";
+  st = FlatIndex::Open(index_path, params.index, true, &table->index_);
+  if (st.IsCorruption()) {
+    spdlog::warn("{}; rebuilding it from the data files", st.ToString());
+    if (unlink(index_path.c_str()) != 0) return Status::FromErrno("removing " + index_path, errno);
+    st = FlatIndex::Open(index_path, params.index, true, &table->index_);
+    rebuild = true;
+  }
+  FLATKV_RETURN_IF_ERROR(st);
+  FLATKV_RETURN_IF_ERROR(table->OpenFiles(create));
+  FLATKV_RETURN_IF_ERROR(table->Recover(rebuild));
+  *result = std::move(table);
+  return Status::OK();
+}
+
+Status FlatTable::OpenFiles(bool create) {
+  (void)create;
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    const std::string path = DataPath(f);
+    if (access(path.c_str(), F_OK) != 0) continue;  // created on first write
+    std::unique_ptr<LogFile> log;
+    FLATKV_RETURN_IF_ERROR(LogFile::Open(path, false, &log));
+    files_[f].log.store(log.get(), std::memory_order_release);
+    files_[f].owner = std::move(log);
+    counters_->data_files_open.fetch_add(1, std::memory_order_relaxed);
+  }
+  return Status::OK();
+}
+
+Status FlatTable::Recover(bool force_rebuild) {
+  const int n = params_.index.data_files;
+  const std::vector<uint64_t> checkpoints = index_->checkpoints();
+  bool needed = force_rebuild || !index_->clean();
+  bool rebuild = force_rebuild;
+  for (int f = 0; f < n; ++f) {
+    const LogFile* log = files_[f].owner.get();
+    const uint64_t size = log != nullptr ? log->end() : 0;
+    if (size != checkpoints[f]) needed = true;
+    if (size < checkpoints[f]) rebuild = true;  // the log lost bytes the index saw
+  }
+  if (!needed) {
+    for (int f = 0; f < n; ++f) files_[f].applied = checkpoints[f];
+    return Status::OK();
+  }
+  for (;;) {
+    if (rebuild) {
+      spdlog::warn("rebuilding the index of {} from its data files", params_.dir);
+      FLATKV_RETURN_IF_ERROR(index_->Clear());
+      counters_->index_rebuilds.fetch_add(1, std::memory_order_relaxed);
+    }
+    std::vector<std::vector<uint64_t>> positions(n);
+    for (int f = 0; f < n; ++f) {
+      FLATKV_RETURN_IF_ERROR(Replay(f, rebuild ? 0 : checkpoints[f], rebuild, &positions[f]));
+    }
+    if (rebuild) break;
+    // Every slot pointing past its checkpoint must be a record replay found.
+    bool stale = false;
+    for (uint64_t s = 0; s < params_.index.slots && !stale; ++s) {
+      const uint64_t v = index_->Load(s);
+      if (v == 0) continue;
+      uint64_t pos;
+      size_t guess;
+      DecodeSlot(v, &pos, &guess);
+      const int f = static_cast<int>(s % n);
+      if (pos >= checkpoints[f] &&
+          !std::binary_search(positions[f].begin(), positions[f].end(), pos)) {
+        spdlog::warn("{}: slot {} points at offset {} of data file {}, past its checkpoint, "
+                     "where no valid record is",
+                     params_.dir, s, pos, f);
+        stale = true;
+      }
+    }
+    if (!stale) break;
+    rebuild = true;
+  }
+  std::vector<uint64_t> ends(n, 0);
+  for (int f = 0; f < n; ++f) {
+    if (files_[f].owner != nullptr) ends[f] = files_[f].owner->end();
+    files_[f].applied = ends[f];
+  }
+  // The index now agrees with the logs: make that durable as a clean state.
+  FLATKV_RETURN_IF_ERROR(index_->Sync());
+  return index_->WriteHeader(true, ends);
+}
+
+Status FlatTable::Replay(int file, uint64_t from, bool rebuild, std::vector<uint64_t>* positions) {
+  LogFile* log = files_[file].owner.get();
+  if (log == nullptr) return Status::OK();
+  const int n = params_.index.data_files;
+  const std::string path = log->path();
+  LogReader reader(log, from, log->allocated(),
+                   [&](uint64_t offset, uint64_t bytes, const char* reason) {
+                     counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
+                     spdlog::warn("{}: skipped {} bytes at offset {}: {}", path, bytes, offset,
+                                  reason);
+                   });
+  RecordView view;
+  uint64_t pos;
+  uint64_t applied = 0;
+  while (reader.Next(&view, &pos)) {
+    const uint64_t slot = static_cast<uint64_t>(view.key) - static_cast<uint64_t>(kmin());
+    if (slot >= slots() || static_cast<int>(slot % n) != file) {
+      counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("{}: record at offset {} has key {}, which does not belong in this file",
+                   path, pos, view.key);
+      continue;
+    }
+    const uint64_t v = view.type == RecordType::kTombstone ? 0 : EncodeSlot(pos, view.size);
+    FLATKV_RETURN_IF_ERROR(index_->Store(slot, v));
+    positions->push_back(pos);
+    ++applied;
+  }
+  counters_->recovery_bytes_scanned.fetch_add(reader.bytes_read(), std::memory_order_relaxed);
+  FLATKV_RETURN_IF_ERROR(reader.status());
+  spdlog::info("{}: {} {} records from offset {} to {}", path, rebuild ? "rebuilt" : "replayed",
+               applied, from, reader.valid_end());
+  if (reader.valid_end() != log->allocated()) FLATKV_RETURN_IF_ERROR(log->Truncate(reader.valid_end()));
+  return log->Sync();
+}
+
+uint64_t FlatTable::EncodeSlot(uint64_t pos, size_t size) const {
+  const uint64_t hint = hint_bits_ == 0 ? 0 : SizeClass(size);
+  return ((pos << hint_bits_) | hint) + 1;
+}
+
+void FlatTable::DecodeSlot(uint64_t v, uint64_t* pos, size_t* guess) const {
+  const uint64_t x = v - 1;
+  *pos = x >> hint_bits_;
+  *guess = hint_bits_ == 0 ? kNoHintGuess
+                           : static_cast<size_t>(SizeBound(static_cast<unsigned>(x & 63)));
+}
+
+uint64_t FlatTable::ReadSlot(const FileState& fs, uint64_t slot) const {
+  for (;;) {
+    const uint32_t s1 = fs.seq.load(std::memory_order_acquire);
+    if (s1 & 1) continue;  // a writer is mid-update: its slot may be torn
+    const uint64_t v = index_->Load(slot);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (fs.seq.load(std::memory_order_relaxed) == s1) return v;
+  }
+}
+
+Status FlatTable::WriteSlot(FileState& fs, uint64_t slot, uint64_t value) {
+  const uint32_t s = fs.seq.load(std::memory_order_relaxed);
+  fs.seq.store(s + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  Status st = index_->Store(slot, value);
+  fs.seq.store(s + 2, std::memory_order_release);
+  return st;
+}
+
+uint64_t FlatTable::CurrentSlotLocked(const FileState& fs, uint64_t slot) const {
+  for (auto it = fs.pending.rbegin(); it != fs.pending.rend(); ++it) {
+    if (it->slot == slot) return it->value;
+  }
+  return index_->Load(slot);
+}
+
+Status FlatTable::EnsureWritable() {
+  if (dirty_marked_.load(std::memory_order_acquire)) return Status::OK();
+  std::lock_guard<std::mutex> lock(header_mu_);
+  if (closed_) return Status::IOError(params_.dir + " is closed");
+  if (!dirty_marked_.load(std::memory_order_relaxed)) {
+    // From here until the next clean close, a crash must trigger recovery.
+    FLATKV_RETURN_IF_ERROR(index_->WriteHeader(false, index_->checkpoints()));
+    dirty_marked_.store(true, std::memory_order_release);
+  }
+  return Status::OK();
+}
+
+Status FlatTable::LogForWrite(FileState& fs, int file, LogFile** log) {
+  if (fs.owner == nullptr) {
+    std::unique_ptr<LogFile> created;
+    FLATKV_RETURN_IF_ERROR(LogFile::Open(DataPath(file), true, &created));
+    fs.log.store(created.get(), std::memory_order_release);
+    fs.owner = std::move(created);
+    counters_->data_files_open.fetch_add(1, std::memory_order_relaxed);
+  }
+  *log = fs.owner.get();
+  return Status::OK();
+}
+
+Status FlatTable::Write(FileState& fs, std::unique_lock<std::mutex>& lk, int file, int64_t key,
+                        RecordType type, std::string_view prefix, std::string_view value) {
+  if (!fs.error.ok()) return fs.error;
+  LogFile* log;
+  FLATKV_RETURN_IF_ERROR(LogForWrite(fs, file, &log));
+  const size_t size = RecordSize(prefix.size() + value.size());
+  if (log->end() + size >= pos_limit_) {
+    return Status::NoSpace(log->path() + " reached the " + std::to_string(pos_limit_) +
+                           "-byte limit of index_item_bytes=" +
+                           std::to_string(params_.index.item_bytes) + "; compact the table");
+  }
+  uint64_t pos;
+  size_t written;
+  FLATKV_RETURN_IF_ERROR(log->Append(type, key, NowMicros(), prefix, value, &pos, &written));
+  counters_->bytes_appended.fetch_add(written, std::memory_order_relaxed);
+  fs.dirty.store(true, std::memory_order_relaxed);
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  const uint64_t v = type == RecordType::kTombstone ? 0 : EncodeSlot(pos, written);
+  if (params_.sync != SyncMode::kAlways) {
+    FLATKV_RETURN_IF_ERROR(WriteSlot(fs, slot, v));
+    fs.applied = log->end();
+    return Status::OK();
+  }
+  fs.pending.push_back({slot, v});
+  return WaitDurable(fs, lk, log->end());
+}
+
+Status FlatTable::WaitDurable(FileState& fs, std::unique_lock<std::mutex>& lk, uint64_t end) {
+  while (fs.applied < end) {
+    if (!fs.error.ok()) return fs.error;
+    if (fs.syncing) {
+      fs.cv.wait(lk);
+      continue;
+    }
+    // Become the leader: one fdatasync covers every record appended so far.
+    fs.syncing = true;
+    LogFile* log = fs.owner.get();
+    const uint64_t target = log->end();
+    const size_t batch = fs.pending.size();
+    lk.unlock();
+    Status st = log->Sync();
+    counters_->fdatasyncs.fetch_add(1, std::memory_order_relaxed);
+    lk.lock();
+    for (size_t i = 0; st.ok() && i < batch; ++i) {
+      st = WriteSlot(fs, fs.pending[i].slot, fs.pending[i].value);
+    }
+    fs.pending.erase(fs.pending.begin(), fs.pending.begin() + static_cast<long>(batch));
+    if (st.ok()) {
+      fs.applied = target;
+    } else {
+      // After a failed fdatasync the page cache can no longer be trusted to
+      // match the disk (PostgreSQL's fsyncgate): refuse further writes.
+      spdlog::error("{}: {}; refusing further writes to this file", log->path(), st.ToString());
+      fs.error = st;
+    }
+    fs.syncing = false;
+    fs.cv.notify_all();
+  }
+  return Status::OK();
+}
+
+Status FlatTable::Put(int64_t key, std::string_view value) {
+  FLATKV_RETURN_IF_ERROR(EnsureWritable());
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  const int file = static_cast<int>(slot % params_.index.data_files);
+  FileState& fs = files_[file];
+  std::unique_lock<std::mutex> lk(fs.mu);
+  return Write(fs, lk, file, key, RecordType::kValue, {}, value);
+}
+
+Status FlatTable::Remove(int64_t key, bool* existed) {
+  FLATKV_RETURN_IF_ERROR(EnsureWritable());
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  const int file = static_cast<int>(slot % params_.index.data_files);
+  FileState& fs = files_[file];
+  std::unique_lock<std::mutex> lk(fs.mu);
+  if (CurrentSlotLocked(fs, slot) == 0) {
+    if (existed != nullptr) *existed = false;
+    return Status::OK();
+  }
+  FLATKV_RETURN_IF_ERROR(Write(fs, lk, file, key, RecordType::kTombstone, {}, {}));
+  if (existed != nullptr) *existed = true;
+  return Status::OK();
+}
+
+bool FlatTable::Contains(int64_t key) const {
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  return ReadSlot(files_[slot % params_.index.data_files], slot) != 0;
+}
+
+Status FlatTable::Get(int64_t key, std::string* value) const {
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  const FileState& fs = files_[slot % params_.index.data_files];
+  const uint64_t v = ReadSlot(fs, slot);
+  if (v == 0) return Status::NotFound("key " + std::to_string(key));
+  return ReadValue(fs.log.load(std::memory_order_acquire), key, v, value);
+}
+
+Status FlatTable::ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size_t guess,
+                             std::string* buf, RecordView* view) const {
+  if (buf->size() < guess) buf->resize(guess);
+  size_t got = 0;
+  FLATKV_RETURN_IF_ERROR(log->Read(pos, guess, buf->data(), &got));
+  const char* reason = "truncated record";
+  ParseResult r = ParseRecord(buf->data(), got, view, &reason);
+  if (r == ParseResult::kIncomplete && got == guess) {
+    // No size hint (4-byte slots) and a record larger than the first read.
+    const size_t need = view->size;
+    buf->resize(need);
+    size_t more = 0;
+    FLATKV_RETURN_IF_ERROR(log->Read(pos + got, need - got, buf->data() + got, &more));
+    r = ParseRecord(buf->data(), got + more, view, &reason);
+  }
+  if (r == ParseResult::kOk && view->key != key) reason = "record belongs to another key";
+  if (r != ParseResult::kOk || view->key != key || view->type == RecordType::kTombstone) {
+    if (r == ParseResult::kOk && view->type == RecordType::kTombstone) reason = "tombstone";
+    counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
+    std::string msg = log->path() + " offset " + std::to_string(pos) + " (key " +
+                      std::to_string(key) + "): " + reason;
+    spdlog::error("corrupt record: {}", msg);
+    return Status::Corruption(msg);
+  }
+  return Status::OK();
+}
+
+Status FlatTable::ReadValue(const LogFile* log, int64_t key, uint64_t slot_value,
+                            std::string* out) const {
+  uint64_t pos;
+  size_t guess;
+  DecodeSlot(slot_value, &pos, &guess);
+  thread_local std::string scratch;
+  std::string big;
+  std::string* buf = guess > kMaxScratch ? &big : &scratch;
+  RecordView view;
+  FLATKV_RETURN_IF_ERROR(ReadRecord(log, key, pos, guess, buf, &view));
+  if (view.type == RecordType::kAppend) {
+    // Assemble reads more records into the thread's scratch: keep a copy.
+    const std::string newest(view.value);
+    return Assemble(log, key, newest, out);
+  }
+  out->assign(view.value.data(), view.value.size());
+  if (buf->size() > kMaxScratch) std::string().swap(*buf);
+  return Status::OK();
+}
+
+Status FlatTable::ReadPayload(const LogFile* log, int64_t key, const AppendPart& part,
+                              std::string* out) const {
+  std::string buf;
+  RecordView view;
+  FLATKV_RETURN_IF_ERROR(ReadRecord(log, key, part.record_pos, part.record_size, &buf, &view));
+  std::string_view payload = view.value;
+  if (view.type == RecordType::kAppend) {
+    std::vector<AppendPart> ignored;
+    if (!DecodeAppendParts(view.value, &ignored, &payload)) payload = {};
+  }
+  if (payload.size() != part.payload_size) {
+    return Status::Corruption(log->path() + " offset " + std::to_string(part.record_pos) +
+                              " (key " + std::to_string(key) + "): append part has " +
+                              std::to_string(payload.size()) + " bytes, expected " +
+                              std::to_string(part.payload_size));
+  }
+  out->assign(payload.data(), payload.size());
+  return Status::OK();
+}
+
+Status FlatTable::Assemble(const LogFile* log, int64_t key, std::string_view newest,
+                           std::string* out) const {
+  std::vector<AppendPart> parts;
+  std::string_view tail;
+  if (!DecodeAppendParts(newest, &parts, &tail)) {
+    return Status::Corruption(log->path() + ": bad append part list for key " +
+                              std::to_string(key));
+  }
+  size_t total = tail.size();
+  for (const AppendPart& p : parts) total += p.payload_size;
+  std::string result;
+  result.reserve(total);
+  std::string piece;
+  for (const AppendPart& p : parts) {
+    FLATKV_RETURN_IF_ERROR(ReadPayload(log, key, p, &piece));
+    result += piece;
+  }
+  result.append(tail.data(), tail.size());
+  out->swap(result);
+  return Status::OK();
+}
+
+Status FlatTable::Append(int64_t key, std::string_view value) {
+  FLATKV_RETURN_IF_ERROR(EnsureWritable());
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  const int file = static_cast<int>(slot % params_.index.data_files);
+  FileState& fs = files_[file];
+  std::unique_lock<std::mutex> lk(fs.mu);
+  const uint64_t cur = CurrentSlotLocked(fs, slot);
+  if (cur == 0) return Write(fs, lk, file, key, RecordType::kValue, {}, value);
+  if (value.empty()) return Status::OK();
+  if (!fs.error.ok()) return fs.error;
+
+  // The parts of the current value, oldest first, from the newest record's
+  // header (and part list, for a fragment).
+  LogFile* log = fs.owner.get();
+  uint64_t pos;
+  size_t guess;
+  DecodeSlot(cur, &pos, &guess);
+  std::string head(std::min(guess, kHeadBytes), '\0');
+  size_t got = 0;
+  FLATKV_RETURN_IF_ERROR(log->Read(pos, head.size(), head.data(), &got));
+  RecordView view;
+  const char* reason = "unreadable";
+  if (ParseRecord(head.data(), got, &view, &reason) == ParseResult::kBad) {
+    return Status::Corruption(log->path() + " offset " + std::to_string(pos) + ": " + reason);
+  }
+  const uint32_t value_size = static_cast<uint32_t>(view.size - RecordSize(0));
+  std::vector<AppendPart> parts;
+  uint32_t newest_payload = value_size;
+  if (static_cast<RecordType>(head[12]) == RecordType::kAppend) {
+    std::string_view payload;
+    std::string_view stored(head.data() + kRecordHeaderSize,
+                            std::min<size_t>(value_size, got - kRecordHeaderSize));
+    const size_t n = stored.empty() ? 0 : static_cast<uint8_t>(stored[0]);
+    if (!DecodeAppendParts(stored.substr(0, std::min(stored.size(), 1 + n * kAppendPartBytes)),
+                           &parts, &payload)) {
+      return Status::Corruption(log->path() + " offset " + std::to_string(pos) +
+                                ": bad append part list for key " + std::to_string(key));
+    }
+    newest_payload = value_size - static_cast<uint32_t>(1 + n * kAppendPartBytes);
+  }
+  parts.push_back({pos, static_cast<uint32_t>(view.size), newest_payload});
+  uint64_t total = value.size();
+  for (const AppendPart& p : parts) total += p.payload_size;
+  if (total > params_.max_value_bytes) {
+    return Status::ValueTooLarge("appending " + std::to_string(value.size()) + " bytes to key " +
+                                 std::to_string(key) + " would make it " + std::to_string(total) +
+                                 " bytes, more than max_value_bytes " +
+                                 std::to_string(params_.max_value_bytes));
+  }
+  // Merge rule: fold the newest part into the new bytes while it is at most
+  // twice their size. Parts then shrink by more than half from oldest to
+  // newest (so a value has at most log2(size) parts), and a byte is rewritten
+  // only into a record at least 1.5x larger than the one it leaves, so the
+  // bytes written per appended byte are O(log size), not O(size).
+  std::vector<std::string> merged;
+  size_t acc = value.size();
+  while (!parts.empty() && parts.back().payload_size <= 2 * acc) {
+    std::string piece;
+    FLATKV_RETURN_IF_ERROR(ReadPayload(log, key, parts.back(), &piece));
+    acc += piece.size();
+    merged.push_back(std::move(piece));
+    parts.pop_back();
+  }
+  std::string data;
+  if (!merged.empty()) {
+    data.reserve(acc);
+    for (auto it = merged.rbegin(); it != merged.rend(); ++it) data += *it;
+    data.append(value.data(), value.size());
+    value = data;
+  }
+  if (parts.empty()) return Write(fs, lk, file, key, RecordType::kValue, {}, value);
+  return Write(fs, lk, file, key, RecordType::kAppend, EncodeAppendParts(parts), value);
+}
+
+Status FlatTable::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValue>* out,
+                       int64_t* next, bool* done) const {
+  const auto lo = static_cast<uint64_t>(kmin());
+  const int64_t last = static_cast<int64_t>(lo + slots() - 1);  // <= key_max - 1
+  // Clamp "from" into the table: the caller picks tables in scan order.
+  uint64_t s;
+  if (!reverse) {
+    s = from < kmin() ? 0 : static_cast<uint64_t>(from) - lo;
+  } else {
+    s = from > last ? slots() - 1 : static_cast<uint64_t>(from) - lo;
+  }
+  const int n = params_.index.data_files;
+  for (;;) {
+    if (s >= slots()) break;  // forward past the end, or reverse wrapped below 0
+    if (out->size() >= limit) {
+      *next = static_cast<int64_t>(lo + s);
+      *done = false;
+      return Status::OK();
+    }
+    const FileState& fs = files_[s % n];
+    const uint64_t v = ReadSlot(fs, s);
+    if (v != 0) {
+      KeyValue kv;
+      kv.key = static_cast<int64_t>(lo + s);
+      Status st = ReadValue(fs.log.load(std::memory_order_acquire), kv.key, v, &kv.value);
+      if (!st.ok()) return st;
+      out->push_back(std::move(kv));
+    }
+    s = reverse ? s - 1 : s + 1;
+  }
+  *done = true;
+  return Status::OK();
+}
+
+Status FlatTable::ScanLog(int file, uint64_t offset, size_t limit, std::vector<KeyValue>* out,
+                          int* next_file, uint64_t* next_offset, bool* done) const {
+  const int n = params_.index.data_files;
+  for (int f = file; f < n; ++f, offset = 0) {
+    const LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log == nullptr) continue;
+    LogReader reader(log, offset, log->end(), [&](uint64_t off, uint64_t bytes, const char* why) {
+      spdlog::warn("{}: scan skipped {} bytes at offset {}: {}", log->path(), bytes, off, why);
+    });
+    RecordView view;
+    uint64_t pos;
+    for (;;) {
+      if (out->size() >= limit) {
+        *next_file = f;
+        *next_offset = reader.offset();
+        *done = false;
+        return Status::OK();
+      }
+      if (!reader.Next(&view, &pos)) break;
+      if (view.type == RecordType::kTombstone) continue;
+      const uint64_t slot = static_cast<uint64_t>(view.key) - static_cast<uint64_t>(kmin());
+      if (slot >= slots() || static_cast<int>(slot % n) != f) continue;
+      const uint64_t v = ReadSlot(files_[f], slot);
+      uint64_t live_pos;
+      size_t guess;
+      if (v == 0) continue;
+      DecodeSlot(v, &live_pos, &guess);
+      if (live_pos != pos) continue;  // an older version, or removed since
+      KeyValue kv;
+      kv.key = view.key;
+      if (view.type == RecordType::kAppend) {
+        FLATKV_RETURN_IF_ERROR(Assemble(log, view.key, view.value, &kv.value));
+      } else {
+        kv.value.assign(view.value.data(), view.value.size());
+      }
+      out->push_back(std::move(kv));
+    }
+    FLATKV_RETURN_IF_ERROR(reader.status());
+  }
+  *done = true;
+  return Status::OK();
+}
+
+Status FlatTable::Sync() {
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    FileState& fs = files_[f];
+    if (!fs.dirty.exchange(false, std::memory_order_relaxed)) continue;
+    LogFile* log = fs.log.load(std::memory_order_acquire);
+    if (log == nullptr) continue;
+    Status st = log->Sync();
+    counters_->fdatasyncs.fetch_add(1, std::memory_order_relaxed);
+    if (!st.ok()) {
+      fs.dirty.store(true, std::memory_order_relaxed);
+      return st;
+    }
+  }
+  return Status::OK();
+}
+
+Status FlatTable::Checkpoint() {
+  std::lock_guard<std::mutex> lock(header_mu_);
+  if (closed_ || !dirty_marked_.load(std::memory_order_acquire)) return Status::OK();
+  const int n = params_.index.data_files;
+  std::vector<uint64_t> ends(n);
+  for (int f = 0; f < n; ++f) {
+    std::lock_guard<std::mutex> file_lock(files_[f].mu);
+    ends[f] = files_[f].applied;
+  }
+  if (ends == index_->checkpoints()) return Status::OK();
+  // Log bytes first, then the slots that point at them, then the checkpoint
+  // that vouches for both.
+  FLATKV_RETURN_IF_ERROR(Sync());
+  FLATKV_RETURN_IF_ERROR(index_->Sync());
+  return index_->WriteHeader(false, ends);
+}
+
+Status FlatTable::Close() {
+  std::lock_guard<std::mutex> lock(header_mu_);
+  if (closed_) return Status::OK();
+  closed_ = true;
+  const int n = params_.index.data_files;
+  std::vector<uint64_t> ends(n, 0);
+  Status result;
+  for (int f = 0; f < n; ++f) {
+    FileState& fs = files_[f];
+    std::unique_lock<std::mutex> lk(fs.mu);
+    fs.cv.wait(lk, [&] { return !fs.syncing; });
+    if (fs.owner == nullptr) continue;
+    Status st = fs.owner->Close();  // truncate to the end and fdatasync
+    if (!st.ok() && result.ok()) result = st;
+    ends[f] = fs.owner->end();
+    if (!fs.error.ok() && result.ok()) result = fs.error;
+  }
+  if (!dirty_marked_.load(std::memory_order_acquire)) return result;
+  Status st = index_->Sync();
+  // Only a fully flushed table may claim to be clean.
+  if (st.ok() && result.ok()) st = index_->WriteHeader(true, ends);
+  return result.ok() ? st : result;
+}
+
+}  // namespace flatkv::engine

@@ -1,0 +1,157 @@
+// FlatTable is one flat index plus N append-only data files (paper §2.3):
+// key k of [kmin, kmin + slots) lives in data file (k - kmin) mod N and slot
+// (k - kmin) of the index holds its newest record's position.
+//
+// A slot value v != 0 encodes ((pos << hint_bits) | size_class) + 1, where
+// size_class (6 bits, for index_item_bytes >= 5) bounds the record's size
+// within 1.5x, so a get reads the whole record with a single pread(). With
+// 4-byte slots there is no hint: a get reads 4 KiB and, for a larger record,
+// a second time.
+//
+// Thread safety (see CONCURRENCY.md):
+//  - Each data file has a mutex; Put/Remove/Append hold the key's file mutex,
+//    so writes to one file are serialized in log order and writes to
+//    different files run in parallel.
+//  - Readers take no lock. Slots of file i are written only under file i's
+//    mutex and guarded by file i's seqlock, so a reader never sees a torn
+//    slot; it then reads the record with pread() and verifies its checksum.
+//  - With SyncMode::kAlways, a writer appends, queues its slot update and
+//    waits; one writer per file (the leader) runs fdatasync for everyone
+//    queued and then applies the queued slot updates in log order, so a
+//    reader never sees a write that is not yet durable.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/flat_index.h"
+#include "engine/log_file.h"
+#include "engine/options.h"
+#include "engine/status.h"
+#include "engine/store.h"
+
+namespace flatkv::engine {
+
+// Counters shared by the tables of a store.
+struct EngineCounters {
+  std::atomic<uint64_t> bytes_appended{0};
+  std::atomic<uint64_t> fdatasyncs{0};
+  std::atomic<uint64_t> recovery_bytes_scanned{0};
+  std::atomic<uint64_t> corrupt_records{0};
+  std::atomic<uint64_t> index_rebuilds{0};
+  std::atomic<uint64_t> data_files_open{0};
+};
+
+struct TableParams {
+  std::string dir;        // the table's directory
+  IndexParams index;      // range, slot width, data file count
+  SyncMode sync = SyncMode::kNone;
+  uint32_t max_value_bytes = 64u << 20;
+};
+
+class FlatTable {
+ public:
+  // Opens the table in params.dir (creating it if "create"). See Store::Open
+  // for what recovery does. The table's META file wins over params for the
+  // slot width and data file count of an existing table.
+  static Status Open(const TableParams& params, bool create, EngineCounters* counters,
+                     std::unique_ptr<FlatTable>* result);
+  ~FlatTable();
+
+  // Store's methods, for keys inside this table (callers check the range).
+  Status Put(int64_t key, std::string_view value);
+  Status Get(int64_t key, std::string* value) const;
+  bool Contains(int64_t key) const;
+  Status Remove(int64_t key, bool* existed);
+  Status Append(int64_t key, std::string_view value);
+
+  // Key-order scan from "from" (clamped to the table) adding to *out until it
+  // holds "limit" pairs. Sets *next to the key after the last one added and
+  // returns whether the table has no more keys in that direction (*done).
+  Status Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValue>* out,
+              int64_t* next, bool* done) const;
+
+  // Insertion-order scan of data file "file" from "offset" onward, then the
+  // following files. Adds live records to *out up to "limit"; sets
+  // *next_file/*next_offset to resume and *done when the table is finished.
+  Status ScanLog(int file, uint64_t offset, size_t limit, std::vector<KeyValue>* out,
+                 int* next_file, uint64_t* next_offset, bool* done) const;
+
+  Status Sync();
+  Status Checkpoint();
+  Status Close();
+
+  int64_t kmin() const { return params_.index.kmin; }
+  uint64_t slots() const { return params_.index.slots; }
+  int data_files() const { return params_.index.data_files; }
+
+  FlatTable(const FlatTable&) = delete;
+  FlatTable& operator=(const FlatTable&) = delete;
+
+ private:
+  struct Pending {
+    uint64_t slot;
+    uint64_t value;
+  };
+  struct FileState {
+    std::mutex mu;
+    std::atomic<uint32_t> seq{0};          // seqlock over this file's slots
+    std::atomic<LogFile*> log{nullptr};    // set once, before any slot points at it
+    std::unique_ptr<LogFile> owner;        // GUARDED_BY(mu)
+    std::condition_variable cv;            // group commit: a batch finished
+    bool syncing = false;                  // GUARDED_BY(mu): a leader is in fdatasync
+    uint64_t applied = 0;                  // GUARDED_BY(mu): slots reflect log [0, applied)
+    std::vector<Pending> pending;          // GUARDED_BY(mu): queued slot updates, log order
+    Status error;                          // GUARDED_BY(mu): sticky after fdatasync fails
+    std::atomic<bool> dirty{false};        // appended since the last Sync()
+  };
+
+  FlatTable(const TableParams& params, EngineCounters* counters);
+
+  Status OpenFiles(bool create);
+  Status Recover(bool force_rebuild);
+  Status Replay(int file, uint64_t from, bool rebuild, std::vector<uint64_t>* positions);
+  std::string DataPath(int file) const;
+
+  uint64_t EncodeSlot(uint64_t pos, size_t size) const;
+  void DecodeSlot(uint64_t v, uint64_t* pos, size_t* guess) const;
+
+  uint64_t ReadSlot(const FileState& fs, uint64_t slot) const;
+  Status WriteSlot(FileState& fs, uint64_t slot, uint64_t value);
+  uint64_t CurrentSlotLocked(const FileState& fs, uint64_t slot) const;
+
+  Status EnsureWritable();
+  Status LogForWrite(FileState& fs, int file, LogFile** log);
+  // Appends a record for "key" and makes it visible (and durable, per the
+  // sync mode) with slot value EncodeSlot(pos) (or 0 for a tombstone).
+  Status Write(FileState& fs, std::unique_lock<std::mutex>& lk, int file, int64_t key,
+               RecordType type, std::string_view prefix, std::string_view value);
+  Status WaitDurable(FileState& fs, std::unique_lock<std::mutex>& lk, uint64_t end);
+
+  // Reads and verifies the record at "pos"; "buf" backs *view.
+  Status ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size_t guess,
+                    std::string* buf, RecordView* view) const;
+  Status ReadValue(const LogFile* log, int64_t key, uint64_t slot_value, std::string* out) const;
+  Status Assemble(const LogFile* log, int64_t key, std::string_view newest,
+                  std::string* out) const;
+  Status ReadPayload(const LogFile* log, int64_t key, const AppendPart& part,
+                     std::string* out) const;
+
+  const TableParams params_;
+  EngineCounters* const counters_;
+  int hint_bits_ = 0;
+  uint64_t pos_limit_ = 0;  // positions must stay below this
+  std::unique_ptr<FlatIndex> index_;
+  std::unique_ptr<FileState[]> files_;
+  std::mutex header_mu_;                 // orders header writes (dirty mark, checkpoint, close)
+  std::atomic<bool> dirty_marked_{false};
+  bool closed_ = false;                  // GUARDED_BY(header_mu_)
+};
+
+}  // namespace flatkv::engine

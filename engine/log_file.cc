@@ -1,0 +1,261 @@
+// Implementation notes
+//
+// The writable window maps [window_start_, alloc_) where window_start_ is the
+// page holding the logical end when the window was made. Space is reserved
+// ahead in steps that double from one page up to kMaxReserveStep, so a table
+// with one tiny record costs one page, and a busy file remaps every 64 MiB.
+// Only the writer (holding the table's per-file mutex) touches the window;
+// readers never dereference it, so it can be replaced without coordination.
+#include "engine/log_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace flatkv::engine {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kMaxReserveStep = 64ull << 20;
+constexpr size_t kReadChunk = 1 << 20;
+
+uint64_t RoundUp(uint64_t n, uint64_t unit) { return (n + unit - 1) / unit * unit; }
+
+Status Reserve(int fd, uint64_t from, uint64_t len, const std::string& path) {
+  if (fallocate(fd, 0, static_cast<off_t>(from), static_cast<off_t>(len)) == 0) {
+    return Status::OK();
+  }
+  int err = errno;
+  if (err == EOPNOTSUPP) {
+    err = posix_fallocate(fd, static_cast<off_t>(from), static_cast<off_t>(len));
+    if (err == 0) return Status::OK();
+  }
+  return Status::FromErrno("reserving space in " + path, err);
+}
+
+}  // namespace
+
+Status LogFile::Open(const std::string& path, bool create, std::unique_ptr<LogFile>* result) {
+  int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0);
+  int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) return Status::FromErrno("opening " + path, errno);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Status::FromErrno("stat " + path, err);
+  }
+  result->reset(new LogFile(path, fd, static_cast<uint64_t>(st.st_size)));
+  return Status::OK();
+}
+
+LogFile::LogFile(std::string path, int fd, uint64_t size)
+    : path_(std::move(path)), fd_(fd), end_(size), alloc_(size) {}
+
+LogFile::~LogFile() { (void)Close(); }
+
+Status LogFile::Reserve(size_t n) {
+  const uint64_t end = end_.load(std::memory_order_relaxed);
+  if (window_ != nullptr && end >= window_start_ && end + n <= window_start_ + window_len_) {
+    return Status::OK();
+  }
+  const uint64_t step = std::clamp<uint64_t>(alloc_, kPage, kMaxReserveStep);
+  const uint64_t want = RoundUp(std::max<uint64_t>(end + n, alloc_ + step), kPage);
+  if (want > alloc_) {
+    FLATKV_RETURN_IF_ERROR(flatkv::engine::Reserve(fd_, alloc_, want - alloc_, path_));
+    alloc_ = want;
+  }
+  Unmap();
+  const uint64_t start = end / kPage * kPage;
+  void* p = mmap(nullptr, alloc_ - start, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
+                 static_cast<off_t>(start));
+  if (p == MAP_FAILED) return Status::FromErrno("mapping " + path_, errno);
+  window_ = static_cast<char*>(p);
+  window_start_ = start;
+  window_len_ = alloc_ - start;
+  return Status::OK();
+}
+
+Status LogFile::Append(RecordType type, int64_t key, uint64_t timestamp, std::string_view prefix,
+                       std::string_view value, uint64_t* pos, size_t* size) {
+  if (fd_ < 0) return Status::IOError(path_ + " is closed");
+  const size_t n = RecordSize(prefix.size() + value.size());
+  const uint64_t end = end_.load(std::memory_order_relaxed);
+  if (n >= kDirectWriteBytes) {
+    FLATKV_RETURN_IF_ERROR(WriteDirect(type, key, timestamp, prefix, value, n));
+  } else {
+    FLATKV_RETURN_IF_ERROR(Reserve(n));
+    EncodeRecord(window_ + (end - window_start_), type, key, timestamp, prefix, value);
+  }
+  *pos = end;
+  *size = n;
+  end_.store(end + n, std::memory_order_release);
+  return Status::OK();
+}
+
+Status LogFile::WriteDirect(RecordType type, int64_t key, uint64_t timestamp,
+                            std::string_view prefix, std::string_view value, size_t size) {
+  const uint64_t end = end_.load(std::memory_order_relaxed);
+  char hdr[kRecordHeaderSize];
+  EncodeRecordHeader(hdr, type, key, timestamp, prefix, value);
+  char key_bytes[kRecordKeySize];
+  const auto ukey = static_cast<uint64_t>(key);
+  std::memcpy(key_bytes, &ukey, sizeof(ukey));
+  // Reserve first so a full disk fails here, cleanly, before any byte lands.
+  if (end + size > alloc_) {
+    FLATKV_RETURN_IF_ERROR(flatkv::engine::Reserve(fd_, alloc_, end + size - alloc_, path_));
+    alloc_ = end + size;
+  }
+  iovec iov[4] = {{hdr, sizeof(hdr)},
+                  {const_cast<char*>(prefix.data()), prefix.size()},
+                  {const_cast<char*>(value.data()), value.size()},
+                  {key_bytes, sizeof(key_bytes)}};
+  iovec* v = iov;
+  int cnt = 4;
+  uint64_t off = end;
+  size_t left = size;
+  while (left > 0) {
+    ssize_t w = pwritev(fd_, v, cnt, static_cast<off_t>(off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno("writing " + path_, errno);
+    }
+    off += static_cast<uint64_t>(w);
+    left -= static_cast<size_t>(w);
+    // Drop the iovecs written in full, trim the first partial one.
+    auto done = static_cast<size_t>(w);
+    while (cnt > 0 && done >= v->iov_len) {
+      done -= v->iov_len;
+      ++v;
+      --cnt;
+    }
+    if (cnt > 0) {
+      v->iov_base = static_cast<char*>(v->iov_base) + done;
+      v->iov_len -= done;
+    }
+  }
+  return Status::OK();
+}
+
+Status LogFile::Read(uint64_t pos, size_t n, char* dst, size_t* got) const {
+  size_t total = 0;
+  while (total < n) {
+    ssize_t r = pread(fd_, dst + total, n - total, static_cast<off_t>(pos + total));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno("reading " + path_ + " at offset " + std::to_string(pos), errno);
+    }
+    if (r == 0) break;
+    total += static_cast<size_t>(r);
+  }
+  *got = total;
+  return Status::OK();
+}
+
+Status LogFile::Sync() {
+  if (fd_ < 0) return Status::OK();
+  if (fdatasync(fd_) != 0) return Status::FromErrno("fdatasync " + path_, errno);
+  return Status::OK();
+}
+
+Status LogFile::Truncate(uint64_t end) {
+  Unmap();
+  if (ftruncate(fd_, static_cast<off_t>(end)) != 0) {
+    return Status::FromErrno("truncating " + path_, errno);
+  }
+  alloc_ = end;
+  end_.store(end, std::memory_order_release);
+  return Status::OK();
+}
+
+void LogFile::Unmap() {
+  if (window_ != nullptr) munmap(window_, window_len_);
+  window_ = nullptr;
+  window_len_ = 0;
+}
+
+Status LogFile::Close() {
+  if (fd_ < 0) return Status::OK();
+  Status st;
+  if (alloc_ != end()) st = Truncate(end());
+  Unmap();
+  if (st.ok()) st = Sync();
+  ::close(fd_);
+  fd_ = -1;
+  return st;
+}
+
+// ---------------------------------------------------------------------------
+
+LogReader::LogReader(const LogFile* file, uint64_t start, uint64_t limit, Reporter reporter)
+    : file_(file), limit_(limit), reporter_(std::move(reporter)), offset_(start),
+      valid_end_(start) {}
+
+bool LogReader::Fill(size_t n) {
+  const uint64_t want_end = std::min<uint64_t>(offset_ + n, limit_);
+  if (offset_ >= buf_offset_ && want_end <= buf_offset_ + buf_len_) return true;
+  const size_t len = static_cast<size_t>(
+      std::min<uint64_t>(std::max<uint64_t>(n, kReadChunk), limit_ - offset_));
+  if (buf_.size() < len) buf_.resize(len);
+  size_t got = 0;
+  status_ = file_->Read(offset_, len, buf_.data(), &got);
+  if (!status_.ok()) return false;
+  bytes_read_ += got;
+  if (got < len) limit_ = offset_ + got;  // the file ends before the limit
+  buf_offset_ = offset_;
+  buf_len_ = got;
+  return true;
+}
+
+bool LogReader::Next(RecordView* view, uint64_t* pos) {
+  uint64_t bad_start = 0;
+  const char* bad_reason = nullptr;
+  while (offset_ < limit_) {
+    if (!Fill(kRecordHeaderSize)) return false;
+    size_t avail = static_cast<size_t>(buf_offset_ + buf_len_ - offset_);
+    const char* p = buf_.data() + (offset_ - buf_offset_);
+    const char* reason = "truncated record";
+    ParseResult r = ParseRecord(p, avail, view, &reason);
+    if (r == ParseResult::kIncomplete && offset_ + view->size <= limit_) {
+      if (!Fill(view->size)) return false;
+      avail = static_cast<size_t>(buf_offset_ + buf_len_ - offset_);
+      p = buf_.data() + (offset_ - buf_offset_);
+      r = ParseRecord(p, avail, view, &reason);
+    }
+    if (r == ParseResult::kOk && offset_ + view->size <= limit_) {
+      if (bad_reason != nullptr) reporter_(bad_start, offset_ - bad_start, bad_reason);
+      *pos = offset_;
+      offset_ += view->size;
+      valid_end_ = offset_;
+      return true;
+    }
+    // Not a record here: remember where the bad range began, then try the
+    // next byte. A quick look at the fixed header bytes rejects most offsets
+    // without computing a checksum.
+    if (bad_reason == nullptr) {
+      bad_start = offset_;
+      bad_reason = r == ParseResult::kOk ? "record extends past end of file" : reason;
+    }
+    ++offset_;
+    while (offset_ + kRecordHeaderSize <= limit_) {
+      if (!Fill(kRecordHeaderSize)) return false;
+      const char* q = buf_.data() + (offset_ - buf_offset_);
+      if (q[12] >= 1 && q[12] <= 3 && q[13] == static_cast<char>(kRecordKeySize) &&
+          q[14] == 0 && q[15] == 0) {
+        break;
+      }
+      ++offset_;
+    }
+    if (offset_ + kRecordHeaderSize > limit_) offset_ = limit_;
+  }
+  if (bad_reason != nullptr) reporter_(bad_start, limit_ - bad_start, bad_reason);
+  return false;
+}
+
+}  // namespace flatkv::engine

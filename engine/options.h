@@ -1,0 +1,56 @@
+// EngineOptions: every knob of the storage engine, with its default inline.
+// server/config.cc fills one from the `storage.*` keys of the YAML config; the
+// names below match those keys.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace flatkv::engine {
+
+enum class SyncMode {
+  kNone,      // writes reach the OS page cache before they return (a killed
+              // process loses nothing; an OS crash may lose recent writes)
+  kInterval,  // as kNone, plus fdatasync of every written file each sync_interval_ms
+  kAlways,    // fdatasync before a write returns; concurrent writers share one
+              // fdatasync per data file (group commit)
+};
+
+// Parses "none" | "interval" | "always"; returns false on anything else.
+bool ParseSyncMode(const std::string& text, SyncMode* mode);
+const char* SyncModeName(SyncMode mode);
+
+struct EngineOptions {
+  // Directory holding the store; created if missing.
+  std::string path = "./data";
+
+  // Keys the store accepts: [key_min, key_max). Anything else is KeyOutOfRange.
+  int64_t key_min = 0;
+  int64_t key_max = std::numeric_limits<int64_t>::max();
+
+  // Keys per flat table (segment). A segment is created on the first write of
+  // a key inside its range, so sparse key spaces cost only the touched ones.
+  uint64_t segment_keys = uint64_t{1} << 24;
+
+  // Bytes per index slot, 4..8. Width 4 addresses 4 GiB per data file; widths
+  // 5..8 spend 6 bits on a record-size hint (so a get is always one read) and
+  // address 2^(8*width-6) bytes per data file.
+  int index_item_bytes = 6;
+
+  // Append-only data files per table; key k lives in file (k - kmin) mod N.
+  int data_files = 16;
+
+  // Largest value accepted by Put/Append (ValueTooLarge beyond).
+  uint32_t max_value_bytes = 64u << 20;
+
+  SyncMode sync = SyncMode::kNone;
+  uint32_t sync_interval_ms = 1000;
+
+  // How often the index is made durable and the checkpoint advanced, which
+  // bounds the log tail replayed after a crash. 0 disables periodic
+  // checkpoints (a clean close still writes one).
+  uint32_t checkpoint_interval_ms = 10000;
+};
+
+}  // namespace flatkv::engine

@@ -1,0 +1,417 @@
+#include "engine/store.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/flat_table.h"
+
+namespace flatkv::engine {
+
+bool ParseSyncMode(const std::string& text, SyncMode* mode) {
+  if (text == "none") {
+    *mode = SyncMode::kNone;
+  } else if (text == "interval") {
+    *mode = SyncMode::kInterval;
+  } else if (text == "always") {
+    *mode = SyncMode::kAlways;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* SyncModeName(SyncMode mode) {
+  switch (mode) {
+    case SyncMode::kNone: return "none";
+    case SyncMode::kInterval: return "interval";
+    case SyncMode::kAlways: return "always";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr uint8_t kCursorVersion = 1;
+constexpr size_t kCursorBytes = 1 + 8 + 4 + 8;
+
+Status ValidateOptions(const EngineOptions& o) {
+  if (o.path.empty()) return Status::InvalidArgument("storage.path: must not be empty");
+  if (o.key_min >= o.key_max) {
+    return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");
+  }
+  if (o.segment_keys == 0 || o.segment_keys > (uint64_t{1} << 40)) {
+    return Status::InvalidArgument("storage.segment_keys: must be in [1, 2^40]");
+  }
+  if (o.index_item_bytes < 4 || o.index_item_bytes > 8) {
+    return Status::InvalidArgument("storage.index_item_bytes: must be in [4, 8]");
+  }
+  if (o.data_files < 1 || o.data_files > FlatIndex::kMaxDataFiles) {
+    return Status::InvalidArgument("storage.data_files: must be in [1, " +
+                                   std::to_string(FlatIndex::kMaxDataFiles) + "]");
+  }
+  if (o.max_value_bytes > (1u << 30)) {
+    return Status::InvalidArgument("storage.max_value_bytes: must be at most 1 GiB");
+  }
+  if (o.sync == SyncMode::kInterval && o.sync_interval_ms == 0) {
+    return Status::InvalidArgument("storage.sync_interval_ms: must be positive with sync: interval");
+  }
+  return Status::OK();
+}
+
+Status MakeDirs(const std::string& path) {
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty()) continue;
+    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Status::FromErrno("creating " + partial, errno);
+    }
+  }
+  return Status::OK();
+}
+
+void PutU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }
+
+}  // namespace
+
+Store::Store(const EngineOptions& options)
+    : options_(options), counters_(std::make_unique<EngineCounters>()) {}
+
+Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result) {
+  FLATKV_RETURN_IF_ERROR(ValidateOptions(options));
+  FLATKV_RETURN_IF_ERROR(MakeDirs(options.path));
+  std::unique_ptr<Store> store(new Store(options));
+
+  DIR* dir = opendir(options.path.c_str());
+  if (dir == nullptr) return Status::FromErrno("listing " + options.path, errno);
+  std::vector<uint64_t> segments;
+  while (dirent* e = readdir(dir)) {
+    unsigned long long id;
+    char tail;
+    if (std::sscanf(e->d_name, "seg-%16llx%c", &id, &tail) == 1 &&
+        std::strlen(e->d_name) == 20) {
+      segments.push_back(id);
+    }
+  }
+  closedir(dir);
+  std::sort(segments.begin(), segments.end());
+  {
+    std::lock_guard<std::mutex> lock(store->tables_mu_);
+    for (uint64_t seg : segments) {
+      std::unique_ptr<FlatTable> table;
+      FLATKV_RETURN_IF_ERROR(store->OpenTable(seg, false, &table));
+      store->tables_[seg] = std::move(table);
+    }
+    store->PublishTablesLocked();
+  }
+  if (options.sync == SyncMode::kInterval || options.checkpoint_interval_ms > 0) {
+    store->bg_thread_ = std::thread([s = store.get()] { s->BackgroundLoop(); });
+  }
+  *result = std::move(store);
+  return Status::OK();
+}
+
+Store::~Store() {
+  Status st = Close();
+  if (!st.ok()) spdlog::error("closing store {}: {}", options_.path, st.ToString());
+}
+
+std::string Store::SegmentDir(uint64_t segment) const {
+  char name[32];
+  std::snprintf(name, sizeof(name), "/seg-%016llx", static_cast<unsigned long long>(segment));
+  return options_.path + name;
+}
+
+Status Store::OpenTable(uint64_t segment, bool create, std::unique_ptr<FlatTable>* table) {
+  TableParams p;
+  p.dir = SegmentDir(segment);
+  const uint64_t start = segment * options_.segment_keys;
+  const uint64_t span = static_cast<uint64_t>(options_.key_max) - static_cast<uint64_t>(options_.key_min);
+  if (start >= span) {
+    return Status::InvalidArgument(p.dir + " lies outside [storage.key_min, storage.key_max)");
+  }
+  p.index.kmin = static_cast<int64_t>(static_cast<uint64_t>(options_.key_min) + start);
+  p.index.slots = std::min<uint64_t>(options_.segment_keys, span - start);
+  p.index.item_bytes = options_.index_item_bytes;
+  p.index.data_files = options_.data_files;
+  p.sync = options_.sync;
+  p.max_value_bytes = options_.max_value_bytes;
+  return FlatTable::Open(p, create, counters_.get(), table);
+}
+
+void Store::PublishTablesLocked() {
+  auto array = std::make_unique<TableArray>();
+  for (auto& [seg, table] : tables_) array->push_back({seg, table.get()});
+  table_array_.store(array.get(), std::memory_order_release);
+  arrays_.push_back(std::move(array));
+}
+
+const Store::TableArray& Store::Tables() const {
+  static const TableArray kEmpty;
+  const TableArray* a = table_array_.load(std::memory_order_acquire);
+  return a != nullptr ? *a : kEmpty;
+}
+
+uint64_t Store::SegmentId(int64_t key) const {
+  return (static_cast<uint64_t>(key) - static_cast<uint64_t>(options_.key_min)) /
+         options_.segment_keys;
+}
+
+FlatTable* Store::FindTable(int64_t key) const {
+  const TableArray& tables = Tables();
+  const uint64_t seg = SegmentId(key);
+  if (tables.size() == 1) return tables[0].segment == seg ? tables[0].table : nullptr;
+  auto it = std::lower_bound(tables.begin(), tables.end(), seg,
+                             [](const TableRef& r, uint64_t s) { return r.segment < s; });
+  return it != tables.end() && it->segment == seg ? it->table : nullptr;
+}
+
+Status Store::GetOrCreateTable(int64_t key, FlatTable** table) {
+  *table = FindTable(key);
+  if (*table != nullptr) return Status::OK();
+  std::lock_guard<std::mutex> lock(tables_mu_);
+  if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+  const uint64_t seg = SegmentId(key);
+  auto it = tables_.find(seg);
+  if (it == tables_.end()) {
+    std::unique_ptr<FlatTable> created;
+    FLATKV_RETURN_IF_ERROR(OpenTable(seg, true, &created));
+    it = tables_.emplace(seg, std::move(created)).first;
+    PublishTablesLocked();
+  }
+  *table = it->second.get();
+  return Status::OK();
+}
+
+Status Store::CheckKey(int64_t key) const {
+  if (closed_.load(std::memory_order_relaxed)) {
+    return Status::IOError("store " + options_.path + " is closed");
+  }
+  if (key < options_.key_min || key >= options_.key_max) {
+    return Status::KeyOutOfRange("key " + std::to_string(key) + " is outside [" +
+                                 std::to_string(options_.key_min) + ", " +
+                                 std::to_string(options_.key_max) + ")");
+  }
+  return Status::OK();
+}
+
+Status Store::CheckValue(size_t size) const {
+  if (size > options_.max_value_bytes) {
+    return Status::ValueTooLarge("value of " + std::to_string(size) +
+                                 " bytes exceeds storage.max_value_bytes " +
+                                 std::to_string(options_.max_value_bytes));
+  }
+  return Status::OK();
+}
+
+Status Store::Put(int64_t key, std::string_view value) {
+  FLATKV_RETURN_IF_ERROR(CheckKey(key));
+  FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
+  FlatTable* table;
+  FLATKV_RETURN_IF_ERROR(GetOrCreateTable(key, &table));
+  return table->Put(key, value);
+}
+
+Status Store::Get(int64_t key, std::string* value) const {
+  FLATKV_RETURN_IF_ERROR(CheckKey(key));
+  FlatTable* table = FindTable(key);
+  if (table == nullptr) return Status::NotFound("key " + std::to_string(key));
+  return table->Get(key, value);
+}
+
+Status Store::Exists(int64_t key) const {
+  FLATKV_RETURN_IF_ERROR(CheckKey(key));
+  FlatTable* table = FindTable(key);
+  if (table == nullptr || !table->Contains(key)) {
+    return Status::NotFound("key " + std::to_string(key));
+  }
+  return Status::OK();
+}
+
+Status Store::Remove(int64_t key, bool* existed) {
+  FLATKV_RETURN_IF_ERROR(CheckKey(key));
+  FlatTable* table = FindTable(key);
+  if (table == nullptr) {
+    if (existed != nullptr) *existed = false;
+    return Status::OK();
+  }
+  return table->Remove(key, existed);
+}
+
+Status Store::Append(int64_t key, std::string_view value) {
+  FLATKV_RETURN_IF_ERROR(CheckKey(key));
+  FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
+  FlatTable* table;
+  FLATKV_RETURN_IF_ERROR(GetOrCreateTable(key, &table));
+  return table->Append(key, value);
+}
+
+Status Store::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValue>* out,
+                   int64_t* next, bool* done) const {
+  out->clear();
+  *done = true;
+  *next = from;
+  if (limit == 0) return Status::InvalidArgument("scan limit must be positive");
+  if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+  if (!reverse) {
+    if (from >= options_.key_max) return Status::OK();
+    from = std::max(from, options_.key_min);
+  } else {
+    if (from < options_.key_min) return Status::OK();
+    from = std::min(from, options_.key_max - 1);
+  }
+  const TableArray& tables = Tables();
+  const uint64_t seg = SegmentId(from);
+  if (!reverse) {
+    auto it = std::lower_bound(tables.begin(), tables.end(), seg,
+                               [](const TableRef& r, uint64_t s) { return r.segment < s; });
+    for (; it != tables.end(); ++it) {
+      bool table_done = true;
+      FLATKV_RETURN_IF_ERROR(it->table->Scan(from, false, limit, out, next, &table_done));
+      if (!table_done) {
+        *done = false;
+        return Status::OK();
+      }
+    }
+  } else {
+    auto it = std::upper_bound(tables.begin(), tables.end(), seg,
+                               [](uint64_t s, const TableRef& r) { return s < r.segment; });
+    while (it != tables.begin()) {
+      --it;
+      bool table_done = true;
+      FLATKV_RETURN_IF_ERROR(it->table->Scan(from, true, limit, out, next, &table_done));
+      if (!table_done) {
+        *done = false;
+        return Status::OK();
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValue>* out,
+                      std::string* next_cursor, bool* done) const {
+  out->clear();
+  *done = true;
+  if (limit == 0) return Status::InvalidArgument("scan limit must be positive");
+  if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+  uint64_t seg = 0;
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  if (!cursor.empty()) {
+    if (cursor.size() != kCursorBytes || static_cast<uint8_t>(cursor[0]) != kCursorVersion) {
+      return Status::InvalidArgument("malformed log scan cursor (" +
+                                     std::to_string(cursor.size()) + " bytes)");
+    }
+    std::memcpy(&seg, cursor.data() + 1, 8);
+    std::memcpy(&file, cursor.data() + 9, 4);
+    std::memcpy(&offset, cursor.data() + 13, 8);
+  }
+  const TableArray& tables = Tables();
+  auto it = std::lower_bound(tables.begin(), tables.end(), seg,
+                             [](const TableRef& r, uint64_t s) { return r.segment < s; });
+  for (; it != tables.end(); ++it) {
+    if (it->segment != seg) {  // a later table starts at its beginning
+      file = 0;
+      offset = 0;
+    }
+    if (file >= static_cast<uint32_t>(it->table->data_files())) continue;
+    int next_file = 0;
+    uint64_t next_offset = 0;
+    bool table_done = true;
+    FLATKV_RETURN_IF_ERROR(it->table->ScanLog(static_cast<int>(file), offset, limit, out,
+                                              &next_file, &next_offset, &table_done));
+    if (!table_done) {
+      next_cursor->clear();
+      next_cursor->push_back(static_cast<char>(kCursorVersion));
+      PutU64(next_cursor, it->segment);
+      const auto f = static_cast<uint32_t>(next_file);
+      next_cursor->append(reinterpret_cast<const char*>(&f), 4);
+      PutU64(next_cursor, next_offset);
+      *done = false;
+      return Status::OK();
+    }
+  }
+  next_cursor->clear();
+  return Status::OK();
+}
+
+Status Store::Sync() {
+  for (const TableRef& t : Tables()) FLATKV_RETURN_IF_ERROR(t.table->Sync());
+  return Status::OK();
+}
+
+Status Store::Checkpoint() {
+  for (const TableRef& t : Tables()) FLATKV_RETURN_IF_ERROR(t.table->Checkpoint());
+  return Status::OK();
+}
+
+void Store::BackgroundLoop() {
+  using Clock = std::chrono::steady_clock;
+  const auto sync_every = std::chrono::milliseconds(options_.sync_interval_ms);
+  const auto checkpoint_every = std::chrono::milliseconds(options_.checkpoint_interval_ms);
+  const bool interval = options_.sync == SyncMode::kInterval;
+  auto next_sync = Clock::now() + sync_every;
+  auto next_checkpoint = Clock::now() + checkpoint_every;
+  std::unique_lock<std::mutex> lock(bg_mu_);
+  while (!closing_) {
+    auto wake = options_.checkpoint_interval_ms > 0 ? next_checkpoint : Clock::time_point::max();
+    if (interval) wake = std::min(wake, next_sync);
+    bg_cv_.wait_until(lock, wake, [this] { return closing_; });
+    if (closing_) break;
+    lock.unlock();
+    const auto now = Clock::now();
+    if (interval && now >= next_sync) {
+      Status st = Sync();
+      if (!st.ok()) spdlog::error("periodic sync: {}", st.ToString());
+      next_sync = now + sync_every;
+    }
+    if (options_.checkpoint_interval_ms > 0 && now >= next_checkpoint) {
+      Status st = Checkpoint();
+      if (!st.ok()) spdlog::error("periodic checkpoint: {}", st.ToString());
+      next_checkpoint = now + checkpoint_every;
+    }
+    lock.lock();
+  }
+}
+
+Status Store::Close() {
+  {
+    std::lock_guard<std::mutex> lock(bg_mu_);
+    closing_ = true;
+  }
+  bg_cv_.notify_all();
+  if (bg_thread_.joinable()) bg_thread_.join();
+  std::lock_guard<std::mutex> lock(tables_mu_);
+  if (closed_.exchange(true)) return Status::OK();
+  Status result;
+  for (auto& [seg, table] : tables_) {
+    Status st = table->Close();
+    if (!st.ok() && result.ok()) result = st;
+  }
+  return result;
+}
+
+EngineStats Store::GetStats() const {
+  EngineStats s;
+  s.segments = Tables().size();
+  s.data_files_open = counters_->data_files_open.load();
+  s.bytes_appended = counters_->bytes_appended.load();
+  s.fdatasyncs = counters_->fdatasyncs.load();
+  s.recovery_bytes_scanned = counters_->recovery_bytes_scanned.load();
+  s.corrupt_records = counters_->corrupt_records.load();
+  s.index_rebuilds = counters_->index_rebuilds.load();
+  return s;
+}
+
+}  // namespace flatkv::engine

@@ -1,0 +1,160 @@
+// Store is the storage engine's public face: the flat tables (segments) of one
+// key space under one directory. Each segment covers segment_keys consecutive
+// keys of [key_min, key_max) and is created on the first write inside it.
+//
+//   Store ──owns──> FlatTable (one per segment) ──owns──> FlatIndex + LogFiles
+//
+// A Get costs at most one read system call for a present key and none for an
+// absent one; a Put is one append to the key's data file. See FORMAT.md for the
+// bytes on disk and CONCURRENCY.md for the lock order.
+//
+// Thread safety: every method may be called concurrently from any number of
+// threads. Gets never block on each other and run in parallel with writes;
+// writes to keys of different data files proceed in parallel; writes to one
+// data file are serialized in log order.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <condition_variable>
+#include <vector>
+
+#include "engine/options.h"
+#include "engine/status.h"
+
+namespace flatkv::engine {
+
+class FlatTable;
+struct EngineCounters;
+
+struct KeyValue {
+  int64_t key = 0;
+  std::string value;
+};
+
+// Counters the engine keeps; read with Store::GetStats(). Monotonic unless
+// noted.
+struct EngineStats {
+  uint64_t segments = 0;            // open flat tables (current value)
+  uint64_t data_files_open = 0;     // data files with an open descriptor (current)
+  uint64_t bytes_appended = 0;      // log bytes written by this process
+  uint64_t fdatasyncs = 0;          // fdatasync calls on data files
+  uint64_t recovery_bytes_scanned = 0;  // log bytes read by crash recovery/rebuild
+  uint64_t corrupt_records = 0;     // records rejected by checksum or sanity checks
+  uint64_t index_rebuilds = 0;      // tables whose index was rebuilt from the logs
+};
+
+class Store {
+ public:
+  // Opens (creating if needed) the store at options.path. A table closed
+  // cleanly opens without reading its data files; after a crash only the log
+  // tail past the table's checkpoint is replayed, and a missing or damaged
+  // index is rebuilt from the data files. Returns InvalidArgument for bad
+  // options, IOError/Corruption naming the file otherwise.
+  static Status Open(const EngineOptions& options, std::unique_ptr<Store>* result);
+
+  // Writes a checkpoint and closes every table cleanly (see Close()).
+  ~Store();
+
+  // Stores "value" under "key", replacing any previous value. An empty value
+  // is a real value. Returns KeyOutOfRange outside [key_min, key_max),
+  // ValueTooLarge beyond max_value_bytes, NoSpace/IOError if the append fails
+  // (the store is unchanged then).
+  Status Put(int64_t key, std::string_view value);
+
+  // On a hit stores the value in *value and returns OK. If there is no entry
+  // for "key", leaves *value unchanged and returns NotFound without any I/O.
+  // Returns Corruption (never a wrong value) if the record fails its checksum.
+  Status Get(int64_t key, std::string* value) const;
+
+  // OK if the key is present, NotFound otherwise. Never does I/O.
+  Status Exists(int64_t key) const;
+
+  // Removes "key". Sets *existed (if non-null) to whether it was present. A
+  // tombstone is appended only if the key was present.
+  Status Remove(int64_t key, bool* existed = nullptr);
+
+  // Appends "value" to the key's current value (creating it if absent). Costs
+  // O(|value|) bytes written, amortized, whatever the current value's size.
+  Status Append(int64_t key, std::string_view value);
+
+  // Key-order scan. Forward: keys >= from in ascending order; reverse: keys <=
+  // from in descending order. Returns at most "limit" pairs in *out (cleared
+  // first). *done is true when nothing follows; otherwise *next is the key to
+  // pass as "from" to resume.
+  Status Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValue>* out,
+              int64_t* next, bool* done) const;
+
+  // Insertion-order scan: each segment in key order, each of its data files in
+  // write order, live records only. An empty cursor starts; *next_cursor
+  // resumes. Keys written after the scan started may or may not appear.
+  Status ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValue>* out,
+                 std::string* next_cursor, bool* done) const;
+
+  // Makes every acknowledged write durable (fdatasync of written data files).
+  Status Sync();
+
+  // Makes the indexes durable and advances every table's checkpoint, bounding
+  // the replay after a crash.
+  Status Checkpoint();
+
+  // Flushes and closes every table and marks it clean. Further calls fail.
+  // Called by the destructor if not called before.
+  Status Close();
+
+  EngineStats GetStats() const;
+  const EngineOptions& options() const { return options_; }
+
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+ private:
+  struct TableRef {
+    uint64_t segment;
+    FlatTable* table;
+  };
+  using TableArray = std::vector<TableRef>;
+
+  explicit Store(const EngineOptions& options);
+
+  Status CheckKey(int64_t key) const;
+  Status CheckValue(size_t size) const;
+  uint64_t SegmentId(int64_t key) const;
+  // The table holding "key", or nullptr if its segment does not exist yet.
+  FlatTable* FindTable(int64_t key) const;
+  // The table holding "key", created if absent.
+  Status GetOrCreateTable(int64_t key, FlatTable** table);
+  Status OpenTable(uint64_t segment, bool create, std::unique_ptr<FlatTable>* table);
+  std::string SegmentDir(uint64_t segment) const;
+  void BackgroundLoop();
+  void PublishTablesLocked();
+  // Tables in segment order (a snapshot).
+  const TableArray& Tables() const;
+
+  const EngineOptions options_;
+
+  // Segment lookup on the hot path takes no lock: readers load an immutable,
+  // sorted array of (segment, table) published by the creator of a segment.
+  // Replaced arrays are kept until Close() (they are tiny and rare).
+  std::atomic<const TableArray*> table_array_{nullptr};
+
+  std::mutex tables_mu_;  // serializes segment creation and Close()
+  std::map<uint64_t, std::unique_ptr<FlatTable>> tables_;  // GUARDED_BY(tables_mu_)
+  std::vector<std::unique_ptr<const TableArray>> arrays_;  // GUARDED_BY(tables_mu_)
+  std::unique_ptr<EngineCounters> counters_;
+
+  std::mutex bg_mu_;
+  std::condition_variable bg_cv_;
+  bool closing_ = false;  // GUARDED_BY(bg_mu_)
+  std::thread bg_thread_;
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace flatkv::engine

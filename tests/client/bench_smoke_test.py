@@ -1,0 +1,101 @@
+#!/usr/bin/python3
+"""Smoke test of flatkv-bench for one engine.
+
+Runs every workload on a small database with --json and checks the output
+contract (shared/DESIGN.md, "Tools"): one JSON object per workload with every
+contract field, all reads of written keys found, all reads of unwritten keys
+missed, no errors. Then checks that the deletes survived a clean close, and
+that a bad command line exits with status 2.
+"""
+import argparse
+import json
+import subprocess
+import sys
+
+WORKLOADS = ["fillrandom", "readrandom", "readmissing", "overwrite",
+             "deleterandom", "reopen"]
+CONTRACT_FIELDS = ["engine", "workload", "num", "value_size", "threads",
+                   "seconds", "ops_per_sec", "mb_per_sec", "rss_bytes",
+                   "write_bytes", "disk_bytes"]
+EXTRA_FIELDS = ["found", "write_amp", "errors"]
+NUM = 20000
+
+
+def fail(msg):
+    print("FAIL: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def run(cmd):
+    print("+ " + " ".join(cmd), file=sys.stderr)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    sys.stderr.write(p.stderr)
+    sys.stderr.write(p.stdout)
+    return p
+
+
+def parse_lines(stdout, expected):
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if len(lines) != len(expected):
+        fail("expected %d lines, got %d" % (len(expected), len(lines)))
+    rows = []
+    for line, workload in zip(lines, expected):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail("not JSON (%s): %r" % (e, line))
+        missing = [f for f in CONTRACT_FIELDS + EXTRA_FIELDS if f not in row]
+        if missing:
+            fail("%s: missing fields %s" % (workload, missing))
+        if row["workload"] != workload:
+            fail("expected workload %s, got %s" % (workload, row["workload"]))
+        if row["errors"] != 0:
+            fail("%s: %d errors" % (workload, row["errors"]))
+        if row["seconds"] <= 0 or row["ops_per_sec"] <= 0:
+            fail("%s: no time measured: %r" % (workload, row))
+        rows.append(row)
+    return {row["workload"]: row for row in rows}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", required=True)
+    ap.add_argument("--engine", required=True)
+    ap.add_argument("--dir", required=True)
+    args = ap.parse_args()
+    base = [args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
+            "--num", str(NUM), "--value-size", "100", "--threads", "2", "--json"]
+
+    p = run(base + ["--fresh", "--workload", ",".join(WORKLOADS)])
+    if p.returncode != 0:
+        fail("exit status %d" % p.returncode)
+    rows = parse_lines(p.stdout, WORKLOADS)
+    for row in rows.values():
+        if (row["engine"], row["num"], row["value_size"], row["threads"]) != \
+                (args.engine, NUM, 100, 2):
+            fail("echoed parameters wrong: %r" % row)
+    if rows["readrandom"]["found"] != NUM:
+        fail("readrandom found %d of %d" % (rows["readrandom"]["found"], NUM))
+    if rows["readmissing"]["found"] != 0:
+        fail("readmissing found %d" % rows["readmissing"]["found"])
+    if rows["fillrandom"]["disk_bytes"] <= 0:
+        fail("fillrandom: disk_bytes is 0")
+
+    # Reuses the database (no --fresh): every key was deleted before the
+    # clean close at the end of the first run, so nothing may come back.
+    p = run(base + ["--workload", "readrandom"])
+    if p.returncode != 0:
+        fail("rerun: exit status %d" % p.returncode)
+    row = parse_lines(p.stdout, ["readrandom"])["readrandom"]
+    if row["found"] != 0:
+        fail("deleted keys came back after reopen: found %d" % row["found"])
+
+    p = run([args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
+             "--num", "12x"])
+    if p.returncode != 2:
+        fail("bad --num: expected exit 2, got %d" % p.returncode)
+    print("ok: %s" % args.engine)
+
+
+if __name__ == "__main__":
+    main()
