@@ -12,7 +12,7 @@ packages=(
   libzookeeper-mt-dev zookeeper
   libspdlog-dev libyaml-cpp-dev
   # tests
-  catch2 python3-thrift strace
+  catch2 python3 python3-thrift strace
   # peer engines for flatkv-bench
   librocksdb-dev libleveldb-dev libkyotocabinet-dev
 )

@@ -208,12 +208,17 @@ Status FlatTable::Replay(int file, uint64_t from, bool rebuild, std::vector<uint
   if (log == nullptr) return Status::OK();
   const int n = params_.index.data_files;
   const std::string path = log->path();
-  LogReader reader(log, from, log->allocated(),
-                   [&](uint64_t offset, uint64_t bytes, const char* reason) {
-                     counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
-                     spdlog::warn("{}: skipped {} bytes at offset {}: {}", path, bytes, offset,
-                                  reason);
-                   });
+  const uint64_t limit = log->allocated();
+  LogReader reader(log, from, limit, [&](uint64_t offset, uint64_t bytes, const char* reason) {
+    if (offset + bytes >= limit) {
+      // After a crash the tail holds a torn write and/or reserved zeros.
+      spdlog::info("{}: dropping {} bytes after the last valid record at offset {} ({})", path,
+                   bytes, offset, reason);
+      return;
+    }
+    counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("{}: skipped {} corrupt bytes at offset {}: {}", path, bytes, offset, reason);
+  });
   RecordView view;
   uint64_t pos;
   uint64_t applied = 0;
@@ -231,6 +236,7 @@ Status FlatTable::Replay(int file, uint64_t from, bool rebuild, std::vector<uint
     ++applied;
   }
   counters_->recovery_bytes_scanned.fetch_add(reader.bytes_read(), std::memory_order_relaxed);
+  counters_->recovery_records.fetch_add(applied, std::memory_order_relaxed);
   FLATKV_RETURN_IF_ERROR(reader.status());
   spdlog::info("{}: {} {} records from offset {} to {}", path, rebuild ? "rebuilt" : "replayed",
                applied, from, reader.valid_end());

@@ -43,6 +43,7 @@ struct EngineCounters {
   std::atomic<uint64_t> bytes_appended{0};
   std::atomic<uint64_t> fdatasyncs{0};
   std::atomic<uint64_t> recovery_bytes_scanned{0};
+  std::atomic<uint64_t> recovery_records{0};
   std::atomic<uint64_t> corrupt_records{0};
   std::atomic<uint64_t> index_rebuilds{0};
   std::atomic<uint64_t> data_files_open{0};

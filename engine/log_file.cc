@@ -250,6 +250,16 @@ bool LogReader::Next(RecordView* view, uint64_t* pos) {
           q[14] == 0 && q[15] == 0) {
         break;
       }
+      if (q[12] == 0) {
+        // A record's type byte is never zero: skip a run of zeros (such as
+        // space reserved ahead of a crash) a word at a time.
+        const char* end = buf_.data() + buf_len_;
+        const char* z = q + 12;
+        while (z + 8 <= end && *reinterpret_cast<const uint64_t*>(z) == 0) z += 8;
+        while (z < end && *z == 0) ++z;
+        offset_ += static_cast<uint64_t>(z - (q + 12));
+        if (z == end) continue;  // refill at the new offset
+      }
       ++offset_;
     }
     if (offset_ + kRecordHeaderSize > limit_) offset_ = limit_;

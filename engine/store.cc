@@ -409,6 +409,7 @@ EngineStats Store::GetStats() const {
   s.bytes_appended = counters_->bytes_appended.load();
   s.fdatasyncs = counters_->fdatasyncs.load();
   s.recovery_bytes_scanned = counters_->recovery_bytes_scanned.load();
+  s.recovery_records = counters_->recovery_records.load();
   s.corrupt_records = counters_->corrupt_records.load();
   s.index_rebuilds = counters_->index_rebuilds.load();
   return s;

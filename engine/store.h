@@ -47,7 +47,9 @@ struct EngineStats {
   uint64_t bytes_appended = 0;      // log bytes written by this process
   uint64_t fdatasyncs = 0;          // fdatasync calls on data files
   uint64_t recovery_bytes_scanned = 0;  // log bytes read by crash recovery/rebuild
-  uint64_t corrupt_records = 0;     // records rejected by checksum or sanity checks
+  uint64_t recovery_records = 0;    // records applied to an index by recovery/rebuild
+  uint64_t corrupt_records = 0;     // bad records found inside a log (torn tails
+                                    // after a crash are expected and not counted)
   uint64_t index_rebuilds = 0;      // tables whose index was rebuilt from the logs
 };
 
