@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -330,6 +331,7 @@ Status FlatTable::Write(FileState& fs, std::unique_lock<std::mutex>& lk, int fil
     return Status::OK();
   }
   fs.pending.push_back({slot, v});
+  if (fs.gathering && fs.pending.size() >= fs.expected) fs.more.notify_one();
   return WaitDurable(fs, lk, log->end());
 }
 
@@ -342,13 +344,28 @@ Status FlatTable::WaitDurable(FileState& fs, std::unique_lock<std::mutex>& lk, u
     }
     // Become the leader: one fdatasync covers every record appended so far.
     fs.syncing = true;
+    if (fs.pending.size() < fs.expected) {
+      // Back-to-back syncs split steady writers into two groups that take
+      // turns, halving each batch. So wait (at most half a sync) for as many
+      // writers as the last sync saw: the ones it released append again now.
+      fs.gathering = true;
+      const auto deadline =
+          std::chrono::steady_clock::now() +
+          std::chrono::nanoseconds(std::min<int64_t>(fs.last_sync_ns / 2, 1000000));
+      fs.more.wait_until(lk, deadline, [&] { return fs.pending.size() >= fs.expected; });
+      fs.gathering = false;
+    }
     LogFile* log = fs.owner.get();
     const uint64_t target = log->end();
     const size_t batch = fs.pending.size();
     lk.unlock();
+    const auto start = std::chrono::steady_clock::now();
     Status st = log->Sync();
+    const auto took = std::chrono::steady_clock::now() - start;
     counters_->fdatasyncs.fetch_add(1, std::memory_order_relaxed);
     lk.lock();
+    fs.last_sync_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
+    fs.expected = std::max<size_t>(1, fs.pending.size());  // covered + arrived meanwhile
     for (size_t i = 0; st.ok() && i < batch; ++i) {
       st = WriteSlot(fs, fs.pending[i].slot, fs.pending[i].value);
     }

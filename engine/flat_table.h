@@ -106,7 +106,11 @@ class FlatTable {
     std::atomic<LogFile*> log{nullptr};    // set once, before any slot points at it
     std::unique_ptr<LogFile> owner;        // GUARDED_BY(mu)
     std::condition_variable cv;            // group commit: a batch finished
-    bool syncing = false;                  // GUARDED_BY(mu): a leader is in fdatasync
+    std::condition_variable more;          // group commit: the leader's batch grew
+    bool syncing = false;                  // GUARDED_BY(mu): a leader is gathering or syncing
+    bool gathering = false;                // GUARDED_BY(mu): the leader waits for writers
+    size_t expected = 1;                   // GUARDED_BY(mu): writers seen by the last sync
+    int64_t last_sync_ns = 0;              // GUARDED_BY(mu): how long it took
     uint64_t applied = 0;                  // GUARDED_BY(mu): slots reflect log [0, applied)
     std::vector<Pending> pending;          // GUARDED_BY(mu): queued slot updates, log order
     Status error;                          // GUARDED_BY(mu): sticky after fdatasync fails

@@ -3,7 +3,10 @@
 // The writable window maps [window_start_, alloc_) where window_start_ is the
 // page holding the logical end when the window was made. Space is reserved
 // ahead in steps that double from one page up to kMaxReserveStep, so a table
-// with one tiny record costs one page, and a busy file remaps every 64 MiB.
+// with one tiny record costs one page, and a busy file remaps every 8 MiB.
+// madvise(MADV_DONTNEED) on already-written pages of a shared file mapping
+// only drops this process's page table entries: the dirty pages stay in the
+// page cache and are written back as usual.
 // Only the writer (holding the table's per-file mutex) touches the window;
 // readers never dereference it, so it can be replaced without coordination.
 #include "engine/log_file.h"
@@ -22,7 +25,10 @@ namespace flatkv::engine {
 namespace {
 
 constexpr uint64_t kPage = 4096;
-constexpr uint64_t kMaxReserveStep = 64ull << 20;
+constexpr uint64_t kMaxReserveStep = 8ull << 20;
+// Written pages are dropped from the window (not from the page cache) every
+// this many bytes, so a long fill does not show up as process RSS.
+constexpr uint64_t kReleaseBytes = 1ull << 20;
 constexpr size_t kReadChunk = 1 << 20;
 
 uint64_t RoundUp(uint64_t n, uint64_t unit) { return (n + unit - 1) / unit * unit; }
@@ -92,6 +98,12 @@ Status LogFile::Append(RecordType type, int64_t key, uint64_t timestamp, std::st
   } else {
     FLATKV_RETURN_IF_ERROR(Reserve(n));
     EncodeRecord(window_ + (end - window_start_), type, key, timestamp, prefix, value);
+    const uint64_t done = (end + n) / kPage * kPage;
+    if (done >= released_ + kReleaseBytes) {
+      const uint64_t from = std::max(released_, window_start_);
+      madvise(window_ + (from - window_start_), done - from, MADV_DONTNEED);
+      released_ = done;
+    }
   }
   *pos = end;
   *size = n;

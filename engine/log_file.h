@@ -83,6 +83,7 @@ class LogFile {
   char* window_ = nullptr;     // writable mapping of [window_start_, alloc_)
   uint64_t window_start_ = 0;
   uint64_t window_len_ = 0;
+  uint64_t released_ = 0;      // window pages below this were dropped from RSS
 };
 
 // LogReader walks the records of a log from an offset, verifying each. A bad
