@@ -13,6 +13,7 @@
 // or damaged index is rebuilt the same way.
 #include "engine/flat_table.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,6 +44,16 @@ unsigned SizeClass(uint64_t n) {
   return c;
 }
 
+Status SyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("opening directory " + dir, errno);
+  const int rc = fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::FromErrno("syncing directory " + dir, err);
+  return Status::OK();
+}
+
 Status WriteMeta(const std::string& dir, const IndexParams& p) {
   const std::string path = dir + "/META";
   const std::string tmp = path + ".tmp";
@@ -53,8 +64,15 @@ Status WriteMeta(const std::string& dir, const IndexParams& p) {
     out.flush();
     if (!out) return Status::IOError("writing " + tmp);
   }
+  int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || fsync(fd) != 0) {
+    int err = errno;
+    if (fd >= 0) ::close(fd);
+    return Status::FromErrno("syncing " + tmp, err);
+  }
+  ::close(fd);
   if (rename(tmp.c_str(), path.c_str()) != 0) return Status::FromErrno("renaming " + tmp, errno);
-  return Status::OK();
+  return SyncDir(dir);
 }
 
 // Reads META into *p. NotFound if absent, Corruption if unreadable.
@@ -299,6 +317,9 @@ Status FlatTable::LogForWrite(FileState& fs, int file, LogFile** log) {
   if (fs.owner == nullptr) {
     std::unique_ptr<LogFile> created;
     FLATKV_RETURN_IF_ERROR(LogFile::Open(DataPath(file), true, &created));
+    // Without this, an OS crash could drop the new name and with it records
+    // that fdatasync had made durable.
+    FLATKV_RETURN_IF_ERROR(SyncDir(params_.dir));
     fs.log.store(created.get(), std::memory_order_release);
     fs.owner = std::move(created);
     counters_->data_files_open.fetch_add(1, std::memory_order_relaxed);
@@ -423,6 +444,17 @@ Status FlatTable::Get(int64_t key, std::string* value) const {
 
 Status FlatTable::ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size_t guess,
                              std::string* buf, RecordView* view) const {
+  // A slot is input from disk too: never trust it with an allocation size.
+  const uint64_t end = log != nullptr ? log->end() : 0;
+  if (pos + kRecordHeaderSize + kRecordKeySize > end) {
+    counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
+    return Status::Corruption(params_.dir + ": index entry for key " + std::to_string(key) +
+                              " points at offset " + std::to_string(pos) +
+                              ", past the end of data file " +
+                              std::to_string((static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin())) %
+                                             params_.index.data_files));
+  }
+  guess = static_cast<size_t>(std::min<uint64_t>(guess, end - pos));
   if (buf->size() < guess) buf->resize(guess);
   size_t got = 0;
   FLATKV_RETURN_IF_ERROR(log->Read(pos, guess, buf->data(), &got));
@@ -430,7 +462,7 @@ Status FlatTable::ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size
   ParseResult r = ParseRecord(buf->data(), got, view, &reason);
   if (r == ParseResult::kIncomplete && got == guess) {
     // No size hint (4-byte slots) and a record larger than the first read.
-    const size_t need = view->size;
+    const size_t need = static_cast<size_t>(std::min<uint64_t>(view->size, end - pos));
     buf->resize(need);
     size_t more = 0;
     FLATKV_RETURN_IF_ERROR(log->Read(pos + got, need - got, buf->data() + got, &more));

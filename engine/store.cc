@@ -109,7 +109,9 @@ Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result)
     std::lock_guard<std::mutex> lock(store->tables_mu_);
     for (uint64_t seg : segments) {
       std::unique_ptr<FlatTable> table;
-      FLATKV_RETURN_IF_ERROR(store->OpenTable(seg, false, &table));
+      // create=true: a segment whose creation was cut short before its META
+      // was written holds no data yet and is simply completed.
+      FLATKV_RETURN_IF_ERROR(store->OpenTable(seg, true, &table));
       store->tables_[seg] = std::move(table);
     }
     store->PublishTablesLocked();

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs flatkv-bench for every engine, value size and thread count and writes
+# one JSON line per workload to OUT (default bench-matrix.jsonl); then prints
+# flat's ops/s as a ratio of each peer's (client/bench_report.py).
+#   client/bench_matrix.sh [BUILD_DIR] [OUT] [DIR]
+# Each fill starts from an empty directory; the read, overwrite and delete
+# workloads run on the database the fillrandom run just wrote.
+set -euo pipefail
+build=${1:-build}
+out=${2:-bench-matrix.jsonl}
+dir=${3:-/tmp/flatkv-bench-matrix}
+bench="$build/client/flatkv-bench"
+: > "$out"
+# value size -> key count (about 100 MB to 1 GB of data each)
+sizes=("100:1000000" "1024:500000" "4096:200000" "102400:10000")
+for threads in 1 2; do
+  for sz in "${sizes[@]}"; do
+    vs=${sz%%:*}
+    num=${sz##*:}
+    for engine in flat rocksdb leveldb kyotocabinet; do
+      for list in fillseq fillrandom,overwrite,readrandom,readmissing,deleterandom; do
+        "$bench" engine --engine "$engine" --workload "$list" --num "$num" \
+          --value-size "$vs" --threads "$threads" --dir "$dir/$engine" --fresh --json \
+          >> "$out" || echo "failed: $engine $list $vs $threads" >&2
+      done
+    done
+  done
+done
+rm -rf "$dir"
+/usr/bin/python3 "$(dirname "$0")/bench_report.py" "$out"
