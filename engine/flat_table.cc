@@ -138,6 +138,12 @@ Status FlatTable::Open(const TableParams& requested, bool create, EngineCounters
   std::unique_ptr<FlatTable> table(new FlatTable(params, counters));
   bool rebuild = false;
   const std::string index_path = params.dir + "/index";
+  if (access(index_path.c_str(), F_OK) != 0) {
+    for (int f = 0; f < params.index.data_files && !rebuild; ++f) {
+      rebuild = access(table->DataPath(f).c_str(), F_OK) == 0;
+    }
+    if (rebuild) spdlog::warn("{} is missing; rebuilding it from the data files", index_path);
+  }
   st = FlatIndex::Open(index_path, params.index, true, &table->index_);
   if (st.IsCorruption()) {
     spdlog::warn("{}; rebuilding it from the data files", st.ToString());

@@ -230,6 +230,7 @@ bool LogReader::Next(RecordView* view, uint64_t* pos) {
   const char* bad_reason = nullptr;
   while (offset_ < limit_) {
     if (!Fill(kRecordHeaderSize)) return false;
+    if (offset_ >= limit_) break;  // the file ended before the limit
     size_t avail = static_cast<size_t>(buf_offset_ + buf_len_ - offset_);
     const char* p = buf_.data() + (offset_ - buf_offset_);
     const char* reason = "truncated record";
@@ -267,16 +268,21 @@ bool LogReader::Next(RecordView* view, uint64_t* pos) {
         // space reserved ahead of a crash) a word at a time.
         const char* end = buf_.data() + buf_len_;
         const char* z = q + 12;
-        while (z + 8 <= end && *reinterpret_cast<const uint64_t*>(z) == 0) z += 8;
+        uint64_t word;
+        while (z + 8 <= end && (std::memcpy(&word, z, 8), word == 0)) z += 8;
         while (z < end && *z == 0) ++z;
+        // offset_ + 12 is now the first nonzero byte (or the buffer's end):
+        // look at that candidate before moving on.
         offset_ += static_cast<uint64_t>(z - (q + 12));
-        if (z == end) continue;  // refill at the new offset
+        continue;
       }
       ++offset_;
     }
     if (offset_ + kRecordHeaderSize > limit_) offset_ = limit_;
   }
-  if (bad_reason != nullptr) reporter_(bad_start, limit_ - bad_start, bad_reason);
+  if (bad_reason != nullptr && limit_ > bad_start) {
+    reporter_(bad_start, limit_ - bad_start, bad_reason);
+  }
   return false;
 }
 

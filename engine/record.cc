@@ -69,7 +69,7 @@ ParseResult ParseRecord(const char* p, size_t n, RecordView* view, const char** 
   }
   const size_t body = kRecordHeaderSize + size_t{value_size} + kRecordKeySize;
   view->size = body + reserved;
-  if (n < body) return ParseResult::kIncomplete;
+  if (n < view->size) return ParseResult::kIncomplete;
   const char* key = p + kRecordHeaderSize + value_size;
   uint32_t crc = crc32c::Value(p + 4, body - 4);
   if (crc32c::Mask(crc) != Get32(p)) {
