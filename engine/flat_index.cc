@@ -14,7 +14,7 @@ namespace flatkv::engine {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'L', 'A', 'T', 'K', 'V', 'I', 'X'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: 8-bit size hints for W >= 6
 constexpr size_t kPage = 4096;
 constexpr size_t kCrcOffset = 40;
 

@@ -35,12 +35,21 @@ constexpr size_t kHeadBytes = kRecordHeaderSize + 1 + kMaxAppendParts * kAppendP
 // Reads larger than this use a one-off buffer instead of the thread's.
 constexpr size_t kMaxScratch = 1 << 20;
 
-uint64_t SizeBound(unsigned c) { return uint64_t{2 + (c & 1)} << ((c >> 1) + 4); }
+// Size classes (FORMAT.md): with 6 hint bits (5-byte slots) a class bounds
+// a record within 1.5x, with 8 hint bits (6- to 8-byte slots) within 1.125x.
+uint64_t SizeBound(int hint_bits, unsigned c) {
+  if (hint_bits == 6) return uint64_t{2 + (c & 1)} << ((c >> 1) + 4);
+  return uint64_t{8 + (c & 7)} << (c >> 3);
+}
 
-unsigned SizeClass(uint64_t n) {
-  unsigned c = 0;
-  if (n > 64) c = 2 * (63 - __builtin_clzll(n - 1) - 5);
-  while (SizeBound(c) < n) ++c;
+unsigned SizeClass(int hint_bits, uint64_t n) {
+  const int mantissa = hint_bits == 6 ? 1 : 3;
+  const int shift = hint_bits == 6 ? 4 : 0;
+  // Start at the lowest class of the exponent just below n, then step up.
+  const int top = n > 1 ? 63 - __builtin_clzll(n - 1) : 0;
+  const int e = std::max(0, top - mantissa - shift);
+  unsigned c = static_cast<unsigned>(e) << mantissa;
+  while (SizeBound(hint_bits, c) < n) ++c;
   return c;
 }
 
@@ -98,7 +107,7 @@ Status ReadMeta(const std::string& dir, IndexParams* p) {
 FlatTable::FlatTable(const TableParams& params, EngineCounters* counters)
     : params_(params), counters_(counters) {
   const int w = params.index.item_bytes;
-  hint_bits_ = w == 4 ? 0 : 6;
+  hint_bits_ = w == 4 ? 0 : w == 5 ? 6 : 8;
   const uint64_t max_value = w == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * w)) - 1;
   pos_limit_ = (max_value - 1) >> hint_bits_;
   files_.reset(new FileState[params.index.data_files]);
@@ -270,15 +279,17 @@ Status FlatTable::Replay(int file, uint64_t from, bool rebuild, std::vector<uint
 }
 
 uint64_t FlatTable::EncodeSlot(uint64_t pos, size_t size) const {
-  const uint64_t hint = hint_bits_ == 0 ? 0 : SizeClass(size);
+  const uint64_t hint = hint_bits_ == 0 ? 0 : SizeClass(hint_bits_, size);
   return ((pos << hint_bits_) | hint) + 1;
 }
 
 void FlatTable::DecodeSlot(uint64_t v, uint64_t* pos, size_t* guess) const {
   const uint64_t x = v - 1;
   *pos = x >> hint_bits_;
-  *guess = hint_bits_ == 0 ? kNoHintGuess
-                           : static_cast<size_t>(SizeBound(static_cast<unsigned>(x & 63)));
+  const uint64_t mask = (uint64_t{1} << hint_bits_) - 1;
+  *guess = hint_bits_ == 0
+               ? kNoHintGuess
+               : static_cast<size_t>(SizeBound(hint_bits_, static_cast<unsigned>(x & mask)));
 }
 
 uint64_t FlatTable::ReadSlot(const FileState& fs, uint64_t slot) const {
@@ -477,10 +488,13 @@ Status FlatTable::ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size
   if (r == ParseResult::kOk && view->key != key) reason = "record belongs to another key";
   if (r != ParseResult::kOk || view->key != key || view->type == RecordType::kTombstone) {
     if (r == ParseResult::kOk && view->type == RecordType::kTombstone) reason = "tombstone";
-    counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t seen = counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
     std::string msg = log->path() + " offset " + std::to_string(pos) + " (key " +
                       std::to_string(key) + "): " + reason;
-    spdlog::error("corrupt record: {}", msg);
+    // A damaged file can fail every read: log the first few, then every 1000th.
+    if (seen < 10 || seen % 1000 == 0) {
+      spdlog::error("corrupt record ({} so far): {}", seen + 1, msg);
+    }
     return Status::Corruption(msg);
   }
   return Status::OK();

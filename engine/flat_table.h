@@ -3,10 +3,10 @@
 // (k - kmin) of the index holds its newest record's position.
 //
 // A slot value v != 0 encodes ((pos << hint_bits) | size_class) + 1, where
-// size_class (6 bits, for index_item_bytes >= 5) bounds the record's size
-// within 1.5x, so a get reads the whole record with a single pread(). With
-// 4-byte slots there is no hint: a get reads 4 KiB and, for a larger record,
-// a second time.
+// size_class bounds the record's size so a get reads the whole record with a
+// single pread(): 8 bits (within 1.125x) for index_item_bytes 6..8, 6 bits
+// (within 1.5x) for 5. With 4-byte slots there is no hint: a get reads 4 KiB
+// and, for a larger record, a second time.
 //
 // Thread safety (see CONCURRENCY.md):
 //  - Each data file has a mutex; Put/Remove/Append hold the key's file mutex,

@@ -75,6 +75,7 @@ class LogFile {
   Status WriteDirect(RecordType type, int64_t key, uint64_t timestamp, std::string_view prefix,
                      std::string_view value, size_t size);
   void Unmap();
+  void Populate(uint64_t need);
 
   const std::string path_;
   int fd_;
@@ -84,6 +85,7 @@ class LogFile {
   uint64_t window_start_ = 0;
   uint64_t window_len_ = 0;
   uint64_t released_ = 0;      // window pages below this were dropped from RSS
+  uint64_t populated_ = 0;     // window pages below this are faulted in
 };
 
 // LogReader walks the records of a log from an offset, verifying each. A bad

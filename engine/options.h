@@ -33,9 +33,11 @@ struct EngineOptions {
   // a key inside its range, so sparse key spaces cost only the touched ones.
   uint64_t segment_keys = uint64_t{1} << 24;
 
-  // Bytes per index slot, 4..8. Width 4 addresses 4 GiB per data file; widths
-  // 5..8 spend 6 bits on a record-size hint (so a get is always one read) and
-  // address 2^(8*width-6) bytes per data file.
+  // Bytes per index slot, 4..8. The slot holds the record's position plus a
+  // record-size hint so a get is always one read: width 4 has no hint and
+  // addresses 4 GiB per data file (a get of a record over 4 KiB reads twice);
+  // width 5 spends 6 bits (16 GiB per file); widths 6..8 spend 8 bits
+  // (1 TiB per file at the default 6).
   int index_item_bytes = 6;
 
   // Append-only data files per table; key k lives in file (k - kmin) mod N.
