@@ -117,8 +117,8 @@ void RunModel(EngineOptions o, uint64_t seed, int steps) {
       REQUIRE(st.ok() == (model.count(k) == 1));
       if (st.ok()) REQUIRE(got == model[k]);
     } else {
-      // Reopen: half the time cleanly, half after a checkpoint only (the
-      // destructor still closes cleanly; crash recovery has its own test).
+      // Clean close and reopen (crash recovery has its own tests), then the
+      // whole store must still match the model.
       store.reset();
       REQUIRE(Store::Open(o, &store).ok());
       CompareAll(*store, model, o);
