@@ -30,7 +30,7 @@ constexpr uint64_t kMaxReserveStep = 8ull << 20;
 // this many bytes, so a long fill does not show up as process RSS.
 constexpr uint64_t kReleaseBytes = 1ull << 20;
 // Pages of the window are faulted in this many bytes ahead of the end.
-constexpr uint64_t kPopulateBytes = 1ull << 20;
+constexpr uint64_t kPopulateBytes = 256ull << 10;
 constexpr size_t kReadChunk = 1 << 20;
 
 uint64_t RoundUp(uint64_t n, uint64_t unit) { return (n + unit - 1) / unit * unit; }
