@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "engine/store.h"
 #include "tests/engine/test_util.h"
@@ -217,4 +218,25 @@ TEST_CASE("Scans walk keys across segments in both directions and resume", "[eng
   REQUIRE(out[3].key == 5);
   REQUIRE(done);
   REQUIRE(store->ScanLog("garbage", 10, &out, nullptr, &done).IsInvalidArgument());
+}
+
+TEST_CASE("sync: interval makes written files durable in the background", "[engine][store]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.sync = flatkv::engine::SyncMode::kInterval;
+  o.sync_interval_ms = 200;
+  o.checkpoint_interval_ms = 0;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  REQUIRE(store->Put(1, "one").ok());
+  REQUIRE(store->Put(2, "two").ok());
+  REQUIRE(store->GetStats().fdatasyncs == 0);  // a put does not wait for the disk
+  for (int i = 0; i < 300 && store->GetStats().fdatasyncs < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(store->GetStats().fdatasyncs == 2);  // one per written data file
+  // Nothing new written: the next rounds sync nothing.
+  std::this_thread::sleep_for(std::chrono::milliseconds(450));
+  REQUIRE(store->GetStats().fdatasyncs == 2);
 }
