@@ -11,6 +11,8 @@ packages=(
   thrift-compiler libthrift-dev libboost-dev libevent-dev
   libzookeeper-mt-dev zookeeper
   libspdlog-dev libyaml-cpp-dev
+  # the documented 64-bit hash of string keys (XXH64)
+  libxxhash-dev
   # tests
   catch2 python3 python3-thrift strace
   # peer engines for flatkv-bench

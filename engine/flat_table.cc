@@ -562,15 +562,17 @@ Status FlatTable::Assemble(const LogFile* log, int64_t key, std::string_view new
   return Status::OK();
 }
 
-Status FlatTable::Append(int64_t key, std::string_view value) {
+Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) {
   FLATKV_RETURN_IF_ERROR(EnsureWritable());
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const int file = static_cast<int>(slot % params_.index.data_files);
   FileState& fs = files_[file];
   std::unique_lock<std::mutex> lk(fs.mu);
   const uint64_t cur = CurrentSlotLocked(fs, slot);
-  if (cur == 0) return Write(fs, lk, file, key, RecordType::kValue, {}, value);
-  if (value.empty()) return Status::OK();
+  if (cur == 0) {
+    if (info != nullptr) *info = {value.size(), value.size()};
+    return Write(fs, lk, file, key, RecordType::kValue, {}, value);
+  }
   if (!fs.error.ok()) return fs.error;
 
   // The parts of the current value, oldest first, from the newest record's
@@ -618,13 +620,15 @@ Status FlatTable::Append(int64_t key, std::string_view value) {
   // bytes written per appended byte are O(log size), not O(size).
   std::vector<std::string> merged;
   size_t acc = value.size();
-  while (!parts.empty() && parts.back().payload_size <= 2 * acc) {
+  while (acc > 0 && !parts.empty() && parts.back().payload_size <= 2 * acc) {
     std::string piece;
     FLATKV_RETURN_IF_ERROR(ReadPayload(log, key, parts.back(), &piece));
     acc += piece.size();
     merged.push_back(std::move(piece));
     parts.pop_back();
   }
+  if (info != nullptr) *info = {total, parts.empty() ? total : parts.front().payload_size};
+  if (value.empty()) return Status::OK();  // nothing to add; *info still tells the sizes
   std::string data;
   if (!merged.empty()) {
     data.reserve(acc);

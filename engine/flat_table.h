@@ -70,7 +70,13 @@ class FlatTable {
   Status Get(int64_t key, std::string* value) const;
   bool Contains(int64_t key) const;
   Status Remove(int64_t key, bool* existed);
-  Status Append(int64_t key, std::string_view value);
+  // Sizes of a value after Append(): all of it, and its base part (the
+  // value as last written whole); total - base bytes arrived by appends.
+  struct AppendInfo {
+    uint64_t total = 0;
+    uint64_t base = 0;
+  };
+  Status Append(int64_t key, std::string_view value, AppendInfo* info = nullptr);
 
   // Key-order scan from "from" (clamped to the table) adding to *out until it
   // holds "limit" pairs. Sets *next to the key after the last one added and

@@ -46,6 +46,13 @@ struct EngineOptions {
   // Largest value accepted by Put/Append (ValueTooLarge beyond).
   uint32_t max_value_bytes = 64u << 20;
 
+  // Slots of the string-key table (ikey = hash(skey) mod string_slots).
+  // Best performance when about the number of string keys stored.
+  uint64_t string_slots = uint64_t{1} << 24;
+
+  // Longest string key accepted by SPut (InvalidArgument beyond).
+  uint32_t max_key_bytes = 4096;
+
   SyncMode sync = SyncMode::kNone;
   uint32_t sync_interval_ms = 1000;
 

@@ -1,6 +1,7 @@
 #include "engine/store.h"
 
 #include <dirent.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/flat_table.h"
+#include "engine/string_keys.h"
 
 namespace flatkv::engine {
 
@@ -115,6 +117,10 @@ Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result)
       store->tables_[seg] = std::move(table);
     }
     store->PublishTablesLocked();
+    if (access((options.path + "/strings").c_str(), F_OK) == 0) {
+      FLATKV_RETURN_IF_ERROR(store->OpenStringTable(true, &store->strings_owner_));
+      store->strings_.store(store->strings_owner_.get(), std::memory_order_release);
+    }
   }
   if (options.sync == SyncMode::kInterval || options.checkpoint_interval_ms > 0) {
     store->bg_thread_ = std::thread([s = store.get()] { s->BackgroundLoop(); });
@@ -348,13 +354,172 @@ Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValu
   return Status::OK();
 }
 
+// ---------------------------------------------------------------------------
+// String keys
+
+Status Store::OpenStringTable(bool create, std::unique_ptr<FlatTable>* table) {
+  TableParams p;
+  p.dir = options_.path + "/strings";
+  p.index.kmin = 0;
+  p.index.slots = options_.string_slots;
+  p.index.item_bytes = options_.index_item_bytes;
+  p.index.data_files = options_.data_files;
+  p.sync = options_.sync;
+  p.max_value_bytes = 1u << 30;  // a bucket holds many values; each is checked alone
+  return FlatTable::Open(p, create, counters_.get(), table);
+}
+
+Status Store::GetOrCreateStringTable(FlatTable** table) {
+  *table = strings_.load(std::memory_order_acquire);
+  if (*table != nullptr) return Status::OK();
+  std::lock_guard<std::mutex> lock(tables_mu_);
+  if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+  if (strings_owner_ == nullptr) {
+    FLATKV_RETURN_IF_ERROR(OpenStringTable(true, &strings_owner_));
+    strings_.store(strings_owner_.get(), std::memory_order_release);
+  }
+  *table = strings_owner_.get();
+  return Status::OK();
+}
+
+int64_t Store::StringSlot(std::string_view key) const {
+  return static_cast<int64_t>(HashStringKey(key) % options_.string_slots);
+}
+
+Status Store::AppendToBucket(FlatTable* table, int64_t ikey, std::string_view entry) {
+  FlatTable::AppendInfo info;
+  FLATKV_RETURN_IF_ERROR(table->Append(ikey, entry, &info));
+  if (info.total <= 2 * info.base + 4096) return Status::OK();
+  // Rewrite with the live entries only: this happens after at least "base"
+  // bytes of appends, so each byte is rewritten O(1) times on average.
+  std::string bucket;
+  FLATKV_RETURN_IF_ERROR(table->Get(ikey, &bucket));
+  std::string compacted;
+  for (const auto& [k, v] : LiveBucketEntries(bucket)) AppendBucketPut(&compacted, k, v);
+  if (compacted.empty()) return table->Remove(ikey, nullptr);
+  return table->Put(ikey, compacted);
+}
+
+Status Store::SPut(std::string_view key, std::string_view value) {
+  if (closed_.load(std::memory_order_relaxed)) {
+    return Status::IOError("store " + options_.path + " is closed");
+  }
+  if (key.size() > options_.max_key_bytes) {
+    return Status::InvalidArgument("string key of " + std::to_string(key.size()) +
+                                   " bytes exceeds storage.max_key_bytes " +
+                                   std::to_string(options_.max_key_bytes));
+  }
+  FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
+  FlatTable* table;
+  FLATKV_RETURN_IF_ERROR(GetOrCreateStringTable(&table));
+  const int64_t ikey = StringSlot(key);
+  std::string entry;
+  AppendBucketPut(&entry, key, value);
+  std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
+  return AppendToBucket(table, ikey, entry);
+}
+
+Status Store::SGet(std::string_view key, std::string* value) const {
+  if (closed_.load(std::memory_order_relaxed)) {
+    return Status::IOError("store " + options_.path + " is closed");
+  }
+  FlatTable* table = strings_.load(std::memory_order_acquire);
+  if (table == nullptr || key.size() > options_.max_key_bytes) {
+    return Status::NotFound("string key");
+  }
+  std::string bucket;
+  Status st = table->Get(StringSlot(key), &bucket);
+  if (st.IsNotFound()) return Status::NotFound("string key");
+  FLATKV_RETURN_IF_ERROR(st);
+  if (!FindInBucket(bucket, key, value)) return Status::NotFound("string key");
+  return Status::OK();
+}
+
+Status Store::SRemove(std::string_view key, bool* existed) {
+  if (existed != nullptr) *existed = false;
+  if (closed_.load(std::memory_order_relaxed)) {
+    return Status::IOError("store " + options_.path + " is closed");
+  }
+  FlatTable* table = strings_.load(std::memory_order_acquire);
+  if (table == nullptr || key.size() > options_.max_key_bytes) return Status::OK();
+  const int64_t ikey = StringSlot(key);
+  std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
+  std::string bucket, ignored;
+  Status st = table->Get(ikey, &bucket);
+  if (st.IsNotFound() || (st.ok() && !FindInBucket(bucket, key, &ignored))) return Status::OK();
+  FLATKV_RETURN_IF_ERROR(st);
+  std::string entry;
+  AppendBucketRemove(&entry, key);
+  FLATKV_RETURN_IF_ERROR(AppendToBucket(table, ikey, entry));
+  if (existed != nullptr) *existed = true;
+  return Status::OK();
+}
+
+Status Store::SScan(std::string_view cursor, size_t limit, std::vector<StringKeyValue>* out,
+                    std::string* next_cursor, bool* done) const {
+  // Cursor: version u8 | next bucket u64 | has_last u8 | last key emitted.
+  out->clear();
+  *done = true;
+  if (limit == 0) return Status::InvalidArgument("scan limit must be positive");
+  uint64_t from = 0;
+  bool has_last = false;
+  std::string_view last;
+  if (!cursor.empty()) {
+    if (cursor.size() < 10 || static_cast<uint8_t>(cursor[0]) != kCursorVersion) {
+      return Status::InvalidArgument("malformed string scan cursor");
+    }
+    std::memcpy(&from, cursor.data() + 1, 8);
+    has_last = cursor[9] != 0;
+    last = cursor.substr(10);
+  }
+  FlatTable* table = strings_.load(std::memory_order_acquire);
+  if (table == nullptr) return Status::OK();
+  auto make_cursor = [&](uint64_t bucket, const std::string* last_key) {
+    next_cursor->clear();
+    next_cursor->push_back(static_cast<char>(kCursorVersion));
+    PutU64(next_cursor, bucket);
+    next_cursor->push_back(last_key != nullptr ? 1 : 0);
+    if (last_key != nullptr) next_cursor->append(*last_key);
+    *done = false;
+  };
+  std::vector<KeyValue> buckets;
+  while (from < options_.string_slots) {
+    buckets.clear();
+    int64_t next = 0;
+    bool table_done = true;
+    FLATKV_RETURN_IF_ERROR(
+        table->Scan(static_cast<int64_t>(from), false, 16, &buckets, &next, &table_done));
+    for (const KeyValue& b : buckets) {
+      const auto ikey = static_cast<uint64_t>(b.key);
+      bool emitted_here = false;
+      for (auto& [k, v] : LiveBucketEntries(b.value)) {
+        if (has_last && ikey == from && k <= last) continue;
+        if (out->size() == limit) {
+          make_cursor(ikey, emitted_here ? &out->back().key : nullptr);
+          return Status::OK();
+        }
+        out->push_back({std::move(k), std::move(v)});
+        emitted_here = true;
+      }
+      has_last = false;
+    }
+    if (table_done) break;
+    from = static_cast<uint64_t>(next);
+  }
+  return Status::OK();
+}
+
 Status Store::Sync() {
   for (const TableRef& t : Tables()) FLATKV_RETURN_IF_ERROR(t.table->Sync());
+  if (FlatTable* s = strings_.load(std::memory_order_acquire)) FLATKV_RETURN_IF_ERROR(s->Sync());
   return Status::OK();
 }
 
 Status Store::Checkpoint() {
   for (const TableRef& t : Tables()) FLATKV_RETURN_IF_ERROR(t.table->Checkpoint());
+  if (FlatTable* s = strings_.load(std::memory_order_acquire)) {
+    FLATKV_RETURN_IF_ERROR(s->Checkpoint());
+  }
   return Status::OK();
 }
 
@@ -399,6 +564,10 @@ Status Store::Close() {
   Status result;
   for (auto& [seg, table] : tables_) {
     Status st = table->Close();
+    if (!st.ok() && result.ok()) result = st;
+  }
+  if (strings_owner_ != nullptr) {
+    Status st = strings_owner_->Close();
     if (!st.ok() && result.ok()) result = st;
   }
   return result;

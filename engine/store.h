@@ -39,6 +39,11 @@ struct KeyValue {
   std::string value;
 };
 
+struct StringKeyValue {
+  std::string key;
+  std::string value;
+};
+
 // Counters the engine keeps; read with Store::GetStats(). Monotonic unless
 // noted.
 struct EngineStats {
@@ -100,6 +105,19 @@ class Store {
   Status ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValue>* out,
                  std::string* next_cursor, bool* done) const;
 
+  // String keys (see string_keys.h): keys of any bytes, empty and binary
+  // included, up to max_key_bytes. SGet follows Get's contract: NotFound
+  // leaves *value unchanged. SPut returns InvalidArgument for a key over
+  // max_key_bytes and ValueTooLarge for a value over max_value_bytes.
+  Status SGet(std::string_view key, std::string* value) const;
+  Status SPut(std::string_view key, std::string_view value);
+  Status SRemove(std::string_view key, bool* existed = nullptr);
+
+  // Iterates string keys in hash order, resumable: an empty cursor starts,
+  // *next_cursor resumes; at most "limit" pairs per call.
+  Status SScan(std::string_view cursor, size_t limit, std::vector<StringKeyValue>* out,
+               std::string* next_cursor, bool* done) const;
+
   // Makes every acknowledged write durable (fdatasync of written data files).
   Status Sync();
 
@@ -151,6 +169,20 @@ class Store {
   std::map<uint64_t, std::unique_ptr<FlatTable>> tables_;  // GUARDED_BY(tables_mu_)
   std::vector<std::unique_ptr<const TableArray>> arrays_;  // GUARDED_BY(tables_mu_)
   std::unique_ptr<EngineCounters> counters_;
+
+  // The string-key table, created on the first SPut. Readers load the
+  // pointer; string writers also take the stripe of their bucket, so a
+  // remove's check-then-append and a bucket rewrite are atomic.
+  Status GetOrCreateStringTable(FlatTable** table);
+  Status OpenStringTable(bool create, std::unique_ptr<FlatTable>* table);
+  // Appends one entry to the bucket of "ikey"; rewrites the bucket with its
+  // live entries when it has grown past twice its base (+4 KiB).
+  Status AppendToBucket(FlatTable* table, int64_t ikey, std::string_view entry);
+  int64_t StringSlot(std::string_view key) const;
+  std::atomic<FlatTable*> strings_{nullptr};
+  std::unique_ptr<FlatTable> strings_owner_;  // GUARDED_BY(tables_mu_)
+  static constexpr size_t kStringStripes = 64;
+  mutable std::mutex string_mu_[kStringStripes];
 
   std::mutex bg_mu_;
   std::condition_variable bg_cv_;

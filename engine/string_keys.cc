@@ -1,0 +1,104 @@
+#include "engine/string_keys.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <map>
+
+namespace flatkv::engine {
+namespace {
+
+void PutVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+bool GetVarint(std::string_view* in, uint64_t* v) {
+  uint64_t result = 0;
+  for (int shift = 0; shift <= 63 && !in->empty(); shift += 7) {
+    const auto byte = static_cast<uint8_t>(in->front());
+    in->remove_prefix(1);
+    result |= uint64_t{byte & 0x7fu} << shift;
+    if (byte < 0x80) {
+      *v = result;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool GetSized(std::string_view* in, std::string_view* out) {
+  uint64_t n;
+  if (!GetVarint(in, &n) || n > in->size()) return false;
+  *out = in->substr(0, n);
+  in->remove_prefix(n);
+  return true;
+}
+
+}  // namespace
+
+uint64_t HashStringKey(std::string_view key) { return XXH64(key.data(), key.size(), 0); }
+
+void AppendBucketPut(std::string* bucket, std::string_view key, std::string_view value) {
+  bucket->push_back(static_cast<char>(BucketEntryKind::kPut));
+  PutVarint(bucket, key.size());
+  bucket->append(key);
+  PutVarint(bucket, value.size());
+  bucket->append(value);
+}
+
+void AppendBucketRemove(std::string* bucket, std::string_view key) {
+  bucket->push_back(static_cast<char>(BucketEntryKind::kRemove));
+  PutVarint(bucket, key.size());
+  bucket->append(key);
+}
+
+bool ForEachBucketEntry(
+    std::string_view bucket,
+    const std::function<void(BucketEntryKind, std::string_view, std::string_view)>& fn) {
+  while (!bucket.empty()) {
+    const auto kind = static_cast<BucketEntryKind>(bucket.front());
+    bucket.remove_prefix(1);
+    std::string_view key, value;
+    if (!GetSized(&bucket, &key)) return false;
+    if (kind == BucketEntryKind::kPut) {
+      if (!GetSized(&bucket, &value)) return false;
+    } else if (kind != BucketEntryKind::kRemove) {
+      return false;
+    }
+    fn(kind, key, value);
+  }
+  return true;
+}
+
+bool FindInBucket(std::string_view bucket, std::string_view key, std::string* value) {
+  bool found = false;
+  std::string_view newest;
+  ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view k, std::string_view v) {
+    if (k != key) return;
+    found = kind == BucketEntryKind::kPut;
+    newest = v;
+  });
+  if (found) value->assign(newest.data(), newest.size());
+  return found;
+}
+
+std::vector<std::pair<std::string, std::string>> LiveBucketEntries(std::string_view bucket) {
+  std::map<std::string_view, std::string_view> live;
+  ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view k, std::string_view v) {
+    if (kind == BucketEntryKind::kPut) {
+      live[k] = v;
+    } else {
+      live.erase(k);
+    }
+  });
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(live.size());
+  for (const auto& [k, v] : live) out.emplace_back(std::string(k), std::string(v));
+  return out;
+}
+
+}  // namespace flatkv::engine
