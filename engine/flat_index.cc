@@ -14,7 +14,7 @@ namespace flatkv::engine {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'L', 'A', 'T', 'K', 'V', 'I', 'X'};
-constexpr uint32_t kVersion = 2;  // 2: 8-bit size hints for W >= 6
+constexpr uint32_t kVersion = 3;  // 2: 8-bit size hints for W >= 6; 3: dead_bytes
 constexpr size_t kPage = 4096;
 constexpr size_t kCrcOffset = 40;
 
@@ -36,8 +36,10 @@ uint32_t HeaderCrc(const char* hdr) {
   return crc32c::Mask(crc32c::Value(copy, sizeof(copy)));
 }
 
+constexpr size_t kDeadBytesOffset = FlatIndex::kHeaderBytes - 8;
+
 void EncodeHeader(char* hdr, const IndexParams& p, bool clean,
-                  const std::vector<uint64_t>& checkpoints) {
+                  const std::vector<uint64_t>& checkpoints, uint64_t dead_bytes) {
   std::memset(hdr, 0, FlatIndex::kHeaderBytes);
   std::memcpy(hdr, kMagic, sizeof(kMagic));
   PutAt<uint32_t>(hdr, 8, kVersion);
@@ -47,6 +49,7 @@ void EncodeHeader(char* hdr, const IndexParams& p, bool clean,
   PutAt<uint32_t>(hdr, 32, static_cast<uint32_t>(p.data_files));
   PutAt<uint32_t>(hdr, 36, clean ? 1 : 0);
   for (size_t i = 0; i < checkpoints.size(); ++i) PutAt<uint64_t>(hdr, 48 + 8 * i, checkpoints[i]);
+  PutAt<uint64_t>(hdr, kDeadBytesOffset, dead_bytes);
   PutAt<uint32_t>(hdr, kCrcOffset, HeaderCrc(hdr));
 }
 
@@ -70,7 +73,7 @@ Status FlatIndex::Open(const std::string& path, const IndexParams& params, bool 
     fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return Status::FromErrno("creating " + tmp, errno);
     char hdr[kHeaderBytes];
-    EncodeHeader(hdr, params, true, std::vector<uint64_t>(params.data_files, 0));
+    EncodeHeader(hdr, params, true, std::vector<uint64_t>(params.data_files, 0), 0);
     if (pwrite(fd, hdr, sizeof(hdr), 0) != static_cast<ssize_t>(sizeof(hdr)) ||
         ftruncate(fd, static_cast<off_t>(FileBytes(params))) != 0 || fdatasync(fd) != 0 ||
         rename(tmp.c_str(), path.c_str()) != 0) {
@@ -143,6 +146,7 @@ Status FlatIndex::ReadHeader() {
   clean_ = GetAt<uint32_t>(h, 36) == 1;
   checkpoints_.resize(params_.data_files);
   for (int i = 0; i < params_.data_files; ++i) checkpoints_[i] = GetAt<uint64_t>(h, 48 + 8 * i);
+  dead_bytes_ = GetAt<uint64_t>(h, kDeadBytesOffset);
   return Status::OK();
 }
 
@@ -203,7 +207,7 @@ Status FlatIndex::Store(uint64_t slot, uint64_t value) {
 }
 
 Status FlatIndex::WriteHeader(bool clean, const std::vector<uint64_t>& checkpoints) {
-  EncodeHeader(base_, params_, clean, checkpoints);
+  EncodeHeader(base_, params_, clean, checkpoints, dead_bytes_);
   if (msync(base_, kHeaderBytes, MS_SYNC) != 0) {
     return Status::FromErrno("syncing header of " + path_, errno);
   }

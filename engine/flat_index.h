@@ -8,6 +8,7 @@
 //   | magic   | ver | W   | kmin  | slots | N   | clean| crc | 0   | checkpoint
 //   | FLATKVIX| 1   |4..8 | i64   | u64   | u32 | u32  | u32 |     | u64 x N ...
 //   +---------+-----+-----+-------+-------+-----+------+-----+-----+----------
+//   4088: dead_bytes u64 (an estimate of unreferenced log bytes)
 //   4096: slot 0, slot 1, ... (W bytes each); file size = 4096 + slots * W
 //
 // crc is the masked CRC32C of the 4096-byte header with the crc field zeroed.
@@ -44,7 +45,8 @@ struct IndexParams {
 class FlatIndex {
  public:
   static constexpr size_t kHeaderBytes = 4096;
-  static constexpr int kMaxDataFiles = (kHeaderBytes - 48) / 8;
+  // The header's last 8 bytes hold the table's dead-byte estimate.
+  static constexpr int kMaxDataFiles = (kHeaderBytes - 8 - 48) / 8;
 
   // Opens the index at "path". With "create", a missing file is created empty
   // (all slots absent, checkpoints 0, clean). Returns NotFound if the file is
@@ -63,8 +65,13 @@ class FlatIndex {
   bool clean() const { return clean_; }
   const std::vector<uint64_t>& checkpoints() const { return checkpoints_; }
 
-  // Rewrites the header with these values and makes it durable (msync).
+  // Rewrites the header with these values (and the dead-byte estimate last
+  // given to set_dead_bytes) and makes it durable (msync).
   Status WriteHeader(bool clean, const std::vector<uint64_t>& checkpoints);
+  // Bytes of the data files no longer referenced (an estimate kept by the
+  // table for compaction), persisted by the next WriteHeader().
+  uint64_t dead_bytes() const { return dead_bytes_; }
+  void set_dead_bytes(uint64_t v) { dead_bytes_ = v; }
   // Makes every stored slot durable (msync of the slot area).
   Status Sync();
   // Sets every slot to absent (used before rebuilding from the logs).
@@ -89,6 +96,7 @@ class FlatIndex {
   char* const slots_;
   bool clean_ = true;
   std::vector<uint64_t> checkpoints_;
+  uint64_t dead_bytes_ = 0;
   // One bit per page of the slot area: reserved by this process already.
   std::unique_ptr<std::atomic<uint64_t>[]> reserved_;
 };

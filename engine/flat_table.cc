@@ -192,6 +192,7 @@ Status FlatTable::Recover(bool force_rebuild) {
     if (size != checkpoints[f]) needed = true;
     if (size < checkpoints[f]) rebuild = true;  // the log lost bytes the index saw
   }
+  dead_bytes_.store(index_->dead_bytes(), std::memory_order_relaxed);
   if (!needed) {
     for (int f = 0; f < n; ++f) files_[f].applied = checkpoints[f];
     return Status::OK();
@@ -345,8 +346,18 @@ Status FlatTable::LogForWrite(FileState& fs, int file, LogFile** log) {
   return Status::OK();
 }
 
+uint64_t FlatTable::RecordBytesEstimate(uint64_t slot_value, size_t fallback) const {
+  if (slot_value == 0) return 0;
+  if (hint_bits_ == 0) return fallback;  // no size hint: assume the same size
+  uint64_t pos;
+  size_t guess;
+  DecodeSlot(slot_value, &pos, &guess);
+  return guess;
+}
+
 Status FlatTable::Write(FileState& fs, std::unique_lock<std::mutex>& lk, int file, int64_t key,
-                        RecordType type, std::string_view prefix, std::string_view value) {
+                        RecordType type, std::string_view prefix, std::string_view value,
+                        bool wait) {
   if (!fs.error.ok()) return fs.error;
   LogFile* log;
   FLATKV_RETURN_IF_ERROR(LogForWrite(fs, file, &log));
@@ -363,12 +374,25 @@ Status FlatTable::Write(FileState& fs, std::unique_lock<std::mutex>& lk, int fil
   fs.dirty.store(true, std::memory_order_relaxed);
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const uint64_t v = type == RecordType::kTombstone ? 0 : EncodeSlot(pos, written);
+  // What this write makes garbage: the record it replaces (an append keeps
+  // it as a part) and, for a remove, the tombstone itself once compacted.
+  uint64_t dead = type == RecordType::kAppend ? 0
+                                              : RecordBytesEstimate(CurrentSlotLocked(fs, slot), written);
+  if (type == RecordType::kTombstone) dead += written;
+  if (dead > 0) dead_bytes_.fetch_add(dead, std::memory_order_relaxed);
   if (params_.sync != SyncMode::kAlways) {
     FLATKV_RETURN_IF_ERROR(WriteSlot(fs, slot, v));
     fs.applied = log->end();
     return Status::OK();
   }
+  if (!wait) {
+    // A compaction copy under sync: always: visible now, made durable with
+    // the whole copy. It must not move "applied": writers queued for group
+    // commit before it would take that for their own fdatasync.
+    return WriteSlot(fs, slot, v);
+  }
   fs.pending.push_back({slot, v});
+  ++fs.queued;
   if (fs.gathering && fs.pending.size() >= fs.expected) fs.more.notify_one();
   return WaitDurable(fs, lk, log->end());
 }
@@ -408,6 +432,7 @@ Status FlatTable::WaitDurable(FileState& fs, std::unique_lock<std::mutex>& lk, u
       st = WriteSlot(fs, fs.pending[i].slot, fs.pending[i].value);
     }
     fs.pending.erase(fs.pending.begin(), fs.pending.begin() + static_cast<long>(batch));
+    fs.dequeued += batch;
     if (st.ok()) {
       fs.applied = target;
     } else {
@@ -423,12 +448,26 @@ Status FlatTable::WaitDurable(FileState& fs, std::unique_lock<std::mutex>& lk, u
 }
 
 Status FlatTable::Put(int64_t key, std::string_view value) {
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  const int file = static_cast<int>(slot % params_.index.data_files);
+  FileState& fs = files_[file];
+  std::unique_lock<std::mutex> lk(fs.mu);
+  // Compacting: this file's mutex orders the write against the copier.
+  if (FlatTable* next = successor()) return next->Put(key, value);
+  lk.unlock();
+  FLATKV_RETURN_IF_ERROR(EnsureWritable());
+  lk.lock();
+  if (FlatTable* next = successor()) return next->Put(key, value);
+  return Write(fs, lk, file, key, RecordType::kValue, {}, value);
+}
+
+Status FlatTable::PutCopy(int64_t key, std::string_view value) {
   FLATKV_RETURN_IF_ERROR(EnsureWritable());
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const int file = static_cast<int>(slot % params_.index.data_files);
   FileState& fs = files_[file];
   std::unique_lock<std::mutex> lk(fs.mu);
-  return Write(fs, lk, file, key, RecordType::kValue, {}, value);
+  return Write(fs, lk, file, key, RecordType::kValue, {}, value, /*wait=*/false);
 }
 
 Status FlatTable::Remove(int64_t key, bool* existed) {
@@ -437,21 +476,38 @@ Status FlatTable::Remove(int64_t key, bool* existed) {
   const int file = static_cast<int>(slot % params_.index.data_files);
   FileState& fs = files_[file];
   std::unique_lock<std::mutex> lk(fs.mu);
-  if (CurrentSlotLocked(fs, slot) == 0) {
-    if (existed != nullptr) *existed = false;
-    return Status::OK();
+  FlatTable* next = successor();
+  if (next != nullptr && successor_done_.load(std::memory_order_acquire)) {
+    return next->Remove(key, existed);
   }
-  FLATKV_RETURN_IF_ERROR(Write(fs, lk, file, key, RecordType::kTombstone, {}, {}));
-  if (existed != nullptr) *existed = true;
+  // Compacting: remove here first, then from the successor. Between the two
+  // (for a reader, or after a crash) the successor still shows the value the
+  // key had before the remove; the other order would let a get fall back to
+  // an older value here.
+  const bool here = CurrentSlotLocked(fs, slot) != 0;
+  if (here) FLATKV_RETURN_IF_ERROR(Write(fs, lk, file, key, RecordType::kTombstone, {}, {}));
+  bool there = false;
+  if (next != nullptr) FLATKV_RETURN_IF_ERROR(next->Remove(key, &there));
+  if (existed != nullptr) *existed = here || there;
   return Status::OK();
 }
 
 bool FlatTable::Contains(int64_t key) const {
+  if (FlatTable* next = successor()) {
+    if (next->Contains(key)) return true;
+    if (successor_done_.load(std::memory_order_acquire)) return false;
+  }
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   return ReadSlot(files_[slot % params_.index.data_files], slot) != 0;
 }
 
 Status FlatTable::Get(int64_t key, std::string* value) const {
+  if (FlatTable* next = successor()) {
+    // Compacting: the successor has every write since the start and the
+    // copies so far; whatever it lacks is still here (removes reach both).
+    Status st = next->Get(key, value);
+    if (!st.IsNotFound() || successor_done_.load(std::memory_order_acquire)) return st;
+  }
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const FileState& fs = files_[slot % params_.index.data_files];
   const uint64_t v = ReadSlot(fs, slot);
@@ -568,6 +624,23 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
   const int file = static_cast<int>(slot % params_.index.data_files);
   FileState& fs = files_[file];
   std::unique_lock<std::mutex> lk(fs.mu);
+  if (FlatTable* next = successor()) {
+    if (successor_done_.load(std::memory_order_acquire) || next->Contains(key) ||
+        CurrentSlotLocked(fs, slot) == 0) {
+      return next->Append(key, value, info);
+    }
+    // The value is still only here: move it over whole, with the new bytes.
+    std::string whole;
+    FLATKV_RETURN_IF_ERROR(ReadValue(fs.log.load(std::memory_order_acquire), key,
+                                     CurrentSlotLocked(fs, slot), &whole));
+    if (whole.size() + value.size() > params_.max_value_bytes) {
+      return Status::ValueTooLarge("appending to key " + std::to_string(key) +
+                                   " would exceed max_value_bytes");
+    }
+    whole.append(value.data(), value.size());
+    if (info != nullptr) *info = {whole.size(), whole.size()};
+    return next->Put(key, whole);
+  }
   const uint64_t cur = CurrentSlotLocked(fs, slot);
   if (cur == 0) {
     if (info != nullptr) *info = {value.size(), value.size()};
@@ -623,6 +696,7 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
   while (acc > 0 && !parts.empty() && parts.back().payload_size <= 2 * acc) {
     std::string piece;
     FLATKV_RETURN_IF_ERROR(ReadPayload(log, key, parts.back(), &piece));
+    dead_bytes_.fetch_add(parts.back().record_size, std::memory_order_relaxed);
     acc += piece.size();
     merged.push_back(std::move(piece));
     parts.pop_back();
@@ -660,13 +734,20 @@ Status FlatTable::Scan(int64_t from, bool reverse, size_t limit, std::vector<Key
       return Status::OK();
     }
     const FileState& fs = files_[s % n];
-    const uint64_t v = ReadSlot(fs, s);
-    if (v != 0) {
-      KeyValue kv;
-      kv.key = static_cast<int64_t>(lo + s);
-      Status st = ReadValue(fs.log.load(std::memory_order_acquire), kv.key, v, &kv.value);
-      if (!st.ok()) return st;
+    KeyValue kv;
+    kv.key = static_cast<int64_t>(lo + s);
+    Status st = Status::NotFound("");
+    FlatTable* newer = successor();
+    if (newer != nullptr) st = newer->Get(kv.key, &kv.value);  // newer, if there
+    if (st.IsNotFound() && !(newer != nullptr && successor_done_.load())) {
+      const uint64_t v = ReadSlot(fs, s);
+      st = v == 0 ? Status::NotFound("")
+                  : ReadValue(fs.log.load(std::memory_order_acquire), kv.key, v, &kv.value);
+    }
+    if (st.ok()) {
       out->push_back(std::move(kv));
+    } else if (!st.IsNotFound()) {
+      return st;
     }
     s = reverse ? s - 1 : s + 1;
   }
@@ -677,6 +758,7 @@ Status FlatTable::Scan(int64_t from, bool reverse, size_t limit, std::vector<Key
 Status FlatTable::ScanLog(int file, uint64_t offset, size_t limit, std::vector<KeyValue>* out,
                           int* next_file, uint64_t* next_offset, bool* done) const {
   const int n = params_.index.data_files;
+  FlatTable* next = successor();
   for (int f = file; f < n; ++f, offset = 0) {
     const LogFile* log = files_[f].log.load(std::memory_order_acquire);
     if (log == nullptr) continue;
@@ -702,6 +784,7 @@ Status FlatTable::ScanLog(int file, uint64_t offset, size_t limit, std::vector<K
       if (v == 0) continue;
       DecodeSlot(v, &live_pos, &guess);
       if (live_pos != pos) continue;  // an older version, or removed since
+      if (next != nullptr && next->Contains(view.key)) continue;  // the successor's turn
       KeyValue kv;
       kv.key = view.key;
       if (view.type == RecordType::kAppend) {
@@ -713,11 +796,23 @@ Status FlatTable::ScanLog(int file, uint64_t offset, size_t limit, std::vector<K
     }
     FLATKV_RETURN_IF_ERROR(reader.status());
   }
+  if (next != nullptr) {
+    // While compacting, the successor's files follow ours: file n + i is its
+    // file i. A key copied after this scan passed it here may come twice.
+    int nf = 0;
+    FLATKV_RETURN_IF_ERROR(next->ScanLog(std::max(file - n, 0), file >= n ? offset : 0, limit,
+                                         out, &nf, next_offset, done));
+    *next_file = nf + n;
+    return Status::OK();
+  }
   *done = true;
   return Status::OK();
 }
 
 Status FlatTable::Sync() {
+  if (FlatTable* next = successor(); next != nullptr && !successor_done_.load()) {
+    FLATKV_RETURN_IF_ERROR(next->Sync());  // writes go there while compacting
+  }
   for (int f = 0; f < params_.index.data_files; ++f) {
     FileState& fs = files_[f];
     if (!fs.dirty.exchange(false, std::memory_order_relaxed)) continue;
@@ -734,6 +829,9 @@ Status FlatTable::Sync() {
 }
 
 Status FlatTable::Checkpoint() {
+  if (FlatTable* next = successor(); next != nullptr && !successor_done_.load()) {
+    FLATKV_RETURN_IF_ERROR(next->Checkpoint());
+  }
   std::lock_guard<std::mutex> lock(header_mu_);
   if (closed_ || !dirty_marked_.load(std::memory_order_acquire)) return Status::OK();
   const int n = params_.index.data_files;
@@ -747,6 +845,7 @@ Status FlatTable::Checkpoint() {
   // that vouches for both.
   FLATKV_RETURN_IF_ERROR(Sync());
   FLATKV_RETURN_IF_ERROR(index_->Sync());
+  index_->set_dead_bytes(dead_bytes_.load(std::memory_order_relaxed));
   return index_->WriteHeader(false, ends);
 }
 
@@ -770,8 +869,84 @@ Status FlatTable::Close() {
   if (!dirty_marked_.load(std::memory_order_acquire)) return result;
   Status st = index_->Sync();
   // Only a fully flushed table may claim to be clean.
+  index_->set_dead_bytes(dead_bytes_.load(std::memory_order_relaxed));
   if (st.ok() && result.ok()) st = index_->WriteHeader(true, ends);
   return result.ok() ? st : result;
+}
+
+uint64_t FlatTable::TotalBytes() const {
+  uint64_t total = 0;
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    const LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log != nullptr) total += log->end();
+  }
+  return total;
+}
+
+void FlatTable::BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends) {
+  const int n = params_.index.data_files;
+  // Taking every file mutex means no write is half-way into this table when
+  // the successor appears: each later write sees it under its file mutex.
+  {
+    std::vector<std::unique_lock<std::mutex>> locks;
+    for (int f = 0; f < n; ++f) locks.emplace_back(files_[f].mu);
+    successor_.store(next, std::memory_order_release);
+    ends->assign(n, 0);
+    for (int f = 0; f < n; ++f) {
+      if (files_[f].owner != nullptr) (*ends)[f] = files_[f].owner->end();
+    }
+  }
+  if (params_.sync != SyncMode::kAlways) return;
+  // Writers queued for group commit released their file mutex while they
+  // wait, with their slot update not yet applied: until it is, the copier
+  // would take the previous version for live. Wait for the updates queued
+  // before the successor appeared (later ones are removes' tombstones).
+  for (int f = 0; f < n; ++f) {
+    FileState& fs = files_[f];
+    std::unique_lock<std::mutex> lk(fs.mu);
+    const uint64_t target = fs.queued;
+    fs.cv.wait(lk, [&] { return fs.dequeued >= target || !fs.error.ok(); });
+  }
+}
+
+Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress,
+                          const std::function<bool(std::string*)>& transform) {
+  FlatTable* next = successor();
+  FileState& fs = files_[file];
+  const LogFile* log = fs.log.load(std::memory_order_acquire);
+  if (next == nullptr || log == nullptr) return Status::OK();
+  const int n = params_.index.data_files;
+  LogReader reader(log, 0, end, [&](uint64_t off, uint64_t bytes, const char* why) {
+    spdlog::warn("{}: compaction skipped {} bytes at offset {}: {}", log->path(), bytes, off, why);
+  });
+  RecordView view;
+  uint64_t pos;
+  std::string value;
+  while (reader.Next(&view, &pos)) {
+    if (!progress(view.size)) return Status::Busy("compaction stopped");
+    if (view.type == RecordType::kTombstone) continue;
+    const uint64_t slot = static_cast<uint64_t>(view.key) - static_cast<uint64_t>(kmin());
+    if (slot >= slots() || static_cast<int>(slot % n) != file) continue;
+    uint64_t live_pos;
+    size_t guess;
+    const uint64_t v0 = ReadSlot(fs, slot);
+    if (v0 == 0) continue;
+    DecodeSlot(v0, &live_pos, &guess);
+    if (live_pos != pos) continue;  // an older version: garbage
+    // Re-check under the file mutex, which every write of this key holds:
+    // the record must still be live here and the key still absent there.
+    std::unique_lock<std::mutex> lk(fs.mu);
+    const uint64_t v = CurrentSlotLocked(fs, slot);
+    if (v != v0 || next->Contains(view.key)) continue;
+    if (view.type == RecordType::kAppend) {
+      FLATKV_RETURN_IF_ERROR(Assemble(log, view.key, view.value, &value));
+    } else {
+      value.assign(view.value.data(), view.value.size());
+    }
+    if (transform && !transform(&value)) continue;
+    FLATKV_RETURN_IF_ERROR(next->PutCopy(view.key, value));
+  }
+  return reader.status();
 }
 
 }  // namespace flatkv::engine

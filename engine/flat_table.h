@@ -24,6 +24,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -94,6 +95,32 @@ class FlatTable {
   Status Checkpoint();
   Status Close();
 
+  // ---- Online compaction (driven by Store; see compactor.cc) ----
+  // Log bytes in the data files, and an estimate of those no longer
+  // referenced (overwritten or removed values, tombstones, merged parts).
+  uint64_t TotalBytes() const;
+  uint64_t DeadBytes() const { return dead_bytes_.load(std::memory_order_relaxed); }
+
+  // Makes "next" (an empty or partly filled table over the same range) this
+  // table's successor. From then on every write takes this table's per-file
+  // mutex and goes to "next"; removes reach both tables; gets try "next"
+  // first. Stores in *ends the end of each data file: the part to copy.
+  void BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends);
+  // Copies each record of data file "file" in [0, end) that is still live
+  // here and absent from the successor, merging appended parts into one
+  // record. Calls "progress" with the bytes read after each record; stops
+  // with Busy if it returns false.
+  // "transform" (optional) may rewrite a value before it is copied, or
+  // return false to drop the key (the string table compacts its buckets so).
+  Status CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress,
+                  const std::function<bool(std::string*)>& transform = nullptr);
+  // After the switch: the successor holds everything; this table forwards
+  // all operations to it and is no longer consulted itself.
+  void FinishCompaction() { successor_done_.store(true, std::memory_order_release); }
+  FlatTable* successor() const { return successor_.load(std::memory_order_acquire); }
+  const std::string& dir() const { return params_.dir; }
+  const TableParams& params() const { return params_; }
+
   int64_t kmin() const { return params_.index.kmin; }
   uint64_t slots() const { return params_.index.slots; }
   int data_files() const { return params_.index.data_files; }
@@ -119,6 +146,8 @@ class FlatTable {
     int64_t last_sync_ns = 0;              // GUARDED_BY(mu): how long it took
     uint64_t applied = 0;                  // GUARDED_BY(mu): slots reflect log [0, applied)
     std::vector<Pending> pending;          // GUARDED_BY(mu): queued slot updates, log order
+    uint64_t queued = 0;                   // GUARDED_BY(mu): updates ever queued
+    uint64_t dequeued = 0;                 // GUARDED_BY(mu): updates applied or failed
     Status error;                          // GUARDED_BY(mu): sticky after fdatasync fails
     std::atomic<bool> dirty{false};        // appended since the last Sync()
   };
@@ -141,8 +170,15 @@ class FlatTable {
   Status LogForWrite(FileState& fs, int file, LogFile** log);
   // Appends a record for "key" and makes it visible (and durable, per the
   // sync mode) with slot value EncodeSlot(pos) (or 0 for a tombstone).
+  // "wait" = false (compaction copies): visible at once even with sync:
+  // always; the copy is made durable as a whole before the switch.
   Status Write(FileState& fs, std::unique_lock<std::mutex>& lk, int file, int64_t key,
-               RecordType type, std::string_view prefix, std::string_view value);
+               RecordType type, std::string_view prefix, std::string_view value,
+               bool wait = true);
+  // Estimated on-disk size of the record a slot value points at.
+  uint64_t RecordBytesEstimate(uint64_t slot_value, size_t fallback) const;
+  // Put without waiting for durability (see Write); used by CopyLive.
+  Status PutCopy(int64_t key, std::string_view value);
   Status WaitDurable(FileState& fs, std::unique_lock<std::mutex>& lk, uint64_t end);
 
   // Reads and verifies the record at "pos"; "buf" backs *view.
@@ -162,6 +198,9 @@ class FlatTable {
   std::unique_ptr<FileState[]> files_;
   std::mutex header_mu_;                 // orders header writes (dirty mark, checkpoint, close)
   std::atomic<bool> dirty_marked_{false};
+  std::atomic<uint64_t> dead_bytes_{0};
+  std::atomic<FlatTable*> successor_{nullptr};  // set under every file mutex
+  std::atomic<bool> successor_done_{false};
   bool closed_ = false;                  // GUARDED_BY(header_mu_)
 };
 

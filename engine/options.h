@@ -53,6 +53,18 @@ struct EngineOptions {
   // Longest string key accepted by SPut (InvalidArgument beyond).
   uint32_t max_key_bytes = 4096;
 
+  // Compaction I/O budget in MB/s of log read (0 = unlimited), so
+  // foreground latency stays flat while it runs.
+  uint32_t compaction_mb_per_sec = 0;
+
+  // A table is compacted automatically once this share of its log bytes is
+  // garbage (overwritten/removed values, tombstones). 0 turns that off;
+  // Store::Compact() still works.
+  double compaction_garbage_ratio = 0.5;
+
+  // Tables smaller than this are never compacted automatically.
+  uint64_t compaction_min_bytes = 1u << 20;
+
   SyncMode sync = SyncMode::kNone;
   uint32_t sync_interval_ms = 1000;
 

@@ -42,7 +42,7 @@ const char* SyncModeName(SyncMode mode) {
 namespace {
 
 constexpr uint8_t kCursorVersion = 1;
-constexpr size_t kCursorBytes = 1 + 8 + 4 + 8;
+constexpr size_t kCursorBytes = 1 + 8 + 4 + 8 + 8;  // version, segment, file, offset, generation
 
 Status ValidateOptions(const EngineOptions& o) {
   if (o.path.empty()) return Status::InvalidArgument("storage.path: must not be empty");
@@ -125,6 +125,7 @@ Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result)
   if (options.sync == SyncMode::kInterval || options.checkpoint_interval_ms > 0) {
     store->bg_thread_ = std::thread([s = store.get()] { s->BackgroundLoop(); });
   }
+  store->compactor_thread_ = std::thread([s = store.get()] { s->CompactorLoop(); });
   *result = std::move(store);
   return Status::OK();
 }
@@ -140,26 +141,38 @@ std::string Store::SegmentDir(uint64_t segment) const {
   return options_.path + name;
 }
 
-Status Store::OpenTable(uint64_t segment, bool create, std::unique_ptr<FlatTable>* table) {
+TableParams Store::ParamsFor(uint64_t segment) const {
   TableParams p;
-  p.dir = SegmentDir(segment);
-  const uint64_t start = segment * options_.segment_keys;
-  const uint64_t span = static_cast<uint64_t>(options_.key_max) - static_cast<uint64_t>(options_.key_min);
-  if (start >= span) {
-    return Status::InvalidArgument(p.dir + " lies outside [storage.key_min, storage.key_max)");
-  }
-  p.index.kmin = static_cast<int64_t>(static_cast<uint64_t>(options_.key_min) + start);
-  p.index.slots = std::min<uint64_t>(options_.segment_keys, span - start);
+  p.dir = HomeDir(segment);
   p.index.item_bytes = options_.index_item_bytes;
   p.index.data_files = options_.data_files;
   p.sync = options_.sync;
+  if (segment == kStringsSegment) {
+    p.index.kmin = 0;
+    p.index.slots = options_.string_slots;
+    p.max_value_bytes = 1u << 30;  // a bucket holds many values; each is checked alone
+    return p;
+  }
+  const uint64_t start = segment * options_.segment_keys;
+  const uint64_t span =
+      static_cast<uint64_t>(options_.key_max) - static_cast<uint64_t>(options_.key_min);
+  p.index.kmin = static_cast<int64_t>(static_cast<uint64_t>(options_.key_min) + start);
+  p.index.slots = start < span ? std::min<uint64_t>(options_.segment_keys, span - start) : 0;
   p.max_value_bytes = options_.max_value_bytes;
-  return FlatTable::Open(p, create, counters_.get(), table);
+  return p;
+}
+
+Status Store::OpenTable(uint64_t segment, bool create, std::unique_ptr<FlatTable>* table) {
+  const TableParams p = ParamsFor(segment);
+  if (p.index.slots == 0) {
+    return Status::InvalidArgument(p.dir + " lies outside [storage.key_min, storage.key_max)");
+  }
+  return OpenHome(segment, p, create, table);
 }
 
 void Store::PublishTablesLocked() {
   auto array = std::make_unique<TableArray>();
-  for (auto& [seg, table] : tables_) array->push_back({seg, table.get()});
+  for (auto& [seg, table] : tables_) array->push_back({seg, table.get(), generation_[seg]});
   table_array_.store(array.get(), std::memory_order_release);
   arrays_.push_back(std::move(array));
 }
@@ -223,6 +236,7 @@ Status Store::CheckValue(size_t size) const {
 }
 
 Status Store::Put(int64_t key, std::string_view value) {
+  Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
   FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
   FlatTable* table;
@@ -231,6 +245,7 @@ Status Store::Put(int64_t key, std::string_view value) {
 }
 
 Status Store::Get(int64_t key, std::string* value) const {
+  Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
   FlatTable* table = FindTable(key);
   if (table == nullptr) return Status::NotFound("key " + std::to_string(key));
@@ -238,6 +253,7 @@ Status Store::Get(int64_t key, std::string* value) const {
 }
 
 Status Store::Exists(int64_t key) const {
+  Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
   FlatTable* table = FindTable(key);
   if (table == nullptr || !table->Contains(key)) {
@@ -247,6 +263,7 @@ Status Store::Exists(int64_t key) const {
 }
 
 Status Store::Remove(int64_t key, bool* existed) {
+  Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
   FlatTable* table = FindTable(key);
   if (table == nullptr) {
@@ -257,6 +274,7 @@ Status Store::Remove(int64_t key, bool* existed) {
 }
 
 Status Store::Append(int64_t key, std::string_view value) {
+  Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
   FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
   FlatTable* table;
@@ -278,6 +296,7 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValu
     if (from < options_.key_min) return Status::OK();
     from = std::min(from, options_.key_max - 1);
   }
+  Guard guard(this);
   const TableArray& tables = Tables();
   const uint64_t seg = SegmentId(from);
   if (!reverse) {
@@ -316,6 +335,7 @@ Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValu
   uint64_t seg = 0;
   uint32_t file = 0;
   uint64_t offset = 0;
+  uint64_t generation = 0;
   if (!cursor.empty()) {
     if (cursor.size() != kCursorBytes || static_cast<uint8_t>(cursor[0]) != kCursorVersion) {
       return Status::InvalidArgument("malformed log scan cursor (" +
@@ -324,16 +344,20 @@ Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValu
     std::memcpy(&seg, cursor.data() + 1, 8);
     std::memcpy(&file, cursor.data() + 9, 4);
     std::memcpy(&offset, cursor.data() + 13, 8);
+    std::memcpy(&generation, cursor.data() + 21, 8);
   }
+  Guard guard(this);
   const TableArray& tables = Tables();
   auto it = std::lower_bound(tables.begin(), tables.end(), seg,
                              [](const TableRef& r, uint64_t s) { return r.segment < s; });
   for (; it != tables.end(); ++it) {
-    if (it->segment != seg) {  // a later table starts at its beginning
+    // A later table starts at its beginning; so does the cursor's own table
+    // if a compaction replaced its files since (keys may then come twice).
+    if (it->segment != seg || it->generation != generation) {
       file = 0;
       offset = 0;
     }
-    if (file >= static_cast<uint32_t>(it->table->data_files())) continue;
+
     int next_file = 0;
     uint64_t next_offset = 0;
     bool table_done = true;
@@ -346,6 +370,7 @@ Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValu
       const auto f = static_cast<uint32_t>(next_file);
       next_cursor->append(reinterpret_cast<const char*>(&f), 4);
       PutU64(next_cursor, next_offset);
+      PutU64(next_cursor, it->generation);
       *done = false;
       return Status::OK();
     }
@@ -358,15 +383,7 @@ Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValu
 // String keys
 
 Status Store::OpenStringTable(bool create, std::unique_ptr<FlatTable>* table) {
-  TableParams p;
-  p.dir = options_.path + "/strings";
-  p.index.kmin = 0;
-  p.index.slots = options_.string_slots;
-  p.index.item_bytes = options_.index_item_bytes;
-  p.index.data_files = options_.data_files;
-  p.sync = options_.sync;
-  p.max_value_bytes = 1u << 30;  // a bucket holds many values; each is checked alone
-  return FlatTable::Open(p, create, counters_.get(), table);
+  return OpenHome(kStringsSegment, ParamsFor(kStringsSegment), create, table);
 }
 
 Status Store::GetOrCreateStringTable(FlatTable** table) {
@@ -401,6 +418,7 @@ Status Store::AppendToBucket(FlatTable* table, int64_t ikey, std::string_view en
 }
 
 Status Store::SPut(std::string_view key, std::string_view value) {
+  Guard guard(this);
   if (closed_.load(std::memory_order_relaxed)) {
     return Status::IOError("store " + options_.path + " is closed");
   }
@@ -420,6 +438,7 @@ Status Store::SPut(std::string_view key, std::string_view value) {
 }
 
 Status Store::SGet(std::string_view key, std::string* value) const {
+  Guard guard(this);
   if (closed_.load(std::memory_order_relaxed)) {
     return Status::IOError("store " + options_.path + " is closed");
   }
@@ -436,6 +455,7 @@ Status Store::SGet(std::string_view key, std::string* value) const {
 }
 
 Status Store::SRemove(std::string_view key, bool* existed) {
+  Guard guard(this);
   if (existed != nullptr) *existed = false;
   if (closed_.load(std::memory_order_relaxed)) {
     return Status::IOError("store " + options_.path + " is closed");
@@ -450,7 +470,11 @@ Status Store::SRemove(std::string_view key, bool* existed) {
   FLATKV_RETURN_IF_ERROR(st);
   std::string entry;
   AppendBucketRemove(&entry, key);
-  FLATKV_RETURN_IF_ERROR(AppendToBucket(table, ikey, entry));
+  if (LiveBucketEntries(bucket).size() == 1) {
+    FLATKV_RETURN_IF_ERROR(table->Remove(ikey, nullptr));  // its last key: drop the bucket
+  } else {
+    FLATKV_RETURN_IF_ERROR(AppendToBucket(table, ikey, entry));
+  }
   if (existed != nullptr) *existed = true;
   return Status::OK();
 }
@@ -472,6 +496,7 @@ Status Store::SScan(std::string_view cursor, size_t limit, std::vector<StringKey
     has_last = cursor[9] != 0;
     last = cursor.substr(10);
   }
+  Guard guard(this);
   FlatTable* table = strings_.load(std::memory_order_acquire);
   if (table == nullptr) return Status::OK();
   auto make_cursor = [&](uint64_t bucket, const std::string* last_key) {
@@ -510,12 +535,14 @@ Status Store::SScan(std::string_view cursor, size_t limit, std::vector<StringKey
 }
 
 Status Store::Sync() {
+  Guard guard(this);
   for (const TableRef& t : Tables()) FLATKV_RETURN_IF_ERROR(t.table->Sync());
   if (FlatTable* s = strings_.load(std::memory_order_acquire)) FLATKV_RETURN_IF_ERROR(s->Sync());
   return Status::OK();
 }
 
 Status Store::Checkpoint() {
+  Guard guard(this);
   for (const TableRef& t : Tables()) FLATKV_RETURN_IF_ERROR(t.table->Checkpoint());
   if (FlatTable* s = strings_.load(std::memory_order_acquire)) {
     FLATKV_RETURN_IF_ERROR(s->Checkpoint());
@@ -557,7 +584,13 @@ Status Store::Close() {
     std::lock_guard<std::mutex> lock(bg_mu_);
     closing_ = true;
   }
+  {
+    std::lock_guard<std::mutex> lock(compact_mu_);  // the compactor waits on this
+    stopping_.store(true);
+  }
   bg_cv_.notify_all();
+  compact_cv_.notify_all();
+  if (compactor_thread_.joinable()) compactor_thread_.join();
   if (bg_thread_.joinable()) bg_thread_.join();
   std::lock_guard<std::mutex> lock(tables_mu_);
   if (closed_.exchange(true)) return Status::OK();
@@ -568,6 +601,10 @@ Status Store::Close() {
   }
   if (strings_owner_ != nullptr) {
     Status st = strings_owner_->Close();
+    if (!st.ok() && result.ok()) result = st;
+  }
+  for (auto& [seg, table] : pending_) {  // an unfinished compaction resumes on open
+    Status st = table->Close();
     if (!st.ok() && result.ok()) result = st;
   }
   return result;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -33,6 +34,7 @@ namespace flatkv::engine {
 
 class FlatTable;
 struct EngineCounters;
+struct TableParams;
 
 struct KeyValue {
   int64_t key = 0;
@@ -42,6 +44,17 @@ struct KeyValue {
 struct StringKeyValue {
   std::string key;
   std::string value;
+};
+
+// Progress of online compaction (Store::GetCompactionStatus).
+struct CompactionStatus {
+  bool running = false;
+  double percent = 0;         // of the current round, by log bytes read
+  uint64_t bytes_done = 0;    // log bytes read in the current round
+  uint64_t bytes_total = 0;   // log bytes to read in the current round
+  uint64_t tables_compacted = 0;  // since open
+  uint64_t bytes_reclaimed = 0;   // since open: log bytes before minus after
+  std::string last_error;     // empty if the last compaction succeeded
 };
 
 // Counters the engine keeps; read with Store::GetStats(). Monotonic unless
@@ -118,6 +131,14 @@ class Store {
   Status SScan(std::string_view cursor, size_t limit, std::vector<StringKeyValue>* out,
                std::string* next_cursor, bool* done) const;
 
+  // Starts a round of online compaction of every table (one at a time, in
+  // the background); returns at once. Reads and writes continue meanwhile.
+  // If a round is running, another one follows it.
+  Status Compact();
+  // Compact(), then waits until that round has finished; returns its error.
+  Status CompactAndWait();
+  CompactionStatus GetCompactionStatus() const;
+
   // Makes every acknowledged write durable (fdatasync of written data files).
   Status Sync();
 
@@ -136,9 +157,36 @@ class Store {
   Store& operator=(const Store&) = delete;
 
  private:
+  // Epoch-based reclamation of tables replaced by compaction: every operation
+  // that uses a table pointer runs inside a Guard, which counts it in the
+  // current epoch's parity; a replaced table is freed only after the epoch
+  // has advanced and the old parity has drained. Counters are per thread
+  // slot (cache-line sized), so readers do not share a cache line.
+  class Guard {
+   public:
+    explicit Guard(const Store* store);
+    ~Guard();
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+
+   private:
+    const Store* store_;
+    size_t slot_;
+    int parity_;
+  };
+  struct alignas(64) ReaderSlot {
+    std::atomic<int64_t> count[2] = {0, 0};
+  };
+  static constexpr size_t kReaderSlots = 32;
+  mutable ReaderSlot reader_slots_[kReaderSlots];
+  std::atomic<uint64_t> epoch_{0};
+  // Waits until no operation that started before this call is still running.
+  void SynchronizeReaders();
+
   struct TableRef {
     uint64_t segment;
     FlatTable* table;
+    uint64_t generation;  // bumped by each compaction; log-scan cursors carry it
   };
   using TableArray = std::vector<TableRef>;
 
@@ -181,6 +229,36 @@ class Store {
   int64_t StringSlot(std::string_view key) const;
   std::atomic<FlatTable*> strings_{nullptr};
   std::unique_ptr<FlatTable> strings_owner_;  // GUARDED_BY(tables_mu_)
+
+  // ---- Compaction (compactor.cc) ----
+  // A table's home directory holds CURRENT, naming the generation directory
+  // with its files ("gen-N"; missing CURRENT = the home itself, generation 0).
+  // Compaction builds generation N+1 beside it and switches CURRENT.
+  static constexpr uint64_t kStringsSegment = ~uint64_t{0};
+  std::string HomeDir(uint64_t segment) const;
+  // Opens the live generation of a home, deletes leftovers of finished
+  // compactions and reopens an unfinished one (which the compactor resumes).
+  Status OpenHome(uint64_t segment, const TableParams& params, bool create,
+                  std::unique_ptr<FlatTable>* table);
+  Status CompactTable(uint64_t segment);
+  bool CompactionProgress(uint64_t bytes);  // rate limit, progress, stop check
+  void CompactorLoop();
+  std::unique_ptr<FlatTable>& OwnerLocked(uint64_t segment);
+  TableParams ParamsFor(uint64_t segment) const;
+
+  std::map<uint64_t, std::unique_ptr<FlatTable>> pending_;  // GUARDED_BY(tables_mu_)
+  std::map<uint64_t, uint64_t> generation_;                 // GUARDED_BY(tables_mu_)
+  mutable std::mutex compact_mu_;
+  std::condition_variable compact_cv_;
+  uint64_t rounds_requested_ = 0;  // GUARDED_BY(compact_mu_)
+  uint64_t rounds_done_ = 0;       // GUARDED_BY(compact_mu_)
+  Status round_status_;            // GUARDED_BY(compact_mu_)
+  CompactionStatus compaction_;    // GUARDED_BY(compact_mu_)
+  std::chrono::steady_clock::time_point copy_start_;
+  uint64_t copy_bytes_ = 0;        // compactor thread only
+  std::atomic<uint64_t> round_bytes_done_{0};
+  std::atomic<bool> stopping_{false};  // Close() stops the compactor
+  std::thread compactor_thread_;
   static constexpr size_t kStringStripes = 64;
   mutable std::mutex string_mu_[kStringStripes];
 

@@ -1,4 +1,4 @@
-// Randomized model test: random put/remove/append/reopen sequences run against
+// Randomized model test: random put/remove/append/compact/reopen sequences run against
 // the store and against std::map, comparing every get and both iteration
 // orders after each phase.
 #include <catch2/catch.hpp>
@@ -111,11 +111,15 @@ void RunModel(EngineOptions o, uint64_t seed, int steps) {
       if (v.size() > 2000) v.resize(rng() % 50);
       REQUIRE(store->Append(k, v).ok());
       model[k] += v;
-    } else if (op < 97) {
+    } else if (op < 96) {
       std::string got;
       Status st = store->Get(k, &got);
       REQUIRE(st.ok() == (model.count(k) == 1));
       if (st.ok()) REQUIRE(got == model[k]);
+    } else if (op < 97) {
+      // Online compaction: everything must read the same afterwards.
+      REQUIRE(store->CompactAndWait().ok());
+      CompareAll(*store, model, o);
     } else {
       // Clean close and reopen (crash recovery has its own tests), then the
       // whole store must still match the model.

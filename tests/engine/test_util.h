@@ -20,6 +20,8 @@ class TempDir {
     path_ = p != nullptr ? p : "";
   }
   ~TempDir() {
+    // FLATKV_KEEP_TEST_DIRS=1 keeps the files for a post-mortem.
+    if (std::getenv("FLATKV_KEEP_TEST_DIRS") != nullptr) return;
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }
