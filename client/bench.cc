@@ -7,10 +7,15 @@
 //
 // Each workload prints one line (db_bench-like text, or one JSON object with
 // --json) to stdout; notes and errors go to stderr so stdout stays parseable.
+// That includes the engine's own log lines (spdlog's default logger writes to
+// stdout), which main() sends to stderr before anything runs.
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
 #include <string>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "client/bench_engine.h"
 #include "client/bench_flags.h"
@@ -23,9 +28,6 @@ namespace {
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
-
-// Bytes of user data per op: an 8-byte key plus the value.
-constexpr uint64_t kKeyBytes = 8;
 
 // One output line's worth of numbers.
 struct Report {
@@ -58,7 +60,10 @@ Report MakeReport(const BenchFlags& f, Workload w, const WorkloadResult& r,
     rep.ops_per_sec = static_cast<double>(r.ops) / r.seconds;
     rep.micros_per_op = r.seconds * 1e6 / static_cast<double>(r.ops);
   }
-  double user_bytes = static_cast<double>(f.num) * static_cast<double>(kKeyBytes + f.value_size);
+  // Bytes of user data per op: the key (8 bytes, or 16 with --keys string)
+  // plus the value.
+  double user_bytes =
+      static_cast<double>(f.num) * static_cast<double>(KeyBytes(f.keys) + f.value_size);
   if (w != Workload::kReopen && r.seconds > 0) rep.mb_per_sec = user_bytes / r.seconds / 1e6;
   if (IsWriteWorkload(w) && user_bytes > 0) rep.write_amp = write_bytes / user_bytes;
   rep.rss_bytes = ReadRssBytes();
@@ -67,6 +72,7 @@ Report MakeReport(const BenchFlags& f, Workload w, const WorkloadResult& r,
 }
 
 // fillrandom   :   1.234 micros/op  810372 ops/sec  87.5 MB/s  (flat, 100 B, 1 thr)
+// With --keys string: (flat, 100 B, str keys, 1 thr).
 void PrintText(const BenchFlags& f, Workload w, const Report& rep) {
   std::string extra;
   if (w == Workload::kReadRandom || w == Workload::kReadMissing) {
@@ -74,25 +80,27 @@ void PrintText(const BenchFlags& f, Workload w, const Report& rep) {
   }
   if (rep.errors > 0) extra += ", " + std::to_string(rep.errors) + " errors";
   if (f.sync) extra += ", sync";
-  std::printf("%-12s : %7.3f micros/op %7.0f ops/sec %5.1f MB/s  (%s, %u B, %d thr%s)\n",
+  const char* keys = f.keys == KeyKind::kString ? ", str keys" : "";
+  std::printf("%-12s : %7.3f micros/op %7.0f ops/sec %5.1f MB/s  (%s, %u B%s, %d thr%s)\n",
               rep.workload, rep.micros_per_op, rep.ops_per_sec, rep.mb_per_sec,
-              f.engine.c_str(), f.value_size, f.threads, extra.c_str());
+              f.engine.c_str(), f.value_size, keys, f.threads, extra.c_str());
 }
 
 // Field names are the contract in shared/DESIGN.md ("Tools"); scripts parse
-// them, so add fields, never rename. Every string printed comes from a fixed
-// table (engine and workload names), so none needs escaping.
+// them, so add fields, never rename ("keys" came last, hence at the end).
+// Every string printed comes from a fixed table (engine, workload and key kind
+// names), so none needs escaping.
 void PrintJson(const BenchFlags& f, const Report& rep) {
   std::printf(
       "{\"engine\":\"%s\",\"workload\":\"%s\",\"num\":%" PRIu64 ",\"value_size\":%u,"
       "\"threads\":%d,\"sync\":\"%s\",\"seconds\":%.9f,\"ops_per_sec\":%.1f,"
       "\"micros_per_op\":%.3f,\"mb_per_sec\":%.3f,\"rss_bytes\":%" PRIu64
       ",\"write_bytes\":%" PRIu64 ",\"disk_bytes\":%" PRIu64 ",\"found\":%" PRIu64
-      ",\"write_amp\":%.4f,\"errors\":%" PRIu64 "}\n",
+      ",\"write_amp\":%.4f,\"errors\":%" PRIu64 ",\"keys\":\"%s\"}\n",
       f.engine.c_str(), rep.workload, f.num, f.value_size, f.threads,
       f.sync ? "always" : "none", rep.seconds, rep.ops_per_sec, rep.micros_per_op,
       rep.mb_per_sec, rep.rss_bytes, rep.write_bytes, rep.disk_bytes, rep.found,
-      rep.write_amp, rep.errors);
+      rep.write_amp, rep.errors, KeyKindName(f.keys));
 }
 
 WorkloadConfig MakeConfig(const BenchFlags& f, const BenchEngineOptions& open_options,
@@ -102,6 +110,7 @@ WorkloadConfig MakeConfig(const BenchFlags& f, const BenchEngineOptions& open_op
   c.threads = f.threads;
   c.seed = f.seed;
   c.position = position;
+  c.keys = f.keys;
   c.values = values;
   c.open_options = open_options;
   return c;
@@ -185,6 +194,7 @@ int RunEngineBench(const BenchFlags& f) {
   options.value_size = f.value_size;
   options.index_item_bytes = f.index_item_bytes;
   options.data_files = f.data_files;
+  options.string_slots = StringSlotsFor(f);
   s = engine->Open(options);
   if (!s.ok()) {
     std::fprintf(stderr, "flatkv-bench: cannot open %s in %s: %s\n", engine->name(),
@@ -207,6 +217,9 @@ int RunEngineBench(const BenchFlags& f) {
 }  // namespace flatkv::client
 
 int main(int argc, char** argv) {
+  // The engine logs through spdlog's default logger (compactions, recovery);
+  // on stdout those lines would break --json.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("flatkv-bench"));
   using flatkv::client::BenchFlags;
   BenchFlags flags;
   flatkv::Status s = flatkv::client::ParseBenchFlags(argc, argv, &flags);

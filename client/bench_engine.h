@@ -4,14 +4,18 @@
 // numbers compare engines rather than tuning effort:
 //
 //   flat          engine::Store, EngineOptions{path, sync} plus the optional
-//                 index_item_bytes / data_files pass-throughs
+//                 index_item_bytes / data_files / string_slots pass-throughs
 //   rocksdb       defaults + create_if_missing + 64 MiB LRU block cache
 //   leveldb       defaults + create_if_missing + 64 MiB LRU block cache
 //   kyotocabinet  HashDB, tune_buckets(max(num, 1M)) before open
 //
-// Keys are 64-bit integers. Flat takes them as they are; the peers get them
-// as 8 big-endian bytes so that ascending integers are ascending in their
+// Integer keys (Put/Get/Delete): flat takes them as they are; the peers get
+// them as 8 big-endian bytes so that ascending integers are ascending in their
 // (bytewise) key order and fillseq really is sequential for them.
+//
+// String keys (SPut/SGet/SDelete, --keys string): flat uses its string-key
+// API (Store::SPut/SGet/SRemove, hash buckets stored under integer keys); the
+// peers use the bytes as the key, as they would any key.
 //
 // Writes are acknowledged without a per-write sync unless sync is set: then
 // WriteOptions::sync for RocksDB/LevelDB, HashDB::OAUTOSYNC for Kyoto and
@@ -34,12 +38,13 @@ namespace flatkv::client {
 // What an adapter needs to open its engine. Zero means "the engine's default"
 // for the flat-only knobs.
 struct BenchEngineOptions {
-  std::string dir;           // database directory; exists before Open()
-  bool sync = false;         // sync every write before it returns
-  uint64_t num = 0;          // records the run will hold (Kyoto sizes its buckets)
-  uint32_t value_size = 0;   // expected value size (lets Get avoid allocating)
-  int index_item_bytes = 0;  // flat only: EngineOptions::index_item_bytes
-  int data_files = 0;        // flat only: EngineOptions::data_files
+  std::string dir;            // database directory; exists before Open()
+  bool sync = false;          // sync every write before it returns
+  uint64_t num = 0;           // records the run will hold (Kyoto sizes its buckets)
+  uint32_t value_size = 0;    // expected value size (lets Get avoid allocating)
+  int index_item_bytes = 0;   // flat only: EngineOptions::index_item_bytes
+  int data_files = 0;         // flat only: EngineOptions::data_files
+  uint64_t string_slots = 0;  // flat only: EngineOptions::string_slots
 };
 
 class BenchEngine {
@@ -63,6 +68,12 @@ class BenchEngine {
 
   // Removes "key". Removing an absent key is OK, not an error.
   virtual Status Delete(int64_t key) = 0;
+
+  // The same three for a key of arbitrary bytes (a separate key space from
+  // the integer keys for flat; the same one for the peers).
+  virtual Status SPut(std::string_view key, std::string_view value) = 0;
+  virtual Status SGet(std::string_view key, std::string* value) = 0;
+  virtual Status SDelete(std::string_view key) = 0;
 
   // Closes the database cleanly (the way its users shut it down). Further
   // calls other than Open() fail.

@@ -11,6 +11,8 @@ constexpr uint64_t kMaxValueSize = uint64_t{64} << 20;  // the engine's max_valu
 constexpr uint64_t kMaxThreads = 1024;
 // Keys go up to 2*num (readmissing); keep that well inside int64.
 constexpr uint64_t kMaxNum = uint64_t{1} << 60;
+// Fewest string slots the bench picks by itself (--string-slots may go lower).
+constexpr uint64_t kMinAutoStringSlots = 1024;
 
 // Parses a whole decimal string into [lo, hi]; anything else (sign, suffix,
 // empty, overflow) is an error naming the flag.
@@ -79,6 +81,13 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
   } else if (name == "data-files") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, 4096, &n));
     f->data_files = static_cast<int>(n);
+  } else if (name == "keys") {
+    if (!ParseKeyKind(value, &f->keys)) {
+      return Status::InvalidArgument("--keys: expected int|string, got '" + std::string(value) +
+                                     "'");
+    }
+  } else if (name == "string-slots") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxNum, &f->string_slots));
   } else {
     return Status::InvalidArgument("unknown flag --" + std::string(name));
   }
@@ -95,10 +104,21 @@ Status Validate(const BenchFlags& f) {
     return Status::InvalidArgument(
         "--index-item-bytes and --data-files apply only to --engine flat");
   }
+  if (f.string_slots != 0 && (f.engine != "flat" || f.keys != KeyKind::kString)) {
+    return Status::InvalidArgument("--string-slots applies only to --engine flat --keys string");
+  }
   return Status::OK();
 }
 
 }  // namespace
+
+uint64_t StringSlotsFor(const BenchFlags& flags) {
+  if (flags.keys != KeyKind::kString) return 0;
+  if (flags.string_slots != 0) return flags.string_slots;
+  uint64_t slots = kMinAutoStringSlots;
+  while (slots < flags.num) slots <<= 1;  // num <= 2^60: no overflow
+  return slots;
+}
 
 Status ParseBenchFlags(int argc, char** argv, BenchFlags* flags) {
   *flags = BenchFlags();
@@ -164,8 +184,13 @@ void PrintBenchUsage(std::FILE* out) {
       "  --fresh             remove everything inside --dir first\n"
       "  --json              one JSON object per line instead of text\n"
       "  --seed S            seed for keys and values (default 301)\n"
+      "  --keys int|string   int: the key index as an integer (default); string:\n"
+      "                      16 random bytes per index (flat: SPut/SGet/SRemove)\n"
       "  --index-item-bytes  flat only: index slot width 4..8\n"
       "  --data-files N      flat only: data files per table\n"
+      "  --string-slots N    flat with --keys string: slots of the string-key table\n"
+      "                      (default: the power of two >= num, at least 1024);\n"
+      "                      num/K slots puts about K keys in each bucket\n"
       "  --help              this text\n"
       "\n"
       "If the first workload reads, overwrites or deletes and --dir is empty, the\n"

@@ -31,7 +31,14 @@ struct BenchFlags {
   uint64_t seed = 301;                    // --seed for keys and values
   int index_item_bytes = 0;               // --index-item-bytes (flat), 0 = default
   int data_files = 0;                     // --data-files (flat), 0 = default
+  KeyKind keys = KeyKind::kInt;           // --keys int|string
+  uint64_t string_slots = 0;              // --string-slots (flat, string keys), 0 = auto
 };
+
+// The string_slots flat gets with --keys string: --string-slots if given,
+// else the smallest power of two >= num and >= 1024, so that a bucket holds
+// about one key. 0 (the engine's default) with --keys int.
+uint64_t StringSlotsFor(const BenchFlags& flags);
 
 // Parses argv (argv[0] is the program). On success fills *flags; on a bad
 // command line returns InvalidArgument with a one-line reason.

@@ -1,6 +1,7 @@
 // The flat adapter: FlatKV's own engine::Store, opened with the options a
 // user of flatkv-server would get from `storage.*` (defaults, plus sync and
-// the two layout knobs the bench exposes).
+// the layout knobs the bench exposes). String keys go through the store's
+// string-key API; string_slots is set by the bench (see bench.cc).
 #include <memory>
 
 #include "client/bench_engine.h"
@@ -20,6 +21,7 @@ class FlatBenchEngine : public BenchEngine {
     eo.sync = options.sync ? engine::SyncMode::kAlways : engine::SyncMode::kNone;
     if (options.index_item_bytes > 0) eo.index_item_bytes = options.index_item_bytes;
     if (options.data_files > 0) eo.data_files = options.data_files;
+    if (options.string_slots > 0) eo.string_slots = options.string_slots;
     return engine::Store::Open(eo, &store_);
   }
 
@@ -30,6 +32,16 @@ class FlatBenchEngine : public BenchEngine {
   Status Get(int64_t key, std::string* value) override { return store_->Get(key, value); }
 
   Status Delete(int64_t key) override { return store_->Remove(key, nullptr); }
+
+  Status SPut(std::string_view key, std::string_view value) override {
+    return store_->SPut(key, value);
+  }
+
+  Status SGet(std::string_view key, std::string* value) override {
+    return store_->SGet(key, value);
+  }
+
+  Status SDelete(std::string_view key) override { return store_->SRemove(key, nullptr); }
 
   Status Close() override {
     if (store_ == nullptr) return Status::IOError("flat: not open");

@@ -44,39 +44,28 @@ class KyotoBenchEngine : public BenchEngine {
   Status Put(int64_t key, std::string_view value) override {
     char k[8];
     EncodeBigEndianKey(key, k);
-    if (db_->set(k, sizeof(k), value.data(), value.size())) return Status::OK();
-    return Error("set");
+    return PutBytes(std::string_view(k, sizeof(k)), value);
   }
 
   Status Get(int64_t key, std::string* value) override {
     char k[8];
     EncodeBigEndianKey(key, k);
-    // The buffer form copies into memory we own; the convenient forms
-    // allocate a fresh buffer on every call.
-    if (value->size() < max_value_) value->resize(max_value_);
-    int32_t n = db_->get(k, sizeof(k), value->data(), value->size());
-    if (n < 0) {
-      if (db_->error().code() == kyotocabinet::BasicDB::Error::NOREC) {
-        return Status::NotFound("kyotocabinet");
-      }
-      return Error("get");
-    }
-    if (static_cast<size_t>(n) > value->size()) {
-      // Larger than expected: fetch it whole rather than truncating.
-      if (!db_->get(std::string(k, sizeof(k)), value)) return Error("get");
-      return Status::OK();
-    }
-    value->resize(n);
-    return Status::OK();
+    return GetBytes(std::string_view(k, sizeof(k)), value);
   }
 
   Status Delete(int64_t key) override {
     char k[8];
     EncodeBigEndianKey(key, k);
-    if (db_->remove(k, sizeof(k))) return Status::OK();
-    if (db_->error().code() == kyotocabinet::BasicDB::Error::NOREC) return Status::OK();
-    return Error("remove");
+    return DeleteBytes(std::string_view(k, sizeof(k)));
   }
+
+  Status SPut(std::string_view key, std::string_view value) override {
+    return PutBytes(key, value);
+  }
+
+  Status SGet(std::string_view key, std::string* value) override { return GetBytes(key, value); }
+
+  Status SDelete(std::string_view key) override { return DeleteBytes(key); }
 
   Status Close() override {
     if (!open_) return Status::IOError("kyotocabinet: not open");
@@ -86,6 +75,37 @@ class KyotoBenchEngine : public BenchEngine {
   }
 
  private:
+  Status PutBytes(std::string_view key, std::string_view value) {
+    if (db_->set(key.data(), key.size(), value.data(), value.size())) return Status::OK();
+    return Error("set");
+  }
+
+  Status GetBytes(std::string_view key, std::string* value) {
+    // The buffer form copies into memory we own; the convenient forms
+    // allocate a fresh buffer on every call.
+    if (value->size() < max_value_) value->resize(max_value_);
+    int32_t n = db_->get(key.data(), key.size(), value->data(), value->size());
+    if (n < 0) {
+      if (db_->error().code() == kyotocabinet::BasicDB::Error::NOREC) {
+        return Status::NotFound("kyotocabinet");
+      }
+      return Error("get");
+    }
+    if (static_cast<size_t>(n) > value->size()) {
+      // Larger than expected: fetch it whole rather than truncating.
+      if (!db_->get(std::string(key), value)) return Error("get");
+      return Status::OK();
+    }
+    value->resize(n);
+    return Status::OK();
+  }
+
+  Status DeleteBytes(std::string_view key) {
+    if (db_->remove(key.data(), key.size())) return Status::OK();
+    if (db_->error().code() == kyotocabinet::BasicDB::Error::NOREC) return Status::OK();
+    return Error("remove");
+  }
+
   Status Error(const char* op) const {
     kyotocabinet::BasicDB::Error e = db_->error();
     std::string msg = std::string("kyotocabinet ") + op + ": " + e.name() + ": " + e.message();

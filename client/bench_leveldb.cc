@@ -44,20 +44,31 @@ class LevelDbBenchEngine : public BenchEngine {
   Status Put(int64_t key, std::string_view value) override {
     char k[8];
     EncodeBigEndianKey(key, k);
-    return FromLevel(db_->Put(write_options_, leveldb::Slice(k, sizeof(k)),
-                              leveldb::Slice(value.data(), value.size())));
+    return PutBytes(leveldb::Slice(k, sizeof(k)), value);
   }
 
   Status Get(int64_t key, std::string* value) override {
     char k[8];
     EncodeBigEndianKey(key, k);
-    return FromLevel(db_->Get(read_options_, leveldb::Slice(k, sizeof(k)), value));
+    return GetBytes(leveldb::Slice(k, sizeof(k)), value);
   }
 
   Status Delete(int64_t key) override {
     char k[8];
     EncodeBigEndianKey(key, k);
-    return FromLevel(db_->Delete(write_options_, leveldb::Slice(k, sizeof(k))));
+    return DeleteBytes(leveldb::Slice(k, sizeof(k)));
+  }
+
+  Status SPut(std::string_view key, std::string_view value) override {
+    return PutBytes(leveldb::Slice(key.data(), key.size()), value);
+  }
+
+  Status SGet(std::string_view key, std::string* value) override {
+    return GetBytes(leveldb::Slice(key.data(), key.size()), value);
+  }
+
+  Status SDelete(std::string_view key) override {
+    return DeleteBytes(leveldb::Slice(key.data(), key.size()));
   }
 
   Status Close() override {
@@ -69,6 +80,18 @@ class LevelDbBenchEngine : public BenchEngine {
   }
 
  private:
+  Status PutBytes(const leveldb::Slice& key, std::string_view value) {
+    return FromLevel(db_->Put(write_options_, key, leveldb::Slice(value.data(), value.size())));
+  }
+
+  Status GetBytes(const leveldb::Slice& key, std::string* value) {
+    return FromLevel(db_->Get(read_options_, key, value));
+  }
+
+  Status DeleteBytes(const leveldb::Slice& key) {
+    return FromLevel(db_->Delete(write_options_, key));
+  }
+
   std::unique_ptr<leveldb::Cache> cache_;
   leveldb::WriteOptions write_options_;
   leveldb::ReadOptions read_options_;

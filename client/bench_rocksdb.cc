@@ -45,21 +45,31 @@ class RocksDbBenchEngine : public BenchEngine {
   Status Put(int64_t key, std::string_view value) override {
     char k[8];
     EncodeBigEndianKey(key, k);
-    return FromRocks(db_->Put(write_options_, rocksdb::Slice(k, sizeof(k)),
-                              rocksdb::Slice(value.data(), value.size())));
+    return PutBytes(rocksdb::Slice(k, sizeof(k)), value);
   }
 
   Status Get(int64_t key, std::string* value) override {
     char k[8];
     EncodeBigEndianKey(key, k);
-    // The std::string overload assigns into *value, reusing its capacity.
-    return FromRocks(db_->Get(read_options_, rocksdb::Slice(k, sizeof(k)), value));
+    return GetBytes(rocksdb::Slice(k, sizeof(k)), value);
   }
 
   Status Delete(int64_t key) override {
     char k[8];
     EncodeBigEndianKey(key, k);
-    return FromRocks(db_->Delete(write_options_, rocksdb::Slice(k, sizeof(k))));
+    return DeleteBytes(rocksdb::Slice(k, sizeof(k)));
+  }
+
+  Status SPut(std::string_view key, std::string_view value) override {
+    return PutBytes(rocksdb::Slice(key.data(), key.size()), value);
+  }
+
+  Status SGet(std::string_view key, std::string* value) override {
+    return GetBytes(rocksdb::Slice(key.data(), key.size()), value);
+  }
+
+  Status SDelete(std::string_view key) override {
+    return DeleteBytes(rocksdb::Slice(key.data(), key.size()));
   }
 
   Status Close() override {
@@ -71,6 +81,19 @@ class RocksDbBenchEngine : public BenchEngine {
   }
 
  private:
+  Status PutBytes(const rocksdb::Slice& key, std::string_view value) {
+    return FromRocks(db_->Put(write_options_, key, rocksdb::Slice(value.data(), value.size())));
+  }
+
+  Status GetBytes(const rocksdb::Slice& key, std::string* value) {
+    // The std::string overload assigns into *value, reusing its capacity.
+    return FromRocks(db_->Get(read_options_, key, value));
+  }
+
+  Status DeleteBytes(const rocksdb::Slice& key) {
+    return FromRocks(db_->Delete(write_options_, key));
+  }
+
   std::unique_ptr<rocksdb::DB> db_;
   rocksdb::WriteOptions write_options_;
   rocksdb::ReadOptions read_options_;

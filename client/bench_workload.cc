@@ -2,8 +2,9 @@
 // else that allocates or locks. Keys come from a per-thread functor (a
 // counter, the shared read-only permutation, or a per-thread Rng), values are
 // slices of the shared ValueBuffer, and gets reuse one std::string per thread.
-// The loop is instantiated per key source so the compiler sees the key
-// computation inline; failures go to an out-of-line function.
+// The loop is instantiated per key source and key kind so the compiler sees
+// the key computation inline (a string key is built in a stack buffer from the
+// index); failures go to an out-of-line function.
 #include "client/bench_workload.h"
 
 #include <algorithm>
@@ -45,9 +46,24 @@ struct ThreadResult {
   Clock::time_point end;
 };
 
-// Kept out of line so the hot loops stay small.
-[[gnu::noinline]] void RecordFailure(const Status& s, int64_t key, ThreadResult* r) {
-  if (r->errors++ == 0) r->first_error = "key " + std::to_string(key) + ": " + s.ToString();
+// Kept out of line so the hot loops stay small. "key" is the index; with
+// string keys the message also shows the bytes sent, in hex.
+[[gnu::noinline]] void RecordFailure(const Status& s, KeyKind kind, int64_t key,
+                                     ThreadResult* r) {
+  if (r->errors++ > 0) return;
+  r->first_error = "key " + std::to_string(key);
+  if (kind == KeyKind::kString) {
+    char bytes[kStringKeyBytes];
+    StringKey(static_cast<uint64_t>(key), bytes);
+    static constexpr char kHex[] = "0123456789abcdef";
+    r->first_error += " (string ";
+    for (char c : bytes) {
+      r->first_error += kHex[static_cast<unsigned char>(c) >> 4];
+      r->first_error += kHex[static_cast<unsigned char>(c) & 0xf];
+    }
+    r->first_error += ")";
+  }
+  r->first_error += ": " + s.ToString();
 }
 
 struct SeqKeys {
@@ -81,16 +97,50 @@ Op OpOf(Workload w) {
   }
 }
 
+// One op on the key of index "key": the integer itself, or its string key.
+template <KeyKind kKind>
+Status PutKey(BenchEngine* engine, int64_t key, std::string_view value) {
+  if constexpr (kKind == KeyKind::kString) {
+    char k[kStringKeyBytes];
+    StringKey(static_cast<uint64_t>(key), k);
+    return engine->SPut(std::string_view(k, sizeof(k)), value);
+  } else {
+    return engine->Put(key, value);
+  }
+}
+
+template <KeyKind kKind>
+Status GetKey(BenchEngine* engine, int64_t key, std::string* value) {
+  if constexpr (kKind == KeyKind::kString) {
+    char k[kStringKeyBytes];
+    StringKey(static_cast<uint64_t>(key), k);
+    return engine->SGet(std::string_view(k, sizeof(k)), value);
+  } else {
+    return engine->Get(key, value);
+  }
+}
+
+template <KeyKind kKind>
+Status DeleteKey(BenchEngine* engine, int64_t key) {
+  if constexpr (kKind == KeyKind::kString) {
+    char k[kStringKeyBytes];
+    StringKey(static_cast<uint64_t>(key), k);
+    return engine->SDelete(std::string_view(k, sizeof(k)));
+  } else {
+    return engine->Delete(key);
+  }
+}
+
 // Runs ops [begin, end) of one thread.
-template <class Keys>
+template <KeyKind kKind, class Keys>
 void RunSlice(BenchEngine* engine, Op op, Keys keys, uint64_t begin, uint64_t end,
               const ValueBuffer& values, size_t value_pos, ThreadResult* r) {
   switch (op) {
     case Op::kPut:
       for (uint64_t i = begin; i < end; ++i) {
         int64_t key = keys(i);
-        Status s = engine->Put(key, values.Next(&value_pos));
-        if (!s.ok()) RecordFailure(s, key, r);
+        Status s = PutKey<kKind>(engine, key, values.Next(&value_pos));
+        if (!s.ok()) RecordFailure(s, kKind, key, r);
       }
       break;
     case Op::kGet: {
@@ -98,11 +148,11 @@ void RunSlice(BenchEngine* engine, Op op, Keys keys, uint64_t begin, uint64_t en
       value.reserve(values.value_size());
       for (uint64_t i = begin; i < end; ++i) {
         int64_t key = keys(i);
-        Status s = engine->Get(key, &value);
+        Status s = GetKey<kKind>(engine, key, &value);
         if (s.ok()) {
           ++r->found;
         } else if (!s.IsNotFound()) {
-          RecordFailure(s, key, r);
+          RecordFailure(s, kKind, key, r);
         }
       }
       break;
@@ -110,14 +160,15 @@ void RunSlice(BenchEngine* engine, Op op, Keys keys, uint64_t begin, uint64_t en
     case Op::kDelete:
       for (uint64_t i = begin; i < end; ++i) {
         int64_t key = keys(i);
-        Status s = engine->Delete(key);
-        if (!s.ok()) RecordFailure(s, key, r);
+        Status s = DeleteKey<kKind>(engine, key);
+        if (!s.ok()) RecordFailure(s, kKind, key, r);
       }
       break;
   }
 }
 
 // The body of thread "t": picks its slice and key source, then runs it.
+template <KeyKind kKind>
 void RunThread(BenchEngine* engine, Workload w, const WorkloadConfig& c,
                const KeyPermutation& permutation, int t, ThreadResult* r) {
   uint64_t threads = static_cast<uint64_t>(c.threads);
@@ -128,19 +179,20 @@ void RunThread(BenchEngine* engine, Workload w, const WorkloadConfig& c,
   Rng rng(thread_seed);
   size_t value_pos = rng.Uniform(c.values->size());
   Op op = OpOf(w);
+  const ValueBuffer& values = *c.values;
   switch (w) {
     case Workload::kFillSeq:
-      RunSlice(engine, op, SeqKeys{}, begin, end, *c.values, value_pos, r);
+      RunSlice<kKind>(engine, op, SeqKeys{}, begin, end, values, value_pos, r);
       break;
     case Workload::kFillRandom:
     case Workload::kDeleteRandom:
-      RunSlice(engine, op, PermutedKeys{&permutation}, begin, end, *c.values, value_pos, r);
+      RunSlice<kKind>(engine, op, PermutedKeys{&permutation}, begin, end, values, value_pos, r);
       break;
     case Workload::kReadMissing:
-      RunSlice(engine, op, RandomKeys{rng, c.num, c.num}, begin, end, *c.values, value_pos, r);
+      RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, c.num}, begin, end, values, value_pos, r);
       break;
     default:  // overwrite, readrandom
-      RunSlice(engine, op, RandomKeys{rng, c.num, 0}, begin, end, *c.values, value_pos, r);
+      RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, 0}, begin, end, values, value_pos, r);
       break;
   }
   r->end = Clock::now();
@@ -184,6 +236,21 @@ const char* WorkloadName(Workload workload) {
 const char* WorkloadNameList() {
   return "fillseq|fillrandom|overwrite|readrandom|readmissing|deleterandom|reopen";
 }
+
+bool ParseKeyKind(std::string_view name, KeyKind* kind) {
+  if (name == "int") {
+    *kind = KeyKind::kInt;
+  } else if (name == "string") {
+    *kind = KeyKind::kString;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* KeyKindName(KeyKind kind) { return kind == KeyKind::kString ? "string" : "int"; }
+
+uint64_t KeyBytes(KeyKind kind) { return kind == KeyKind::kString ? kStringKeyBytes : 8; }
 
 bool IsWriteWorkload(Workload w) {
   return w == Workload::kFillSeq || w == Workload::kFillRandom ||
@@ -240,7 +307,11 @@ Status RunWorkload(BenchEngine* engine, Workload workload, const WorkloadConfig&
     threads.emplace_back([&, t] {
       ready.count_down();
       go.wait(false);
-      RunThread(engine, workload, config, permutation, t, &per_thread[t]);
+      if (config.keys == KeyKind::kString) {
+        RunThread<KeyKind::kString>(engine, workload, config, permutation, t, &per_thread[t]);
+      } else {
+        RunThread<KeyKind::kInt>(engine, workload, config, permutation, t, &per_thread[t]);
+      }
     });
   }
   ready.wait();

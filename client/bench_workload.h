@@ -5,6 +5,10 @@
 // workload position, thread), so two runs with the same flags issue the same
 // operations in the same order against every engine.
 //
+// With --keys string, key index i is sent as the 16 bytes StringKey(i) instead
+// of the integer i; the sequences below pick the same indexes either way, so
+// "ascending" and "permutation" are about indexes, not about the bytes.
+//
 //   fillseq       put 0..num-1 ascending; thread t takes the t-th slice
 //   fillrandom    put a random permutation of [0, num): each key once
 //   overwrite     put num keys drawn with replacement from [0, num)
@@ -17,6 +21,7 @@
 // ValueBuffer is shared read-only between them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -41,6 +46,18 @@ bool ParseWorkload(std::string_view name, Workload* workload);
 const char* WorkloadName(Workload workload);
 // "fillseq|fillrandom|..." for usage and error messages.
 const char* WorkloadNameList();
+
+// How keys reach the engine: the integer index itself, or the 16 bytes
+// StringKey(index) through the engine's string-key calls.
+enum class KeyKind { kInt, kString };
+
+// Parses "int" | "string"; false on anything else.
+bool ParseKeyKind(std::string_view name, KeyKind* kind);
+// "int" | "string", as on the command line and in --json.
+const char* KeyKindName(KeyKind kind);
+// Bytes of one key as the engine sees it: 8 for int (the peers' big-endian
+// form), 16 for string.
+uint64_t KeyBytes(KeyKind kind);
 
 // Workloads that write (puts and deletes): they get a write_amp.
 bool IsWriteWorkload(Workload workload);
@@ -70,6 +87,22 @@ class Rng {
  private:
   uint64_t state_;
 };
+
+// splitmix64 as a pure function of its input (one Rng step from state x). A
+// bijection of uint64.
+inline uint64_t SplitMix64(uint64_t x) { return Rng(x).Next(); }
+
+inline constexpr size_t kStringKeyBytes = 16;
+
+// Writes the string key of index i into out[0..16): SplitMix64(i) and
+// SplitMix64(i ^ kSalt), each big-endian. Binary, independent of --seed, and
+// distinct for distinct i (the first half alone is a bijection), so the
+// missing keys [num, 2*num) never collide with the written ones.
+inline void StringKey(uint64_t i, char* out) {
+  constexpr uint64_t kSalt = 0x5bd1e9955bd1e995ULL;
+  EncodeBigEndianKey(static_cast<int64_t>(SplitMix64(i)), out);
+  EncodeBigEndianKey(static_cast<int64_t>(SplitMix64(i ^ kSalt)), out + 8);
+}
 
 // A seeded bijection of [0, n): a random permutation that costs no memory,
 // so a billion-key fillrandom does not inflate rss_bytes by 8 GB. It mixes
@@ -144,6 +177,7 @@ struct WorkloadConfig {
   int threads = 1;
   uint64_t seed = 301;      // mixed with "position" and the thread index
   int position = 0;         // index of the workload in --workload, so repeats differ
+  KeyKind keys = KeyKind::kInt;
   const ValueBuffer* values = nullptr;
   BenchEngineOptions open_options;  // for reopen
 };

@@ -1,11 +1,12 @@
 #!/usr/bin/python3
-"""Smoke test of flatkv-bench for one engine.
+"""Smoke test of flatkv-bench for one engine and one key kind (--keys).
 
 Runs every workload on a small database with --json and checks the output
 contract (shared/DESIGN.md, "Tools"): one JSON object per workload with every
 contract field, all reads of written keys found, all reads of unwritten keys
 missed, no errors. Then checks that the deletes survived a clean close, and
-that a bad command line exits with status 2.
+that a bad command line exits with status 2. For flat with string keys it
+also runs the list with about 100 keys per bucket (--string-slots).
 """
 import argparse
 import json
@@ -17,7 +18,7 @@ WORKLOADS = ["fillrandom", "readrandom", "readmissing", "overwrite",
 CONTRACT_FIELDS = ["engine", "workload", "num", "value_size", "threads",
                    "seconds", "ops_per_sec", "mb_per_sec", "rss_bytes",
                    "write_bytes", "disk_bytes"]
-EXTRA_FIELDS = ["found", "write_amp", "errors"]
+EXTRA_FIELDS = ["found", "write_amp", "errors", "keys"]
 NUM = 20000
 
 
@@ -34,7 +35,7 @@ def run(cmd):
     return p
 
 
-def parse_lines(stdout, expected):
+def parse_lines(stdout, expected, keys):
     lines = [line for line in stdout.splitlines() if line.strip()]
     if len(lines) != len(expected):
         fail("expected %d lines, got %d" % (len(expected), len(lines)))
@@ -49,6 +50,8 @@ def parse_lines(stdout, expected):
             fail("%s: missing fields %s" % (workload, missing))
         if row["workload"] != workload:
             fail("expected workload %s, got %s" % (workload, row["workload"]))
+        if row["keys"] != keys:
+            fail("%s: expected keys %s, got %s" % (workload, keys, row["keys"]))
         if row["errors"] != 0:
             fail("%s: %d errors" % (workload, row["errors"]))
         if row["seconds"] <= 0 or row["ops_per_sec"] <= 0:
@@ -62,14 +65,40 @@ def main():
     ap.add_argument("--bench", required=True)
     ap.add_argument("--engine", required=True)
     ap.add_argument("--dir", required=True)
+    ap.add_argument("--keys", choices=["int", "string"], default="int")
     args = ap.parse_args()
     base = [args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
             "--num", str(NUM), "--value-size", "100", "--threads", "2", "--json"]
+    if args.keys != "int":
+        # The int case runs without --keys: the default must stay int.
+        base += ["--keys", args.keys]
 
+    check_full_run(args, base)
+    if args.engine == "flat" and args.keys == "string":
+        # About 100 keys per bucket: every op goes through bucket search,
+        # appends and rewrites, and must still find exactly what it wrote.
+        check_full_run(args, base + ["--string-slots", str(NUM // 100)])
+
+    p = run([args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
+             "--num", "12x"])
+    if p.returncode != 2:
+        fail("bad --num: expected exit 2, got %d" % p.returncode)
+    p = run([args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
+             "--keys", "bytes"])
+    if p.returncode != 2:
+        fail("bad --keys: expected exit 2, got %d" % p.returncode)
+    p = run([args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
+             "--keys", "int", "--string-slots", "1000"])
+    if p.returncode != 2:
+        fail("--string-slots with int keys: expected exit 2, got %d" % p.returncode)
+    print("ok: %s, %s keys" % (args.engine, args.keys))
+
+
+def check_full_run(args, base):
     p = run(base + ["--fresh", "--workload", ",".join(WORKLOADS)])
     if p.returncode != 0:
         fail("exit status %d" % p.returncode)
-    rows = parse_lines(p.stdout, WORKLOADS)
+    rows = parse_lines(p.stdout, WORKLOADS, args.keys)
     for row in rows.values():
         if (row["engine"], row["num"], row["value_size"], row["threads"]) != \
                 (args.engine, NUM, 100, 2):
@@ -86,15 +115,9 @@ def main():
     p = run(base + ["--workload", "readrandom"])
     if p.returncode != 0:
         fail("rerun: exit status %d" % p.returncode)
-    row = parse_lines(p.stdout, ["readrandom"])["readrandom"]
+    row = parse_lines(p.stdout, ["readrandom"], args.keys)["readrandom"]
     if row["found"] != 0:
         fail("deleted keys came back after reopen: found %d" % row["found"])
-
-    p = run([args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
-             "--num", "12x"])
-    if p.returncode != 2:
-        fail("bad --num: expected exit 2, got %d" % p.returncode)
-    print("ok: %s" % args.engine)
 
 
 if __name__ == "__main__":
