@@ -118,6 +118,18 @@ void Store::SynchronizeReaders() {
   }
 }
 
+// String buckets move to the new generation with only their live entries;
+// an empty bucket is dropped. Integer values move as they are.
+std::function<bool(std::string*)> Store::BucketTransform(uint64_t segment) {
+  if (segment != kStringsSegment) return nullptr;
+  return [](std::string* bucket) {
+    std::string live;
+    for (const auto& [k, v] : LiveBucketEntries(*bucket)) AppendBucketPut(&live, k, v);
+    bucket->swap(live);
+    return !bucket->empty();
+  };
+}
+
 // ---------------------------------------------------------------------------
 // Homes and generations
 
@@ -167,7 +179,7 @@ Status Store::OpenHome(uint64_t segment, const TableParams& params, bool create,
     std::unique_ptr<FlatTable> next;
     FLATKV_RETURN_IF_ERROR(FlatTable::Open(np, true, counters_.get(), &next));
     std::vector<uint64_t> ends;
-    (*table)->BeginCompaction(next.get(), &ends);
+    (*table)->BeginCompaction(next.get(), &ends, BucketTransform(segment));
     pending_[segment] = std::move(next);
   }
   return Status::OK();
@@ -219,22 +231,12 @@ Status Store::CompactTable(uint64_t segment) {
       it = pending_.emplace(segment, std::move(created)).first;
     }
     next = it->second.get();
-    old->BeginCompaction(next, &ends);
+    old->BeginCompaction(next, &ends, BucketTransform(segment));
   }
   const uint64_t before = old->TotalBytes();
-  // String buckets are copied with only their live entries; empty ones go.
-  std::function<bool(std::string*)> compact_bucket;
-  if (segment == kStringsSegment) {
-    compact_bucket = [](std::string* bucket) {
-      std::string live;
-      for (const auto& [k, v] : LiveBucketEntries(*bucket)) AppendBucketPut(&live, k, v);
-      bucket->swap(live);
-      return !bucket->empty();
-    };
-  }
   for (int f = 0; f < static_cast<int>(ends.size()); ++f) {
-    FLATKV_RETURN_IF_ERROR(old->CopyLive(
-        f, ends[f], [this](uint64_t bytes) { return CompactionProgress(bytes); }, compact_bucket));
+    FLATKV_RETURN_IF_ERROR(
+        old->CopyLive(f, ends[f], [this](uint64_t bytes) { return CompactionProgress(bytes); }));
   }
   // The new generation must be durable before CURRENT names it.
   FLATKV_RETURN_IF_ERROR(next->Sync());

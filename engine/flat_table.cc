@@ -629,10 +629,12 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
         CurrentSlotLocked(fs, slot) == 0) {
       return next->Append(key, value, info);
     }
-    // The value is still only here: move it over whole, with the new bytes.
+    // The value is still only here: move it over whole (as the copier
+    // would), with the new bytes.
     std::string whole;
     FLATKV_RETURN_IF_ERROR(ReadValue(fs.log.load(std::memory_order_acquire), key,
                                      CurrentSlotLocked(fs, slot), &whole));
+    if (transform_ && !transform_(&whole)) whole.clear();
     if (whole.size() + value.size() > params_.max_value_bytes) {
       return Status::ValueTooLarge("appending to key " + std::to_string(key) +
                                    " would exceed max_value_bytes");
@@ -883,13 +885,15 @@ uint64_t FlatTable::TotalBytes() const {
   return total;
 }
 
-void FlatTable::BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends) {
+void FlatTable::BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends,
+                                std::function<bool(std::string*)> transform) {
   const int n = params_.index.data_files;
   // Taking every file mutex means no write is half-way into this table when
   // the successor appears: each later write sees it under its file mutex.
   {
     std::vector<std::unique_lock<std::mutex>> locks;
     for (int f = 0; f < n; ++f) locks.emplace_back(files_[f].mu);
+    transform_ = std::move(transform);  // read only under a file mutex
     successor_.store(next, std::memory_order_release);
     ends->assign(n, 0);
     for (int f = 0; f < n; ++f) {
@@ -909,8 +913,7 @@ void FlatTable::BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends) {
   }
 }
 
-Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress,
-                          const std::function<bool(std::string*)>& transform) {
+Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress) {
   FlatTable* next = successor();
   FileState& fs = files_[file];
   const LogFile* log = fs.log.load(std::memory_order_acquire);
@@ -943,7 +946,7 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
     } else {
       value.assign(view.value.data(), view.value.size());
     }
-    if (transform && !transform(&value)) continue;
+    if (transform_ && !transform_(&value)) continue;
     FLATKV_RETURN_IF_ERROR(next->PutCopy(view.key, value));
   }
   return reader.status();

@@ -105,15 +105,15 @@ class FlatTable {
   // table's successor. From then on every write takes this table's per-file
   // mutex and goes to "next"; removes reach both tables; gets try "next"
   // first. Stores in *ends the end of each data file: the part to copy.
-  void BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends);
+  // "transform" (optional) rewrites each value moved to the successor, or
+  // returns false to drop the key: the string table compacts buckets so.
+  void BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends,
+                       std::function<bool(std::string*)> transform = nullptr);
   // Copies each record of data file "file" in [0, end) that is still live
   // here and absent from the successor, merging appended parts into one
   // record. Calls "progress" with the bytes read after each record; stops
   // with Busy if it returns false.
-  // "transform" (optional) may rewrite a value before it is copied, or
-  // return false to drop the key (the string table compacts its buckets so).
-  Status CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress,
-                  const std::function<bool(std::string*)>& transform = nullptr);
+  Status CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress);
   // After the switch: the successor holds everything; this table forwards
   // all operations to it and is no longer consulted itself.
   void FinishCompaction() { successor_done_.store(true, std::memory_order_release); }
@@ -201,6 +201,7 @@ class FlatTable {
   std::atomic<uint64_t> dead_bytes_{0};
   std::atomic<FlatTable*> successor_{nullptr};  // set under every file mutex
   std::atomic<bool> successor_done_{false};
+  std::function<bool(std::string*)> transform_;  // set with successor_
   bool closed_ = false;                  // GUARDED_BY(header_mu_)
 };
 

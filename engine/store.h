@@ -25,6 +25,7 @@
 #include <string_view>
 #include <thread>
 #include <condition_variable>
+#include <functional>
 #include <vector>
 
 #include "engine/options.h"
@@ -245,6 +246,7 @@ class Store {
   void CompactorLoop();
   std::unique_ptr<FlatTable>& OwnerLocked(uint64_t segment);
   TableParams ParamsFor(uint64_t segment) const;
+  static std::function<bool(std::string*)> BucketTransform(uint64_t segment);
 
   std::map<uint64_t, std::unique_ptr<FlatTable>> pending_;  // GUARDED_BY(tables_mu_)
   std::map<uint64_t, uint64_t> generation_;                 // GUARDED_BY(tables_mu_)
