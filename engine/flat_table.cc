@@ -515,6 +515,28 @@ Status FlatTable::Get(int64_t key, std::string* value) const {
   return ReadValue(fs.log.load(std::memory_order_acquire), key, v, value);
 }
 
+Status FlatTable::ReadIfSmall(int64_t key, size_t max_bytes, std::string* value,
+                              bool* small) const {
+  *small = false;
+  if (successor() != nullptr) return Status::OK();  // callers take the general path
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  const FileState& fs = files_[slot % params_.index.data_files];
+  const uint64_t v = ReadSlot(fs, slot);
+  if (v == 0) return Status::NotFound("key " + std::to_string(key));
+  uint64_t pos;
+  size_t guess;
+  DecodeSlot(v, &pos, &guess);
+  if (guess > RecordSize(max_bytes) * 2) return Status::OK();  // the hint says: too big
+  thread_local std::string scratch;
+  RecordView view;
+  FLATKV_RETURN_IF_ERROR(
+      ReadRecord(fs.log.load(std::memory_order_acquire), key, pos, guess, &scratch, &view));
+  if (view.type != RecordType::kValue || view.value.size() > max_bytes) return Status::OK();
+  value->assign(view.value.data(), view.value.size());
+  *small = true;
+  return Status::OK();
+}
+
 Status FlatTable::ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size_t guess,
                              std::string* buf, RecordView* view) const {
   // A slot is input from disk too: never trust it with an allocation size.

@@ -71,6 +71,11 @@ class FlatTable {
   Status Get(int64_t key, std::string* value) const;
   bool Contains(int64_t key) const;
   Status Remove(int64_t key, bool* existed);
+  // If the key's newest record is a whole value of at most max_bytes, reads
+  // it (one pread) into *value and sets *small; otherwise (an appended value,
+  // a larger one, or while compacting) only sets *small = false. NotFound if
+  // the key is absent.
+  Status ReadIfSmall(int64_t key, size_t max_bytes, std::string* value, bool* small) const;
   // Sizes of a value after Append(): all of it, and its base part (the
   // value as last written whole); total - base bytes arrived by appends.
   struct AppendInfo {

@@ -406,7 +406,12 @@ int64_t Store::StringSlot(std::string_view key) const {
 Status Store::AppendToBucket(FlatTable* table, int64_t ikey, std::string_view entry) {
   FlatTable::AppendInfo info;
   FLATKV_RETURN_IF_ERROR(table->Append(ikey, entry, &info));
-  if (info.total <= 2 * info.base + 4096) return Status::OK();
+  // Rewrite when the appends since the last whole write outgrow it, or when
+  // Append's part merging has just folded everything into one record (that
+  // happens after about half the base's size was appended): either way at
+  // least a constant share of the bucket arrived since the last rewrite.
+  const bool folded = info.base == info.total && info.total > kSmallBucket;
+  if (!folded && info.total <= 2 * info.base + 4096) return Status::OK();
   // Rewrite with the live entries only: this happens after at least "base"
   // bytes of appends, so each byte is rewritten O(1) times on average.
   std::string bucket;
@@ -434,6 +439,24 @@ Status Store::SPut(std::string_view key, std::string_view value) {
   std::string entry;
   AppendBucketPut(&entry, key, value);
   std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
+  // A small bucket (the common case: about one key per slot) is rewritten
+  // whole, so it stays one record and a get stays one read. Larger ones take
+  // appended entries (amortized O(entry) bytes per put, whatever the size).
+  // "Small" = a few entries' worth, so a rewrite costs a few times the entry.
+  const size_t limit = std::min<size_t>(4 * entry.size() + 256, 64u << 10);
+  std::string bucket;
+  bool small = false;
+  Status st = table->ReadIfSmall(ikey, limit, &bucket, &small);
+  if (st.IsNotFound()) return table->Put(ikey, entry);
+  FLATKV_RETURN_IF_ERROR(st);
+  if (small) {
+    std::string rewritten;
+    for (const auto& [k, v] : LiveBucketEntries(bucket)) {
+      if (k != key) AppendBucketPut(&rewritten, k, v);
+    }
+    rewritten += entry;
+    return table->Put(ikey, rewritten);
+  }
   return AppendToBucket(table, ikey, entry);
 }
 

@@ -262,6 +262,9 @@ class Store {
   std::atomic<bool> stopping_{false};  // Close() stops the compactor
   std::thread compactor_thread_;
   static constexpr size_t kStringStripes = 64;
+  // An appended bucket this large that Append folded into one record is
+  // rewritten with its live entries (see AppendToBucket).
+  static constexpr size_t kSmallBucket = 4096;
   mutable std::mutex string_mu_[kStringStripes];
 
   std::mutex bg_mu_;
