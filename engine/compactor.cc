@@ -51,15 +51,6 @@ bool ParseGen(const std::string& name, uint64_t* gen) {
   return end != nullptr && *end == '\0';
 }
 
-Status SyncDirectory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno("opening directory " + dir, errno);
-  const int rc = fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  return rc == 0 ? Status::OK() : Status::FromErrno("syncing directory " + dir, err);
-}
-
 Status WriteCurrent(const std::string& home, uint64_t gen) {
   const std::string tmp = home + "/" + kCurrent + ".tmp";
   const std::string text = GenName(gen) + "\n";

@@ -1,16 +1,3 @@
-// Implementation notes
-//
-// Recovery. The index header holds, per data file, a checkpoint: the log
-// offset up to which the slots are known to be durable and complete. A clean
-// close writes checkpoints equal to the files' sizes and clean = 1; such a
-// table opens with no log I/O at all. Otherwise each file's tail past its
-// checkpoint is replayed (records applied in log order, bad ones reported and
-// skipped) and the file is cut after its last valid record, which removes a
-// torn write and the space reserved ahead. After an OS crash an index page
-// may have reached the disk ahead of the log bytes its slots point at, so every
-// slot pointing past its file's checkpoint must be a record the replay found;
-// if one is not, the index is rebuilt from offset 0 of every file. A missing
-// or damaged index is rebuilt the same way.
 #include "engine/flat_table.h"
 
 #include <fcntl.h>
@@ -21,8 +8,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include <spdlog/spdlog.h>
 
@@ -53,55 +38,6 @@ unsigned SizeClass(int hint_bits, uint64_t n) {
   return c;
 }
 
-Status SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno("opening directory " + dir, errno);
-  const int rc = fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return Status::FromErrno("syncing directory " + dir, err);
-  return Status::OK();
-}
-
-Status WriteMeta(const std::string& dir, const IndexParams& p) {
-  const std::string path = dir + "/META";
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << "flatkv-table 1\nkmin " << p.kmin << "\nslots " << p.slots << "\nitem_bytes "
-        << p.item_bytes << "\ndata_files " << p.data_files << "\n";
-    out.flush();
-    if (!out) return Status::IOError("writing " + tmp);
-  }
-  int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || fsync(fd) != 0) {
-    int err = errno;
-    if (fd >= 0) ::close(fd);
-    return Status::FromErrno("syncing " + tmp, err);
-  }
-  ::close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) return Status::FromErrno("renaming " + tmp, errno);
-  return SyncDir(dir);
-}
-
-// Reads META into *p. NotFound if absent, Corruption if unreadable.
-Status ReadMeta(const std::string& dir, IndexParams* p) {
-  const std::string path = dir + "/META";
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(path + " does not exist");
-  std::string magic, k;
-  int version = 0;
-  in >> magic >> version;
-  IndexParams r;
-  in >> k >> r.kmin >> k >> r.slots >> k >> r.item_bytes >> k >> r.data_files;
-  if (!in || magic != "flatkv-table" || version != 1 || r.item_bytes < 4 || r.item_bytes > 8 ||
-      r.data_files < 1 || r.data_files > FlatIndex::kMaxDataFiles || r.slots == 0) {
-    return Status::Corruption(path + " is not a valid table description");
-  }
-  *p = r;
-  return Status::OK();
-}
-
 }  // namespace
 
 FlatTable::FlatTable(const TableParams& params, EngineCounters* counters)
@@ -122,161 +58,6 @@ std::string FlatTable::DataPath(int file) const {
   char name[32];
   std::snprintf(name, sizeof(name), "/data-%03d.log", file);
   return params_.dir + name;
-}
-
-Status FlatTable::Open(const TableParams& requested, bool create, EngineCounters* counters,
-                       std::unique_ptr<FlatTable>* result) {
-  TableParams params = requested;
-  IndexParams meta;
-  Status st = ReadMeta(params.dir, &meta);
-  if (st.ok()) {
-    if (meta.kmin != params.index.kmin || meta.slots != params.index.slots) {
-      return Status::InvalidArgument(params.dir + " covers keys [" + std::to_string(meta.kmin) +
-                                     ", +" + std::to_string(meta.slots) +
-                                     "), which the configured key_min/segment_keys do not match");
-    }
-    params.index = meta;  // existing tables keep their width and file count
-  } else if (st.IsNotFound() && create) {
-    if (mkdir(params.dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return Status::FromErrno("creating " + params.dir, errno);
-    }
-    FLATKV_RETURN_IF_ERROR(WriteMeta(params.dir, params.index));
-  } else {
-    return st;
-  }
-  std::unique_ptr<FlatTable> table(new FlatTable(params, counters));
-  bool rebuild = false;
-  const std::string index_path = params.dir + "/index";
-  if (access(index_path.c_str(), F_OK) != 0) {
-    for (int f = 0; f < params.index.data_files && !rebuild; ++f) {
-      rebuild = access(table->DataPath(f).c_str(), F_OK) == 0;
-    }
-    if (rebuild) spdlog::warn("{} is missing; rebuilding it from the data files", index_path);
-  }
-  st = FlatIndex::Open(index_path, params.index, true, &table->index_);
-  if (st.IsCorruption()) {
-    spdlog::warn("{}; rebuilding it from the data files", st.ToString());
-    if (unlink(index_path.c_str()) != 0) return Status::FromErrno("removing " + index_path, errno);
-    st = FlatIndex::Open(index_path, params.index, true, &table->index_);
-    rebuild = true;
-  }
-  FLATKV_RETURN_IF_ERROR(st);
-  FLATKV_RETURN_IF_ERROR(table->OpenFiles(create));
-  FLATKV_RETURN_IF_ERROR(table->Recover(rebuild));
-  *result = std::move(table);
-  return Status::OK();
-}
-
-Status FlatTable::OpenFiles(bool create) {
-  (void)create;
-  for (int f = 0; f < params_.index.data_files; ++f) {
-    const std::string path = DataPath(f);
-    if (access(path.c_str(), F_OK) != 0) continue;  // created on first write
-    std::unique_ptr<LogFile> log;
-    FLATKV_RETURN_IF_ERROR(LogFile::Open(path, false, &log));
-    files_[f].log.store(log.get(), std::memory_order_release);
-    files_[f].owner = std::move(log);
-    counters_->data_files_open.fetch_add(1, std::memory_order_relaxed);
-  }
-  return Status::OK();
-}
-
-Status FlatTable::Recover(bool force_rebuild) {
-  const int n = params_.index.data_files;
-  const std::vector<uint64_t> checkpoints = index_->checkpoints();
-  bool needed = force_rebuild || !index_->clean();
-  bool rebuild = force_rebuild;
-  for (int f = 0; f < n; ++f) {
-    const LogFile* log = files_[f].owner.get();
-    const uint64_t size = log != nullptr ? log->end() : 0;
-    if (size != checkpoints[f]) needed = true;
-    if (size < checkpoints[f]) rebuild = true;  // the log lost bytes the index saw
-  }
-  dead_bytes_.store(index_->dead_bytes(), std::memory_order_relaxed);
-  if (!needed) {
-    for (int f = 0; f < n; ++f) files_[f].applied = checkpoints[f];
-    return Status::OK();
-  }
-  for (;;) {
-    if (rebuild) {
-      spdlog::warn("rebuilding the index of {} from its data files", params_.dir);
-      FLATKV_RETURN_IF_ERROR(index_->Clear());
-      counters_->index_rebuilds.fetch_add(1, std::memory_order_relaxed);
-    }
-    std::vector<std::vector<uint64_t>> positions(n);
-    for (int f = 0; f < n; ++f) {
-      FLATKV_RETURN_IF_ERROR(Replay(f, rebuild ? 0 : checkpoints[f], rebuild, &positions[f]));
-    }
-    if (rebuild) break;
-    // Every slot pointing past its checkpoint must be a record replay found.
-    bool stale = false;
-    for (uint64_t s = 0; s < params_.index.slots && !stale; ++s) {
-      const uint64_t v = index_->Load(s);
-      if (v == 0) continue;
-      uint64_t pos;
-      size_t guess;
-      DecodeSlot(v, &pos, &guess);
-      const int f = static_cast<int>(s % n);
-      if (pos >= checkpoints[f] &&
-          !std::binary_search(positions[f].begin(), positions[f].end(), pos)) {
-        spdlog::warn("{}: slot {} points at offset {} of data file {}, past its checkpoint, "
-                     "where no valid record is",
-                     params_.dir, s, pos, f);
-        stale = true;
-      }
-    }
-    if (!stale) break;
-    rebuild = true;
-  }
-  std::vector<uint64_t> ends(n, 0);
-  for (int f = 0; f < n; ++f) {
-    if (files_[f].owner != nullptr) ends[f] = files_[f].owner->end();
-    files_[f].applied = ends[f];
-  }
-  // The index now agrees with the logs: make that durable as a clean state.
-  FLATKV_RETURN_IF_ERROR(index_->Sync());
-  return index_->WriteHeader(true, ends);
-}
-
-Status FlatTable::Replay(int file, uint64_t from, bool rebuild, std::vector<uint64_t>* positions) {
-  LogFile* log = files_[file].owner.get();
-  if (log == nullptr) return Status::OK();
-  const int n = params_.index.data_files;
-  const std::string path = log->path();
-  const uint64_t limit = log->allocated();
-  LogReader reader(log, from, limit, [&](uint64_t offset, uint64_t bytes, const char* reason) {
-    if (offset + bytes >= limit) {
-      // After a crash the tail holds a torn write and/or reserved zeros.
-      spdlog::info("{}: dropping {} bytes after the last valid record at offset {} ({})", path,
-                   bytes, offset, reason);
-      return;
-    }
-    counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("{}: skipped {} corrupt bytes at offset {}: {}", path, bytes, offset, reason);
-  });
-  RecordView view;
-  uint64_t pos;
-  uint64_t applied = 0;
-  while (reader.Next(&view, &pos)) {
-    const uint64_t slot = static_cast<uint64_t>(view.key) - static_cast<uint64_t>(kmin());
-    if (slot >= slots() || static_cast<int>(slot % n) != file) {
-      counters_->corrupt_records.fetch_add(1, std::memory_order_relaxed);
-      spdlog::warn("{}: record at offset {} has key {}, which does not belong in this file",
-                   path, pos, view.key);
-      continue;
-    }
-    const uint64_t v = view.type == RecordType::kTombstone ? 0 : EncodeSlot(pos, view.size);
-    FLATKV_RETURN_IF_ERROR(index_->Store(slot, v));
-    positions->push_back(pos);
-    ++applied;
-  }
-  counters_->recovery_bytes_scanned.fetch_add(reader.bytes_read(), std::memory_order_relaxed);
-  counters_->recovery_records.fetch_add(applied, std::memory_order_relaxed);
-  FLATKV_RETURN_IF_ERROR(reader.status());
-  spdlog::info("{}: {} {} records from offset {} to {}", path, rebuild ? "rebuilt" : "replayed",
-               applied, from, reader.valid_end());
-  if (reader.valid_end() != log->allocated()) FLATKV_RETURN_IF_ERROR(log->Truncate(reader.valid_end()));
-  return log->Sync();
 }
 
 uint64_t FlatTable::EncodeSlot(uint64_t pos, size_t size) const {
@@ -337,7 +118,7 @@ Status FlatTable::LogForWrite(FileState& fs, int file, LogFile** log) {
     FLATKV_RETURN_IF_ERROR(LogFile::Open(DataPath(file), true, &created));
     // Without this, an OS crash could drop the new name and with it records
     // that fdatasync had made durable.
-    FLATKV_RETURN_IF_ERROR(SyncDir(params_.dir));
+    FLATKV_RETURN_IF_ERROR(SyncDirectory(params_.dir));
     fs.log.store(created.get(), std::memory_order_release);
     fs.owner = std::move(created);
     counters_->data_files_open.fetch_add(1, std::memory_order_relaxed);

@@ -49,6 +49,15 @@ Status Reserve(int fd, uint64_t from, uint64_t len, const std::string& path) {
 
 }  // namespace
 
+Status SyncDirectory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("opening directory " + dir, errno);
+  const int rc = fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  return rc == 0 ? Status::OK() : Status::FromErrno("syncing directory " + dir, err);
+}
+
 Status LogFile::Open(const std::string& path, bool create, std::unique_ptr<LogFile>* result) {
   int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0);
   int fd = ::open(path.c_str(), flags, 0644);

@@ -29,6 +29,9 @@
 
 namespace flatkv::engine {
 
+// fsync of a directory: makes the names created or renamed in it durable.
+Status SyncDirectory(const std::string& dir);
+
 class LogFile {
  public:
   static constexpr size_t kDirectWriteBytes = 64 * 1024;
