@@ -43,7 +43,39 @@ struct Report {
   uint64_t found = 0;
   double write_amp = 0;
   uint64_t errors = 0;
+  // compact and readwhilecompacting only (see CompactionResult).
+  CompactionResult compaction;
+  uint64_t live_bytes = 0;
+  double space_after_over_live = 0;
+  double baseline_ops_per_sec = 0;
+  double ratio = 0;                    // ops_per_sec / baseline_ops_per_sec
+  double compaction_mb_per_sec = 0;    // log bytes read / compaction seconds
 };
+
+// Record overhead of flat's log: a 24-byte header and the 8-byte key.
+constexpr uint64_t kFlatRecordOverhead = 32;
+// A string key's entry in its bucket (engine/string_keys.h) besides the value:
+// the kind byte, the key-size varint (1 byte for 16) and the key.
+constexpr uint64_t kStringEntryOverhead = 1 + 1 + kStringKeyBytes;
+
+uint64_t VarintBytes(uint64_t v) {
+  uint64_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// What num live keys take in flat's log, approximately: one record per key,
+// header and key included. A string key's record is its bucket, so it also
+// carries the key's bucket entry; keys sharing a bucket share a header, which
+// this does not count (it overestimates by up to 32 bytes a key).
+uint64_t LiveBytes(const BenchFlags& f) {
+  uint64_t per_key = kFlatRecordOverhead + f.value_size;
+  if (f.keys == KeyKind::kString) per_key += kStringEntryOverhead + VarintBytes(f.value_size);
+  return f.num * per_key;
+}
 
 Report MakeReport(const BenchFlags& f, Workload w, const WorkloadResult& r,
                   uint64_t write_bytes) {
@@ -61,15 +93,35 @@ Report MakeReport(const BenchFlags& f, Workload w, const WorkloadResult& r,
     rep.micros_per_op = r.seconds * 1e6 / static_cast<double>(r.ops);
   }
   // Bytes of user data per op: the key (8 bytes, or 16 with --keys string)
-  // plus the value.
+  // plus the value. readwhilecompacting does at least num ops.
+  uint64_t ops = w == Workload::kReadWhileCompacting ? r.ops : f.num;
   double user_bytes =
-      static_cast<double>(f.num) * static_cast<double>(KeyBytes(f.keys) + f.value_size);
+      static_cast<double>(ops) * static_cast<double>(KeyBytes(f.keys) + f.value_size);
   if (w != Workload::kReopen && r.seconds > 0) rep.mb_per_sec = user_bytes / r.seconds / 1e6;
   if (IsWriteWorkload(w) && user_bytes > 0) rep.write_amp = write_bytes / user_bytes;
   rep.rss_bytes = ReadRssBytes();
   rep.disk_bytes = DiskBytes(f.dir);
+  if (IsCompactionWorkload(w)) {
+    const CompactionResult& c = r.compaction;
+    rep.compaction = c;
+    rep.live_bytes = LiveBytes(f);
+    if (c.seconds > 0) rep.compaction_mb_per_sec = c.log_bytes_read / c.seconds / 1e6;
+    if (w == Workload::kCompact) {
+      // compact times one call: its MB/s is the compaction's log read rate.
+      rep.mb_per_sec = rep.compaction_mb_per_sec;
+      if (rep.live_bytes > 0) {
+        rep.space_after_over_live =
+            static_cast<double>(c.space_after) / static_cast<double>(rep.live_bytes);
+      }
+    } else {
+      if (c.baseline_seconds > 0) rep.baseline_ops_per_sec = c.baseline_ops / c.baseline_seconds;
+      if (rep.baseline_ops_per_sec > 0) rep.ratio = rep.ops_per_sec / rep.baseline_ops_per_sec;
+    }
+  }
   return rep;
 }
+
+double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 
 // fillrandom   :   1.234 micros/op  810372 ops/sec  87.5 MB/s  (flat, 100 B, 1 thr)
 // With --keys string: (flat, 100 B, str keys, 1 thr).
@@ -80,27 +132,69 @@ void PrintText(const BenchFlags& f, Workload w, const Report& rep) {
   }
   if (rep.errors > 0) extra += ", " + std::to_string(rep.errors) + " errors";
   if (f.sync) extra += ", sync";
+  if (IsCompactionWorkload(w) && f.compaction_mb_per_sec > 0) {
+    extra += ", limit " + std::to_string(f.compaction_mb_per_sec) + " MB/s";
+  }
   const char* keys = f.keys == KeyKind::kString ? ", str keys" : "";
-  std::printf("%-12s : %7.3f micros/op %7.0f ops/sec %5.1f MB/s  (%s, %u B%s, %d thr%s)\n",
-              rep.workload, rep.micros_per_op, rep.ops_per_sec, rep.mb_per_sec,
-              f.engine.c_str(), f.value_size, keys, f.threads, extra.c_str());
+  const CompactionResult& c = rep.compaction;
+  if (w == Workload::kCompact) {
+    // compact      :   0.932 s   906.3 MB/s of log, data files 844.9 -> 211.3 MB (1.00x live)
+    std::printf("%-12s : %7.3f s %7.1f MB/s of log, data files %.1f -> %.1f MB (%.2fx live)"
+                "  (%s, %u B%s, %d thr%s)\n",
+                rep.workload, rep.seconds, rep.mb_per_sec, Mb(c.space_before), Mb(c.space_after),
+                rep.space_after_over_live, f.engine.c_str(), f.value_size, keys, f.threads,
+                extra.c_str());
+    return;
+  }
+  std::printf("%-12s : %7.3f micros/op %7.0f ops/sec %5.1f MB/s", rep.workload,
+              rep.micros_per_op, rep.ops_per_sec, rep.mb_per_sec);
+  if (w == Workload::kReadWhileCompacting) {
+    std::printf(", %.2fx of %.0f ops/sec without; compaction %.3f s, %.1f MB/s of log",
+                rep.ratio, rep.baseline_ops_per_sec, c.seconds, rep.compaction_mb_per_sec);
+  }
+  std::printf("  (%s, %u B%s, %d thr%s)\n", f.engine.c_str(), f.value_size, keys, f.threads,
+              extra.c_str());
+}
+
+// The fields compact and readwhilecompacting add to their JSON object,
+// without the closing brace.
+void PrintCompactionJson(const BenchFlags& f, Workload w, const Report& rep) {
+  const CompactionResult& c = rep.compaction;
+  std::printf(",\"compaction_seconds\":%.9f,\"compaction_bytes_read\":%" PRIu64
+              ",\"compaction_mb_per_sec\":%.3f,\"compaction_mb_per_sec_limit\":%u"
+              ",\"tables_compacted\":%" PRIu64,
+              c.seconds, c.log_bytes_read, rep.compaction_mb_per_sec, f.compaction_mb_per_sec,
+              c.tables_compacted);
+  if (w == Workload::kCompact) {
+    std::printf(",\"space_before\":%" PRIu64 ",\"space_after\":%" PRIu64
+                ",\"log_bytes_before\":%" PRIu64 ",\"log_bytes_after\":%" PRIu64
+                ",\"live_bytes\":%" PRIu64 ",\"space_after_over_live\":%.4f",
+                c.space_before, c.space_after, c.log_bytes_before, c.log_bytes_after,
+                rep.live_bytes, rep.space_after_over_live);
+  } else {
+    std::printf(",\"ops\":%" PRIu64 ",\"baseline_ops_per_sec\":%.1f,\"ratio\":%.4f", rep.ops,
+                rep.baseline_ops_per_sec, rep.ratio);
+  }
 }
 
 // Field names are the contract in shared/DESIGN.md ("Tools"); scripts parse
-// them, so add fields, never rename ("keys" came last, hence at the end).
-// Every string printed comes from a fixed table (engine, workload and key kind
-// names), so none needs escaping.
-void PrintJson(const BenchFlags& f, const Report& rep) {
+// them, so add fields, never rename ("keys" came last, hence at the end; the
+// compaction workloads' own fields follow it). Every string printed comes
+// from a fixed table (engine, workload and key kind names), so none needs
+// escaping.
+void PrintJson(const BenchFlags& f, Workload w, const Report& rep) {
   std::printf(
       "{\"engine\":\"%s\",\"workload\":\"%s\",\"num\":%" PRIu64 ",\"value_size\":%u,"
       "\"threads\":%d,\"sync\":\"%s\",\"seconds\":%.9f,\"ops_per_sec\":%.1f,"
       "\"micros_per_op\":%.3f,\"mb_per_sec\":%.3f,\"rss_bytes\":%" PRIu64
       ",\"write_bytes\":%" PRIu64 ",\"disk_bytes\":%" PRIu64 ",\"found\":%" PRIu64
-      ",\"write_amp\":%.4f,\"errors\":%" PRIu64 ",\"keys\":\"%s\"}\n",
+      ",\"write_amp\":%.4f,\"errors\":%" PRIu64 ",\"keys\":\"%s\"",
       f.engine.c_str(), rep.workload, f.num, f.value_size, f.threads,
       f.sync ? "always" : "none", rep.seconds, rep.ops_per_sec, rep.micros_per_op,
       rep.mb_per_sec, rep.rss_bytes, rep.write_bytes, rep.disk_bytes, rep.found,
       rep.write_amp, rep.errors, KeyKindName(f.keys));
+  if (IsCompactionWorkload(w)) PrintCompactionJson(f, w, rep);
+  std::printf("}\n");
 }
 
 WorkloadConfig MakeConfig(const BenchFlags& f, const BenchEngineOptions& open_options,
@@ -118,11 +212,12 @@ WorkloadConfig MakeConfig(const BenchFlags& f, const BenchEngineOptions& open_op
 
 // Fills an empty database with an untimed fillrandom so that a list starting
 // with readrandom (say) measures reads of real data, not of nothing.
-bool PreFill(BenchEngine* engine, const BenchFlags& f, const WorkloadConfig& config) {
+bool PreFill(BenchEngine* engine, const BenchFlags& f, Workload first,
+             const WorkloadConfig& config) {
   std::fprintf(stderr,
                "flatkv-bench: note: %s is empty; filling it with fillrandom of %" PRIu64
                " keys (untimed) before %s\n",
-               f.dir.c_str(), f.num, WorkloadName(f.workloads.front()));
+               f.dir.c_str(), f.num, WorkloadName(first));
   WorkloadResult r;
   Status s = RunWorkload(engine, Workload::kFillRandom, config, &r);
   if (s.ok() && r.errors == 0) return true;
@@ -136,10 +231,22 @@ bool PreFill(BenchEngine* engine, const BenchFlags& f, const WorkloadConfig& con
 int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
                  const BenchEngineOptions& open_options, bool dir_was_empty, bool* open) {
   ValueBuffer values(f.value_size, f.seed);
+  // Workloads this engine cannot run are skipped with a note (exit status
+  // unaffected); the pre-fill looks at the first one that runs.
+  auto supported = [engine](Workload w) {
+    return !IsCompactionWorkload(w) || engine->SupportsCompaction();
+  };
+  const Workload* first = nullptr;
+  for (const Workload& w : f.workloads) {
+    if (supported(w)) {
+      first = &w;
+      break;
+    }
+  }
   // The pre-fill uses position -1 so its permutation differs from a later
   // fillrandom's, as two separate runs would.
-  if (dir_was_empty && NeedsData(f.workloads.front()) &&
-      !PreFill(engine, f, MakeConfig(f, open_options, &values, -1))) {
+  if (dir_was_empty && first != nullptr && NeedsData(*first) &&
+      !PreFill(engine, f, *first, MakeConfig(f, open_options, &values, -1))) {
     return kExitFailure;
   }
   bool io_ok = false;
@@ -148,6 +255,11 @@ int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
   int exit_code = kExitOk;
   for (size_t i = 0; i < f.workloads.size(); ++i) {
     Workload w = f.workloads[i];
+    if (!supported(w)) {
+      std::fprintf(stderr, "flatkv-bench: note: %s is not supported for %s; skipped\n",
+                   WorkloadName(w), engine->name());
+      continue;
+    }
     WorkloadResult r;
     uint64_t before = ReadIoWriteBytes();
     Status s = RunWorkload(engine, w, MakeConfig(f, open_options, &values, static_cast<int>(i)), &r);
@@ -158,9 +270,14 @@ int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
       std::fprintf(stderr, "flatkv-bench: %s: %s\n", WorkloadName(w), s.ToString().c_str());
       return kExitFailure;
     }
-    Report rep = MakeReport(f, w, r, after >= before ? after - before : 0);
+    // The compaction workloads count only their timed part, not the
+    // set-up's overwrites.
+    uint64_t write_bytes = IsCompactionWorkload(w) ? r.compaction.write_bytes
+                           : after >= before      ? after - before
+                                                  : 0;
+    Report rep = MakeReport(f, w, r, write_bytes);
     if (f.json) {
-      PrintJson(f, rep);
+      PrintJson(f, w, rep);
     } else {
       PrintText(f, w, rep);
     }
@@ -195,6 +312,10 @@ int RunEngineBench(const BenchFlags& f) {
   options.index_item_bytes = f.index_item_bytes;
   options.data_files = f.data_files;
   options.string_slots = StringSlotsFor(f);
+  options.compaction_mb_per_sec = f.compaction_mb_per_sec;
+  for (Workload w : f.workloads) {
+    if (IsCompactionWorkload(w)) options.auto_compaction = false;
+  }
   s = engine->Open(options);
   if (!s.ok()) {
     std::fprintf(stderr, "flatkv-bench: cannot open %s in %s: %s\n", engine->name(),

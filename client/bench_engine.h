@@ -21,9 +21,16 @@
 // WriteOptions::sync for RocksDB/LevelDB, HashDB::OAUTOSYNC for Kyoto and
 // SyncMode::kAlways for flat.
 //
-// Thread safety: after Open() returns OK, Put/Get/Delete may be called from
-// any number of threads at once (all four engines are internally
-// synchronized). Open and Close must not race with anything.
+// Compaction on request (the compact and readwhilecompacting workloads) is
+// flat's only: Store::CompactAndWait and Store::GetCompactionStatus. flat
+// runs with compaction_garbage_ratio = 0, so no automatic compaction starts
+// in the middle of another workload; the peers keep their own background
+// compaction and report SupportsCompaction() == false.
+//
+// Thread safety: after Open() returns OK, Put/Get/Delete (and for flat
+// CompactAndWait and GetCompactionStatus) may be called from any number of
+// threads at once (all four engines are internally synchronized). Open and
+// Close must not race with anything.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +52,21 @@ struct BenchEngineOptions {
   int index_item_bytes = 0;   // flat only: EngineOptions::index_item_bytes
   int data_files = 0;         // flat only: EngineOptions::data_files
   uint64_t string_slots = 0;  // flat only: EngineOptions::string_slots
+  uint32_t compaction_mb_per_sec = 0;  // flat only: EngineOptions::compaction_mb_per_sec
+  // flat only: automatic compaction at the default garbage ratio, as users
+  // run it (peers' numbers include their compactions too). Off only when
+  // the run measures compaction itself.
+  bool auto_compaction = true;
+};
+
+// Progress of the engine's compaction on request (flat's CompactionStatus).
+struct BenchCompactionStatus {
+  bool running = false;
+  uint64_t bytes_done = 0;        // log bytes read in the current (or last) round
+  uint64_t bytes_total = 0;       // log bytes to read in the current (or last) round
+  uint64_t tables_compacted = 0;  // since open
+  uint64_t bytes_reclaimed = 0;   // since open
+  std::string last_error;         // empty if the last round succeeded
 };
 
 class BenchEngine {
@@ -78,6 +100,18 @@ class BenchEngine {
   // Closes the database cleanly (the way its users shut it down). Further
   // calls other than Open() fail.
   virtual Status Close() = 0;
+
+  // Compaction on request, for the compact and readwhilecompacting
+  // workloads. Only flat supports it; the defaults say no.
+  virtual bool SupportsCompaction() const { return false; }
+  // Compacts every table once and returns when that round has finished,
+  // with its error. Reads and writes may run meanwhile.
+  virtual Status CompactAndWait() {
+    return Status::InvalidArgument(std::string(name()) + ": compaction not supported");
+  }
+  virtual Status GetCompactionStatus(BenchCompactionStatus* /*status*/) const {
+    return Status::InvalidArgument(std::string(name()) + ": compaction not supported");
+  }
 };
 
 // Engine names flatkv-bench knows, compiled in or not, in usage order.

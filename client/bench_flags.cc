@@ -13,6 +13,8 @@ constexpr uint64_t kMaxThreads = 1024;
 constexpr uint64_t kMaxNum = uint64_t{1} << 60;
 // Fewest string slots the bench picks by itself (--string-slots may go lower).
 constexpr uint64_t kMinAutoStringSlots = 1024;
+// Highest --compaction-mb-per-sec: 1 TB/s, unlimited in practice.
+constexpr uint64_t kMaxCompactionMbPerSec = 1000000;
 
 // Parses a whole decimal string into [lo, hi]; anything else (sign, suffix,
 // empty, overflow) is an error naming the flag.
@@ -88,6 +90,9 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
     }
   } else if (name == "string-slots") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxNum, &f->string_slots));
+  } else if (name == "compaction-mb-per-sec") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 0, kMaxCompactionMbPerSec, &n));
+    f->compaction_mb_per_sec = static_cast<uint32_t>(n);
   } else {
     return Status::InvalidArgument("unknown flag --" + std::string(name));
   }
@@ -100,9 +105,11 @@ bool IsBoolFlag(std::string_view name) { return name == "json" || name == "fresh
 Status Validate(const BenchFlags& f) {
   if (f.engine.empty()) return Status::InvalidArgument("--engine is required");
   if (f.dir.empty()) return Status::InvalidArgument("--dir is required");
-  if (f.engine != "flat" && (f.index_item_bytes != 0 || f.data_files != 0)) {
+  if (f.engine != "flat" &&
+      (f.index_item_bytes != 0 || f.data_files != 0 || f.compaction_mb_per_sec != 0)) {
     return Status::InvalidArgument(
-        "--index-item-bytes and --data-files apply only to --engine flat");
+        "--index-item-bytes, --data-files and --compaction-mb-per-sec apply only to "
+        "--engine flat");
   }
   if (f.string_slots != 0 && (f.engine != "flat" || f.keys != KeyKind::kString)) {
     return Status::InvalidArgument("--string-slots applies only to --engine flat --keys string");
@@ -191,10 +198,18 @@ void PrintBenchUsage(std::FILE* out) {
       "  --string-slots N    flat with --keys string: slots of the string-key table\n"
       "                      (default: the power of two >= num, at least 1024);\n"
       "                      num/K slots puts about K keys in each bucket\n"
+      "  --compaction-mb-per-sec N\n"
+      "                      flat only: compaction budget in MB/s of log read\n"
+      "                      (default 0 = unlimited); flat never compacts by\n"
+      "                      itself in the bench, only in compact and\n"
+      "                      readwhilecompacting\n"
       "  --help              this text\n"
       "\n"
       "If the first workload reads, overwrites or deletes and --dir is empty, the\n"
       "database is first filled with an untimed fillrandom (noted on stderr).\n"
+      "compact and readwhilecompacting (flat only; skipped with a note for the\n"
+      "peers) first overwrite the keys 3 times (untimed), then time one full\n"
+      "compaction, or reads during it against reads without it.\n"
       "Exit status: 0 ok, 1 an operation or the engine failed, 2 bad command line\n"
       "or an engine not built into this binary.\n",
       WorkloadNameList());

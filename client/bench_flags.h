@@ -33,6 +33,7 @@ struct BenchFlags {
   int data_files = 0;                     // --data-files (flat), 0 = default
   KeyKind keys = KeyKind::kInt;           // --keys int|string
   uint64_t string_slots = 0;              // --string-slots (flat, string keys), 0 = auto
+  uint32_t compaction_mb_per_sec = 0;     // --compaction-mb-per-sec (flat), 0 = unlimited
 };
 
 // The string_slots flat gets with --keys string: --string-slots if given,

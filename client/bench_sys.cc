@@ -61,6 +61,26 @@ uint64_t DiskBytes(const std::string& dir) {
   return total;
 }
 
+DataFileBytes ReadDataFileBytes(const std::string& dir) {
+  DataFileBytes total;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied,
+                                      ec);
+  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() < 9 || name.compare(0, 5, "data-") != 0 ||
+        name.compare(name.size() - 4, 4, ".log") != 0) {
+      continue;
+    }
+    struct stat st;
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      total.size += static_cast<uint64_t>(st.st_size);
+      total.allocated += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  return total;
+}
+
 Status PrepareDir(const std::string& dir, bool fresh, bool* was_empty) {
   std::error_code ec;
   if (dir.empty()) return Status::InvalidArgument("--dir is empty");

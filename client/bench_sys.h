@@ -28,6 +28,14 @@ uint64_t ReadIoWriteBytes(bool* ok = nullptr);
 // tables) are skipped.
 uint64_t DiskBytes(const std::string& dir);
 
+// Sizes of flat's data files under "dir" (files named data-*.log, found
+// recursively in every segment and generation directory).
+struct DataFileBytes {
+  uint64_t size = 0;       // sum of st_size
+  uint64_t allocated = 0;  // sum of st_blocks * 512
+};
+DataFileBytes ReadDataFileBytes(const std::string& dir);
+
 // Makes "dir" ready for a run: creates it (and parents) if missing; with
 // "fresh", removes everything inside it (never the directory itself, and never
 // "/"). Sets *was_empty to whether the directory holds nothing afterwards.

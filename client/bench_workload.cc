@@ -5,6 +5,11 @@
 // The loop is instantiated per key source and key kind so the compiler sees
 // the key computation inline (a string key is built in a stack buffer from the
 // index); failures go to an out-of-line function.
+//
+// The compaction workloads reuse that machinery: their set-up is plain
+// overwrite runs and their baseline a plain readrandom run, each with a key
+// sequence of its own (PhasePosition). Reads during compaction run one more
+// thread alongside the readers, which makes the CompactAndWait call.
 #include "client/bench_workload.h"
 
 #include <algorithm>
@@ -13,6 +18,8 @@
 #include <latch>
 #include <thread>
 #include <vector>
+
+#include "client/bench_sys.h"
 
 namespace flatkv::client {
 namespace {
@@ -33,13 +40,27 @@ constexpr WorkloadInfo kWorkloads[] = {
     {Workload::kFillSeq, "fillseq"},         {Workload::kFillRandom, "fillrandom"},
     {Workload::kOverwrite, "overwrite"},     {Workload::kReadRandom, "readrandom"},
     {Workload::kReadMissing, "readmissing"}, {Workload::kDeleteRandom, "deleterandom"},
-    {Workload::kReopen, "reopen"},
+    {Workload::kReopen, "reopen"},           {Workload::kCompact, "compact"},
+    {Workload::kReadWhileCompacting, "readwhilecompacting"},
 };
+
+// Phases of the compaction workloads that draw keys: the set-up's overwrite
+// passes, then (readwhilecompacting) the baseline reads and the reads during
+// compaction.
+constexpr int kPhaseBaselineReads = kSetupOverwrites;
+constexpr int kPhaseCompactionReads = kSetupOverwrites + 1;
+constexpr int kPhases = kSetupOverwrites + 2;
+
+// The position a phase's keys derive from: below the pre-fill's -1 and
+// distinct for each (workload position, phase), so no two phases of a run
+// draw the same sequence.
+int PhasePosition(int position, int phase) { return -2 - (position * kPhases + phase); }
 
 // One splitmix64 step as a pure function, to derive independent seeds.
 uint64_t MixSeed(uint64_t x) { return Rng(x).Next(); }
 
 struct ThreadResult {
+  uint64_t ops = 0;  // set by the open-ended reads during compaction only
   uint64_t found = 0;
   uint64_t errors = 0;
   std::string first_error;
@@ -167,6 +188,12 @@ void RunSlice(BenchEngine* engine, Op op, Keys keys, uint64_t begin, uint64_t en
   }
 }
 
+// The seed of thread "t" of a workload at c.position.
+uint64_t ThreadSeed(const WorkloadConfig& c, int t) {
+  return MixSeed(c.seed ^
+                 MixSeed(static_cast<uint64_t>(c.position) << 16 | static_cast<uint64_t>(t)));
+}
+
 // The body of thread "t": picks its slice and key source, then runs it.
 template <KeyKind kKind>
 void RunThread(BenchEngine* engine, Workload w, const WorkloadConfig& c,
@@ -174,9 +201,7 @@ void RunThread(BenchEngine* engine, Workload w, const WorkloadConfig& c,
   uint64_t threads = static_cast<uint64_t>(c.threads);
   uint64_t begin = c.num * t / threads;
   uint64_t end = c.num * (t + 1) / threads;
-  uint64_t thread_seed =
-      MixSeed(c.seed ^ MixSeed(static_cast<uint64_t>(c.position) << 16 | static_cast<uint64_t>(t)));
-  Rng rng(thread_seed);
+  Rng rng(ThreadSeed(c, t));
   size_t value_pos = rng.Uniform(c.values->size());
   Op op = OpOf(w);
   const ValueBuffer& values = *c.values;
@@ -198,19 +223,203 @@ void RunThread(BenchEngine* engine, Workload w, const WorkloadConfig& c,
   r->end = Clock::now();
 }
 
+// Gets random keys of [0, c.num) until at least "quota" are done and "stop"
+// is set: the reads of readwhilecompacting, which last as long as the
+// compaction. Sets r->ops.
+template <KeyKind kKind>
+void RunReadsUntil(BenchEngine* engine, const WorkloadConfig& c, int t, uint64_t quota,
+                   const std::atomic<bool>& stop, ThreadResult* r) {
+  RandomKeys keys{Rng(ThreadSeed(c, t)), c.num, 0};
+  std::string value;
+  value.reserve(c.values->value_size());
+  uint64_t i = 0;
+  for (; i < quota || !stop.load(std::memory_order_relaxed); ++i) {
+    int64_t key = keys(i);
+    Status s = GetKey<kKind>(engine, key, &value);
+    if (s.ok()) {
+      ++r->found;
+    } else if (!s.IsNotFound()) {
+      RecordFailure(s, kKind, key, r);
+    }
+  }
+  r->ops = i;
+  r->end = Clock::now();
+}
+
+// Runs body(t) for t in [0, n) on n threads that start together: each checks
+// in on "ready" and then waits for "go", so thread start-up is outside the
+// timed interval. Joins them all and returns the time of "go".
+template <class Body>
+Clock::time_point RunTogether(int n, const Body& body) {
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  std::latch ready(n);
+  std::atomic<bool> go{false};
+  for (int t = 0; t < n; ++t) {
+    threads.emplace_back([&, t] {
+      ready.count_down();
+      go.wait(false);
+      body(t);
+    });
+  }
+  ready.wait();
+  Clock::time_point start = Clock::now();
+  go.store(true);
+  go.notify_all();
+  for (std::thread& th : threads) th.join();
+  return start;
+}
+
+// Adds the threads' counts to *result; seconds runs from "start" to the last
+// thread's end.
+void Summarize(const std::vector<ThreadResult>& per_thread, Clock::time_point start,
+               WorkloadResult* result) {
+  Clock::time_point last = start;
+  for (const ThreadResult& r : per_thread) {
+    last = std::max(last, r.end);
+    result->found += r.found;
+    result->errors += r.errors;
+    if (result->first_error.empty()) result->first_error = r.first_error;
+  }
+  result->seconds = std::chrono::duration<double>(last - start).count();
+}
+
+// Adds the failures of a helper run to "to".
+void AddFailures(const WorkloadResult& from, WorkloadResult* to) {
+  to->errors += from.errors;
+  if (to->first_error.empty()) to->first_error = from.first_error;
+}
+
+void AddFailure(const Status& s, const char* what, WorkloadResult* result) {
+  if (result->errors++ == 0) result->first_error = std::string(what) + ": " + s.ToString();
+}
+
+// Closes the engine cleanly and opens it again; *open_seconds (if non-null)
+// is the time of the open alone. A failed close counts as an error in
+// *result; a failed open is returned, and leaves the engine closed.
+Status Reopen(BenchEngine* engine, const BenchEngineOptions& options, WorkloadResult* result,
+              double* open_seconds) {
+  Status s = engine->Close();
+  if (!s.ok()) AddFailure(s, "close", result);
+  Clock::time_point start = Clock::now();
+  s = engine->Open(options);
+  if (open_seconds != nullptr) {
+    *open_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  if (!s.ok()) return s.WithContext("reopen");
+  return Status::OK();
+}
+
 Status RunReopen(BenchEngine* engine, const WorkloadConfig& c, WorkloadResult* result) {
   result->ops = 1;
   // The close is not timed: "reopen" measures how long a user waits for a
   // database that was shut down cleanly.
-  Status s = engine->Close();
-  if (!s.ok()) {
-    result->errors = 1;
-    result->first_error = "close: " + s.ToString();
+  return Reopen(engine, c.open_options, result, &result->seconds);
+}
+
+// The untimed set-up of compact and readwhilecompacting: kSetupOverwrites
+// overwrite passes, then a clean close and reopen. While open, flat reserves
+// space (fallocate) ahead of each data file's end, up to 8 MiB a file, and a
+// clean close trims it; reopening here means the data files are measured as
+// they are at rest, before compaction as after it. Put failures are counted
+// in *result; only a failed reopen is returned.
+Status RunCompactionSetup(BenchEngine* engine, const WorkloadConfig& c, WorkloadResult* result) {
+  for (int pass = 0; pass < kSetupOverwrites; ++pass) {
+    WorkloadConfig pass_config = c;
+    pass_config.position = PhasePosition(c.position, pass);
+    WorkloadResult r;
+    Status s = RunWorkload(engine, Workload::kOverwrite, pass_config, &r);
+    if (!s.ok()) return s;  // not reached: overwrite fails only per op
+    AddFailures(r, result);
   }
+  return Reopen(engine, c.open_options, result, nullptr);
+}
+
+// The engine's compaction status; a failure to read it counts as an error.
+BenchCompactionStatus ReadCompactionStatus(BenchEngine* engine, WorkloadResult* result) {
+  BenchCompactionStatus status;
+  Status s = engine->GetCompactionStatus(&status);
+  if (!s.ok()) AddFailure(s, "compaction status", result);
+  return status;
+}
+
+Status RunCompact(BenchEngine* engine, const WorkloadConfig& c, WorkloadResult* result) {
+  FLATKV_RETURN_IF_ERROR(RunCompactionSetup(engine, c, result));
+  CompactionResult& cr = result->compaction;
+  const DataFileBytes before = ReadDataFileBytes(c.open_options.dir);
+  cr.space_before = before.allocated;
+  cr.log_bytes_before = before.size;
+  BenchCompactionStatus start_status = ReadCompactionStatus(engine, result);
+
+  uint64_t io_before = ReadIoWriteBytes();
   Clock::time_point start = Clock::now();
-  s = engine->Open(c.open_options);
-  result->seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!s.ok()) return s.WithContext("reopen");
+  Status s = engine->CompactAndWait();
+  cr.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  uint64_t io_after = ReadIoWriteBytes();
+  cr.write_bytes = io_after >= io_before ? io_after - io_before : 0;
+  if (!s.ok()) AddFailure(s, "compaction", result);
+  BenchCompactionStatus end_status = ReadCompactionStatus(engine, result);
+  cr.log_bytes_read = end_status.bytes_total;
+  cr.tables_compacted = end_status.tables_compacted - start_status.tables_compacted;
+
+  // Measured at rest, as "before" was (see RunCompactionSetup).
+  FLATKV_RETURN_IF_ERROR(Reopen(engine, c.open_options, result, nullptr));
+  const DataFileBytes after = ReadDataFileBytes(c.open_options.dir);
+  cr.space_after = after.allocated;
+  cr.log_bytes_after = after.size;
+  result->ops = 1;
+  result->seconds = cr.seconds;
+  return Status::OK();
+}
+
+Status RunReadWhileCompacting(BenchEngine* engine, const WorkloadConfig& c,
+                              WorkloadResult* result) {
+  FLATKV_RETURN_IF_ERROR(RunCompactionSetup(engine, c, result));
+  CompactionResult& cr = result->compaction;
+
+  WorkloadConfig baseline_config = c;
+  baseline_config.position = PhasePosition(c.position, kPhaseBaselineReads);
+  WorkloadResult baseline;
+  Status s = RunWorkload(engine, Workload::kReadRandom, baseline_config, &baseline);
+  if (!s.ok()) return s;  // not reached: readrandom fails only per op
+  AddFailures(baseline, result);
+  cr.baseline_seconds = baseline.seconds;
+  cr.baseline_ops = baseline.ops;
+
+  // Thread c.threads compacts; the others read, each at least its share of
+  // num and then until the compaction has finished.
+  WorkloadConfig reads_config = c;
+  reads_config.position = PhasePosition(c.position, kPhaseCompactionReads);
+  BenchCompactionStatus start_status = ReadCompactionStatus(engine, result);
+  std::vector<ThreadResult> per_thread(c.threads);
+  std::atomic<bool> compacted{false};
+  Status compact_status;
+  uint64_t io_before = ReadIoWriteBytes();
+  Clock::time_point start = RunTogether(c.threads + 1, [&](int t) {
+    if (t == c.threads) {
+      Clock::time_point begin = Clock::now();
+      compact_status = engine->CompactAndWait();
+      cr.seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+      compacted.store(true, std::memory_order_relaxed);
+      return;
+    }
+    uint64_t threads = static_cast<uint64_t>(c.threads);
+    uint64_t quota = c.num * (t + 1) / threads - c.num * t / threads;
+    if (c.keys == KeyKind::kString) {
+      RunReadsUntil<KeyKind::kString>(engine, reads_config, t, quota, compacted, &per_thread[t]);
+    } else {
+      RunReadsUntil<KeyKind::kInt>(engine, reads_config, t, quota, compacted, &per_thread[t]);
+    }
+  });
+  uint64_t io_after = ReadIoWriteBytes();
+  cr.write_bytes = io_after >= io_before ? io_after - io_before : 0;
+  Summarize(per_thread, start, result);
+  result->ops = 0;
+  for (const ThreadResult& r : per_thread) result->ops += r.ops;
+  if (!compact_status.ok()) AddFailure(compact_status, "compaction", result);
+  BenchCompactionStatus end_status = ReadCompactionStatus(engine, result);
+  cr.log_bytes_read = end_status.bytes_total;
+  cr.tables_compacted = end_status.tables_compacted - start_status.tables_compacted;
   return Status::OK();
 }
 
@@ -234,7 +443,8 @@ const char* WorkloadName(Workload workload) {
 }
 
 const char* WorkloadNameList() {
-  return "fillseq|fillrandom|overwrite|readrandom|readmissing|deleterandom|reopen";
+  return "fillseq|fillrandom|overwrite|readrandom|readmissing|deleterandom|reopen|"
+         "compact|readwhilecompacting";
 }
 
 bool ParseKeyKind(std::string_view name, KeyKind* kind) {
@@ -259,7 +469,12 @@ bool IsWriteWorkload(Workload w) {
 
 bool NeedsData(Workload w) {
   return w == Workload::kOverwrite || w == Workload::kReadRandom ||
-         w == Workload::kReadMissing || w == Workload::kDeleteRandom;
+         w == Workload::kReadMissing || w == Workload::kDeleteRandom ||
+         IsCompactionWorkload(w);
+}
+
+bool IsCompactionWorkload(Workload w) {
+  return w == Workload::kCompact || w == Workload::kReadWhileCompacting;
 }
 
 KeyPermutation::KeyPermutation(uint64_t n, uint64_t seed) : n_(n) {
@@ -292,43 +507,29 @@ ValueBuffer::ValueBuffer(uint32_t value_size, uint64_t seed) : value_size_(value
 Status RunWorkload(BenchEngine* engine, Workload workload, const WorkloadConfig& config,
                    WorkloadResult* result) {
   *result = WorkloadResult();
-  if (workload == Workload::kReopen) return RunReopen(engine, config, result);
+  switch (workload) {
+    case Workload::kReopen:
+      return RunReopen(engine, config, result);
+    case Workload::kCompact:
+      return RunCompact(engine, config, result);
+    case Workload::kReadWhileCompacting:
+      return RunReadWhileCompacting(engine, config, result);
+    default:
+      break;
+  }
 
   KeyPermutation permutation(config.num,
                              MixSeed(config.seed + static_cast<uint64_t>(config.position)));
   std::vector<ThreadResult> per_thread(config.threads);
-  std::vector<std::thread> threads;
-  threads.reserve(config.threads);
-  // Threads check in on "ready" and then wait for "go", so thread start-up is
-  // outside the timed interval and all of them begin together.
-  std::latch ready(config.threads);
-  std::atomic<bool> go{false};
-  for (int t = 0; t < config.threads; ++t) {
-    threads.emplace_back([&, t] {
-      ready.count_down();
-      go.wait(false);
-      if (config.keys == KeyKind::kString) {
-        RunThread<KeyKind::kString>(engine, workload, config, permutation, t, &per_thread[t]);
-      } else {
-        RunThread<KeyKind::kInt>(engine, workload, config, permutation, t, &per_thread[t]);
-      }
-    });
-  }
-  ready.wait();
-  Clock::time_point start = Clock::now();
-  go.store(true);
-  go.notify_all();
-  for (std::thread& th : threads) th.join();
-
-  Clock::time_point last = start;
-  for (const ThreadResult& r : per_thread) {
-    last = std::max(last, r.end);
-    result->found += r.found;
-    result->errors += r.errors;
-    if (result->first_error.empty()) result->first_error = r.first_error;
-  }
+  Clock::time_point start = RunTogether(config.threads, [&](int t) {
+    if (config.keys == KeyKind::kString) {
+      RunThread<KeyKind::kString>(engine, workload, config, permutation, t, &per_thread[t]);
+    } else {
+      RunThread<KeyKind::kInt>(engine, workload, config, permutation, t, &per_thread[t]);
+    }
+  });
+  Summarize(per_thread, start, result);
   result->ops = config.num;
-  result->seconds = std::chrono::duration<double>(last - start).count();
   return Status::OK();
 }
 

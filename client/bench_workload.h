@@ -16,6 +16,18 @@
 //   readmissing   get num keys drawn from [num, 2*num): never written
 //   deleterandom  delete a random permutation of [0, num)
 //   reopen        close (untimed), then time one Open
+//   compact       set-up (below), then time one CompactAndWait and measure
+//                 the data files before and after it
+//   readwhilecompacting
+//                 set-up (below), then readrandom of num keys without
+//                 compaction (the baseline), then readrandom on as many
+//                 threads while one CompactAndWait runs
+//
+// The set-up of the two compaction workloads is untimed: kSetupOverwrites
+// passes of overwrite (num puts each, keys drawn as overwrite draws them), so
+// the log holds (1 + kSetupOverwrites) records per key of which one is live,
+// then a clean close and reopen, which trims the space the store reserves
+// ahead of each data file's end while it is open.
 //
 // Thread safety: RunWorkload starts and joins its own threads; the
 // ValueBuffer is shared read-only between them.
@@ -39,7 +51,12 @@ enum class Workload {
   kReadMissing,
   kDeleteRandom,
   kReopen,
+  kCompact,
+  kReadWhileCompacting,
 };
+
+// Overwrite passes in the set-up of compact and readwhilecompacting.
+inline constexpr int kSetupOverwrites = 3;
 
 // Parses a workload name as spelled on the command line; false if unknown.
 bool ParseWorkload(std::string_view name, Workload* workload);
@@ -64,6 +81,8 @@ bool IsWriteWorkload(Workload workload);
 // Workloads that read what a fill wrote: on an empty directory the bench
 // fills first so their numbers mean something.
 bool NeedsData(Workload workload);
+// compact and readwhilecompacting: they need BenchEngine::SupportsCompaction.
+bool IsCompactionWorkload(Workload workload);
 
 // splitmix64: tiny, fast and good enough to drive key choice. Each thread
 // owns one, so there is no shared state in the timed loop.
@@ -163,13 +182,33 @@ class ValueBuffer {
   std::string data_;
 };
 
+// What compact and readwhilecompacting measure besides the time of their
+// timed part. "Data files" are flat's data-*.log files under --dir, measured
+// with the store closed cleanly (see ReadDataFileBytes).
+struct CompactionResult {
+  double seconds = 0;               // one CompactAndWait, call to return
+  uint64_t log_bytes_read = 0;      // bytes_total of the round (its log bytes)
+  uint64_t tables_compacted = 0;    // by that round
+  uint64_t space_before = 0;        // data files, allocated bytes
+  uint64_t space_after = 0;
+  uint64_t log_bytes_before = 0;    // data files, st_size
+  uint64_t log_bytes_after = 0;
+  uint64_t write_bytes = 0;         // /proc/self/io write_bytes over the
+                                    // compaction (compact) or the reads during
+                                    // it (readwhilecompacting); no set-up
+  double baseline_seconds = 0;      // readwhilecompacting: the reads without
+  uint64_t baseline_ops = 0;        // compaction
+};
+
 // What one timed workload did.
 struct WorkloadResult {
   double seconds = 0;
-  uint64_t ops = 0;     // operations issued (num, or 1 for reopen)
+  uint64_t ops = 0;     // operations issued (num, 1 for reopen and compact, at
+                        // least num for readwhilecompacting)
   uint64_t found = 0;   // gets that hit
   uint64_t errors = 0;  // ops that failed with anything but NotFound
   std::string first_error;  // the first such failure, for stderr
+  CompactionResult compaction;  // compact and readwhilecompacting only
 };
 
 struct WorkloadConfig {
@@ -184,8 +223,14 @@ struct WorkloadConfig {
 
 // Runs "workload" against the open "engine" with config.threads threads that
 // start together; seconds covers the first start to the last finish. Per-op
-// failures are counted, not fatal. Returns an error only if the engine could
-// not be reopened (reopen), after which it is closed.
+// failures (and a failed compaction) are counted, not fatal. Returns an error
+// only if the engine could not be reopened (reopen, and the set-up of the
+// compaction workloads), after which it is closed. The compaction workloads
+// need engine->SupportsCompaction().
+//
+// readwhilecompacting: each reader thread does at least its share of num
+// gets and keeps going until the compaction has finished; seconds and ops
+// cover that whole interval (compaction starts with the readers).
 Status RunWorkload(BenchEngine* engine, Workload workload, const WorkloadConfig& config,
                    WorkloadResult* result);
 

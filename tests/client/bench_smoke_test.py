@@ -6,7 +6,13 @@ contract (shared/DESIGN.md, "Tools"): one JSON object per workload with every
 contract field, all reads of written keys found, all reads of unwritten keys
 missed, no errors. Then checks that the deletes survived a clean close, and
 that a bad command line exits with status 2. For flat with string keys it
-also runs the list with about 100 keys per bucket (--string-slots).
+also runs the list with about 100 keys per bucket (--string-slots). A peer
+must skip the compaction workloads with a note and exit 0.
+
+With --compaction (flat only) it runs compact and readwhilecompacting
+instead, unlimited and with --compaction-mb-per-sec, and checks that
+compaction shrinks the data files to about the live data and that reads
+during it find every key.
 """
 import argparse
 import json
@@ -19,6 +25,18 @@ CONTRACT_FIELDS = ["engine", "workload", "num", "value_size", "threads",
                    "seconds", "ops_per_sec", "mb_per_sec", "rss_bytes",
                    "write_bytes", "disk_bytes"]
 EXTRA_FIELDS = ["found", "write_amp", "errors", "keys"]
+COMPACTION_WORKLOADS = ["compact", "readwhilecompacting"]
+COMPACTION_FIELDS = {
+    "compact": ["compaction_seconds", "compaction_bytes_read",
+                "compaction_mb_per_sec", "compaction_mb_per_sec_limit",
+                "tables_compacted", "space_before", "space_after",
+                "log_bytes_before", "log_bytes_after", "live_bytes",
+                "space_after_over_live"],
+    "readwhilecompacting": ["compaction_seconds", "compaction_bytes_read",
+                            "compaction_mb_per_sec",
+                            "compaction_mb_per_sec_limit", "tables_compacted",
+                            "ops", "baseline_ops_per_sec", "ratio"],
+}
 NUM = 20000
 
 
@@ -45,7 +63,8 @@ def parse_lines(stdout, expected, keys):
             row = json.loads(line)
         except json.JSONDecodeError as e:
             fail("not JSON (%s): %r" % (e, line))
-        missing = [f for f in CONTRACT_FIELDS + EXTRA_FIELDS if f not in row]
+        missing = [f for f in CONTRACT_FIELDS + EXTRA_FIELDS +
+                   COMPACTION_FIELDS.get(workload, []) if f not in row]
         if missing:
             fail("%s: missing fields %s" % (workload, missing))
         if row["workload"] != workload:
@@ -66,6 +85,8 @@ def main():
     ap.add_argument("--engine", required=True)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--keys", choices=["int", "string"], default="int")
+    ap.add_argument("--compaction", action="store_true",
+                    help="run compact and readwhilecompacting (flat only)")
     args = ap.parse_args()
     base = [args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
             "--num", str(NUM), "--value-size", "100", "--threads", "2", "--json"]
@@ -73,7 +94,19 @@ def main():
         # The int case runs without --keys: the default must stay int.
         base += ["--keys", args.keys]
 
+    if args.compaction:
+        if args.engine != "flat":
+            fail("--compaction applies to flat only")
+        check_compaction(args, base, 0)
+        # Paced: 20000 keys of 100 B leave about 10 MB of log, so 20 MB/s
+        # makes the compaction last about half a second.
+        check_compaction(args, base, 20)
+        print("ok: %s, %s keys, compaction" % (args.engine, args.keys))
+        return
+
     check_full_run(args, base)
+    if args.engine != "flat":
+        check_compaction_skipped(args, base)
     if args.engine == "flat" and args.keys == "string":
         # About 100 keys per bucket: every op goes through bucket search,
         # appends and rewrites, and must still find exactly what it wrote.
@@ -92,6 +125,64 @@ def main():
     if p.returncode != 2:
         fail("--string-slots with int keys: expected exit 2, got %d" % p.returncode)
     print("ok: %s, %s keys" % (args.engine, args.keys))
+
+
+def check_compaction(args, base, mb_per_sec):
+    cmd = base + ["--fresh", "--workload", ",".join(COMPACTION_WORKLOADS)]
+    if mb_per_sec:
+        cmd += ["--compaction-mb-per-sec", str(mb_per_sec)]
+    p = run(cmd)
+    if p.returncode != 0:
+        fail("exit status %d" % p.returncode)
+    rows = parse_lines(p.stdout, COMPACTION_WORKLOADS, args.keys)
+    for row in rows.values():
+        if row["compaction_mb_per_sec_limit"] != mb_per_sec:
+            fail("%s: limit %r, expected %d" %
+                 (row["workload"], row["compaction_mb_per_sec_limit"],
+                  mb_per_sec))
+        if row["compaction_seconds"] <= 0 or row["tables_compacted"] < 1:
+            fail("%s: no compaction measured: %r" % (row["workload"], row))
+    c = rows["compact"]
+    if not 0 < c["space_after"] < c["space_before"]:
+        fail("compact: space %d -> %d did not shrink" %
+             (c["space_before"], c["space_after"]))
+    if not 0 < c["log_bytes_after"] < c["log_bytes_before"]:
+        fail("compact: log bytes %d -> %d did not shrink" %
+             (c["log_bytes_before"], c["log_bytes_after"]))
+    if not 0 < c["space_after_over_live"] <= 1.2:
+        fail("compact: space after is %.3f x live" % c["space_after_over_live"])
+    if c["compaction_bytes_read"] <= 0 or c["mb_per_sec"] <= 0:
+        fail("compact: no compaction rate: %r" % c)
+    if mb_per_sec and c["compaction_mb_per_sec"] > 1.5 * mb_per_sec:
+        fail("compact: %.1f MB/s over the %d MB/s limit" %
+             (c["compaction_mb_per_sec"], mb_per_sec))
+    r = rows["readwhilecompacting"]
+    if r["ops"] < NUM:
+        fail("readwhilecompacting: %d reads, expected at least %d" %
+             (r["ops"], NUM))
+    if r["found"] != r["ops"]:
+        fail("readwhilecompacting: found %d of %d during compaction" %
+             (r["found"], r["ops"]))
+    if r["baseline_ops_per_sec"] <= 0 or r["ratio"] <= 0:
+        fail("readwhilecompacting: ratio %r of baseline %r" %
+             (r["ratio"], r["baseline_ops_per_sec"]))
+
+
+def check_compaction_skipped(args, base):
+    # Reuses the database the full run left (every key deleted, so no
+    # pre-fill either way): the workloads are skipped with a note, exit 0.
+    p = run(base + ["--workload", ",".join(COMPACTION_WORKLOADS)])
+    if p.returncode != 0:
+        fail("compaction workloads on %s: exit status %d" %
+             (args.engine, p.returncode))
+    if p.stdout.strip():
+        fail("compaction workloads on %s printed %r" % (args.engine, p.stdout))
+    if "not supported for %s" % args.engine not in p.stderr:
+        fail("no 'not supported for %s' note" % args.engine)
+    p = run(base + ["--workload", "readrandom", "--compaction-mb-per-sec", "5"])
+    if p.returncode != 2:
+        fail("--compaction-mb-per-sec on %s: expected exit 2, got %d" %
+             (args.engine, p.returncode))
 
 
 def check_full_run(args, base):
