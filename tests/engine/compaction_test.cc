@@ -22,18 +22,6 @@ using flatkv::engine::Store;
 
 namespace {
 
-uint64_t DiskBytes(const std::string& dir) {
-  uint64_t total = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
-    struct stat st;
-    if (e.is_regular_file() && e.path().filename().string().rfind("data-", 0) == 0 &&
-        stat(e.path().c_str(), &st) == 0) {
-      total += static_cast<uint64_t>(st.st_size);
-    }
-  }
-  return total;
-}
-
 EngineOptions Options(const std::string& path) {
   EngineOptions o;
   o.path = path;
@@ -104,9 +92,9 @@ TEST_CASE("Compaction keeps every live value and gives back the space of dead on
   }
   uint64_t live = 0;
   for (const auto& [k, v] : model) live += v.size() + 32;
-  const uint64_t before = DiskBytes(o.path);
+  const uint64_t before = flatkv::test::DataFileBytes(o.path);
   REQUIRE(store->CompactAndWait().ok());
-  const uint64_t after = DiskBytes(o.path);
+  const uint64_t after = flatkv::test::DataFileBytes(o.path);
   INFO("log bytes before " << before << ", after " << after << ", live " << live);
   REQUIRE(after < before / 3);
   REQUIRE(after <= live * 11 / 10 + 64 * 1024);  // <= 1.1x live (+ the string buckets)
@@ -148,7 +136,7 @@ TEST_CASE("A removed key stays removed after compaction and a restart", "[engine
   REQUIRE(store->CompactAndWait().ok());
   store.reset();  // an open table keeps space reserved ahead of its logs
   // Only key 8's record is left: the removed key and its tombstones use no space.
-  REQUIRE(DiskBytes(o.path) == 24 + 4 + 8);
+  REQUIRE(flatkv::test::DataFileBytes(o.path) == 24 + 4 + 8);
 }
 
 TEST_CASE("Reads and writes go on while a rate-limited compaction runs", "[engine][compaction]") {

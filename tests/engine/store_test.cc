@@ -19,18 +19,6 @@ using flatkv::engine::Store;
 
 namespace {
 
-// Allocated bytes (st_blocks) of every file under "dir".
-uint64_t DiskBytes(const std::string& dir) {
-  uint64_t total = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
-    struct stat st;
-    if (e.is_regular_file() && stat(e.path().c_str(), &st) == 0) {
-      total += static_cast<uint64_t>(st.st_blocks) * 512;
-    }
-  }
-  return total;
-}
-
 std::string ValueFor(int64_t key, size_t size) {
   std::string v(size, '\0');
   for (size_t i = 0; i < size; ++i) v[i] = static_cast<char>('a' + (key * 31 + i) % 26);
@@ -117,11 +105,11 @@ TEST_CASE("A few hundred random keys over 2^40 cost a few MB, not gigabytes",
     REQUIRE(store->Put(keys.back(), ValueFor(keys.back(), 100)).ok());
   }
   REQUIRE(store->GetStats().segments >= 290);  // nearly one segment per key
-  const uint64_t disk = DiskBytes(o.path);
+  const uint64_t disk = flatkv::test::AllocatedBytes(o.path);
   INFO("disk bytes after 300 random keys: " << disk);
   REQUIRE(disk < 8u << 20);
   store.reset();
-  REQUIRE(DiskBytes(o.path) < 8u << 20);
+  REQUIRE(flatkv::test::AllocatedBytes(o.path) < 8u << 20);
   REQUIRE(Store::Open(o, &store).ok());
   for (int64_t k : keys) {
     std::string v;

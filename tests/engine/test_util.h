@@ -42,6 +42,31 @@ inline void WriteFile(const std::string& path, const std::string& data) {
   out.write(data.data(), static_cast<std::streamsize>(data.size()));
 }
 
+// Allocated bytes (st_blocks) of every file under "dir".
+inline uint64_t AllocatedBytes(const std::string& dir) {
+  uint64_t total = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    struct stat st;
+    if (e.is_regular_file() && stat(e.path().c_str(), &st) == 0) {
+      total += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  return total;
+}
+
+// Sizes (st_size) of the data files (data-*.log) under "dir".
+inline uint64_t DataFileBytes(const std::string& dir) {
+  uint64_t total = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    struct stat st;
+    if (e.is_regular_file() && e.path().filename().string().rfind("data-", 0) == 0 &&
+        stat(e.path().c_str(), &st) == 0) {
+      total += static_cast<uint64_t>(st.st_size);
+    }
+  }
+  return total;
+}
+
 inline uint64_t FileSize(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
