@@ -1,0 +1,368 @@
+// Implementation notes
+//
+// Lock order: StripeOf(key) -> Shard::mu -> flush_mu_ is never held with
+// either (writers waiting for the flushers take only flush_mu_).
+//
+// Why stripes: a safe write must update the cache in the same order as its
+// Store write lands, or two racing writers could leave the cache holding the
+// value the Store did not keep. Holding the key's stripe across "Store write,
+// then cache update" serializes writes per key (not per shard, so sync:
+// always writers to different keys still share group commits). Flushers take
+// the same stripe, so a flush of an older dirty value can never land after a
+// newer safe write.
+//
+// Why Shard::seq: a get that misses reads the Store without locks, then
+// caches what it read only if no write touched the shard meanwhile; otherwise
+// it could cache a value older than one a racing write just put there.
+#include "engine/cache/write_back.h"
+
+#include <spdlog/spdlog.h>
+
+#include "engine/cache/arc.h"
+#include "engine/cache/lru.h"
+
+namespace flatkv::engine::cache {
+namespace {
+
+constexpr uint64_t kDirtyOverhead = 64;
+
+uint64_t DirtyCharge(const std::string& value) { return value.size() + kDirtyOverhead; }
+
+}  // namespace
+
+const char* WriteModeName(WriteMode mode) { return mode == WriteMode::kSafe ? "safe" : "async"; }
+
+bool ParseWriteMode(const std::string& text, WriteMode* mode) {
+  if (text == "safe") {
+    *mode = WriteMode::kSafe;
+  } else if (text == "async") {
+    *mode = WriteMode::kAsync;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+Status WriteBackCache::Open(Store* store, const CacheOptions& options,
+                            std::unique_ptr<WriteBackCache>* result) {
+  if (options.policy != "lru" && options.policy != "arc") {
+    return Status::InvalidArgument("cache.policy: must be lru or arc, not '" + options.policy + "'");
+  }
+  if (options.flush_threads < 1 || options.flush_threads > 64) {
+    return Status::InvalidArgument("cache.flush_threads: must be in [1, 64]");
+  }
+  if (options.flush_interval_ms == 0) {
+    return Status::InvalidArgument("cache.flush_interval_ms: must be positive");
+  }
+  std::unique_ptr<WriteBackCache> cache(new WriteBackCache(store, options));
+  for (int i = 0; i < options.flush_threads; ++i) {
+    cache->flushers_.emplace_back([c = cache.get(), i] { c->FlusherLoop(i); });
+  }
+  *result = std::move(cache);
+  return Status::OK();
+}
+
+WriteBackCache::WriteBackCache(Store* store, const CacheOptions& options)
+    : store_(store), options_(options), mode_(options.mode) {
+  const uint64_t per_shard = options.capacity_bytes / kShards;
+  for (Shard& s : shards_) {
+    if (options.policy == "lru") {
+      s.policy = std::make_unique<LruPolicy>(per_shard);
+    } else {
+      s.policy = std::make_unique<ArcPolicy>(per_shard);
+    }
+  }
+}
+
+WriteBackCache::~WriteBackCache() {
+  Status st = Close();
+  if (!st.ok()) spdlog::error("closing the cache: {}", st.ToString());
+}
+
+uint64_t WriteBackCache::Hash(int64_t key) {
+  uint64_t z = static_cast<uint64_t>(key) + 0x9e3779b97f4a7c15ull;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::string WriteBackCache::PolicyKey(int64_t key) {
+  return std::string(reinterpret_cast<const char*>(&key), sizeof(key));
+}
+
+Status WriteBackCache::Get(int64_t key, std::string* value) {
+  Shard& s = ShardOf(key);
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.dirty.find(key);
+    if (it != s.dirty.end()) {
+      if (it->second.remove) return Status::NotFound("key " + std::to_string(key));
+      *value = it->second.value;
+      return Status::OK();
+    }
+    if (s.policy->Lookup(PolicyKey(key), value)) return Status::OK();
+    seq = s.seq;
+  }
+  std::string v;
+  FLATKV_RETURN_IF_ERROR(store_->Get(key, &v));  // NotFound is never cached
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.seq == seq) s.policy->Insert(PolicyKey(key), v);
+  }
+  *value = std::move(v);
+  return Status::OK();
+}
+
+void WriteBackCache::DropDirtyLocked(Shard& s, int64_t key) {
+  auto it = s.dirty.find(key);
+  if (it == s.dirty.end()) return;
+  dirty_bytes_ -= DirtyCharge(it->second.value);
+  --dirty_entries_;
+  s.dirty.erase(it);
+  drained_cv_.notify_all();
+}
+
+Status WriteBackCache::WriteSafe(int64_t key, const Dirty& op) {
+  Shard& s = ShardOf(key);
+  std::lock_guard<std::mutex> stripe(StripeOf(key));
+  FLATKV_RETURN_IF_ERROR(op.remove ? store_->Remove(key, nullptr) : store_->Put(key, op.value));
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++s.seq;
+  DropDirtyLocked(s, key);  // an older async write, superseded
+  if (op.remove) {
+    s.policy->Erase(PolicyKey(key));
+  } else {
+    s.policy->Insert(PolicyKey(key), op.value);
+  }
+  return Status::OK();
+}
+
+void WriteBackCache::WaitForRoom() {
+  if (dirty_bytes_.load() <= options_.max_dirty_bytes) return;
+  // Back-pressure: wait for the flushers instead of growing.
+  ++writer_waits_;
+  std::unique_lock<std::mutex> f(flush_mu_);
+  flush_cv_.notify_all();
+  drained_cv_.wait(f, [&] { return dirty_bytes_.load() <= options_.max_dirty_bytes || stopping_; });
+}
+
+bool WriteBackCache::TryWriteAsync(int64_t key, Dirty* op) {
+  Shard& s = ShardOf(key);
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (mode_.load() != WriteMode::kAsync) return false;
+  op->version = next_version_++;
+  ++s.seq;
+  s.policy->Erase(PolicyKey(key));  // the dirty map holds the newest value
+  auto [it, inserted] = s.dirty.try_emplace(key);
+  if (inserted) {
+    ++dirty_entries_;
+  } else {
+    ++coalesced_;
+    dirty_bytes_ -= DirtyCharge(it->second.value);
+  }
+  dirty_bytes_ += DirtyCharge(op->value);
+  it->second = std::move(*op);
+  return true;
+}
+
+Status WriteBackCache::Put(int64_t key, std::string_view value) {
+  Dirty op;
+  op.value.assign(value.data(), value.size());
+  if (mode_.load() == WriteMode::kAsync) {
+    WaitForRoom();
+    if (TryWriteAsync(key, &op)) return Status::OK();
+  }
+  return WriteSafe(key, op);
+}
+
+Status WriteBackCache::Remove(int64_t key, bool* existed) {
+  if (mode_.load() == WriteMode::kAsync) WaitForRoom();
+  Shard& s = ShardOf(key);
+  std::lock_guard<std::mutex> stripe(StripeOf(key));
+  bool present = false;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.dirty.find(key);
+    if (it != s.dirty.end()) {
+      present = !it->second.remove;
+    } else {
+      std::string ignored;
+      present = s.policy->Lookup(PolicyKey(key), &ignored) || store_->Exists(key).ok();
+    }
+  }
+  if (existed != nullptr) *existed = present;
+  Dirty op;
+  op.remove = true;
+  if (mode_.load() == WriteMode::kAsync && TryWriteAsync(key, &op)) return Status::OK();
+  FLATKV_RETURN_IF_ERROR(store_->Remove(key, nullptr));
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++s.seq;
+  DropDirtyLocked(s, key);
+  s.policy->Erase(PolicyKey(key));
+  return Status::OK();
+}
+
+Status WriteBackCache::Append(int64_t key, std::string_view value) {
+  if (mode_.load() == WriteMode::kAsync) WaitForRoom();
+  Shard& s = ShardOf(key);
+  std::lock_guard<std::mutex> stripe(StripeOf(key));
+  // The current value: dirty, cached, or in the Store.
+  std::string current;
+  bool dirty = false;
+  bool dirty_remove = false;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.dirty.find(key);
+    if (it != s.dirty.end()) {
+      dirty = true;
+      dirty_remove = it->second.remove;
+      if (!dirty_remove) current = it->second.value;
+    }
+  }
+  if (mode_.load() == WriteMode::kAsync) {
+    if (!dirty) {
+      Status st = Get(key, &current);
+      if (!st.ok() && !st.IsNotFound()) return st;
+    }
+    Dirty op;
+    op.value = current;
+    op.value.append(value.data(), value.size());
+    if (TryWriteAsync(key, &op)) return Status::OK();
+  }
+  // Safe: land any older dirty value first, then append in the Store.
+  if (dirty) {
+    FLATKV_RETURN_IF_ERROR(dirty_remove ? store_->Remove(key, nullptr) : store_->Put(key, current));
+  }
+  FLATKV_RETURN_IF_ERROR(store_->Append(key, value));
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++s.seq;
+  DropDirtyLocked(s, key);
+  s.policy->Erase(PolicyKey(key));  // the whole value is in the Store only
+  return Status::OK();
+}
+
+Status WriteBackCache::FlushKey(Shard& s, int64_t key, uint64_t version, bool* wrote) {
+  *wrote = false;
+  std::lock_guard<std::mutex> stripe(StripeOf(key));
+  Dirty op;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.dirty.find(key);
+    if (it == s.dirty.end() || it->second.version != version) return Status::OK();
+    op = it->second;
+  }
+  FLATKV_RETURN_IF_ERROR(op.remove ? store_->Remove(key, nullptr) : store_->Put(key, op.value));
+  ++flushes_;
+  *wrote = true;
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.dirty.find(key);
+  if (it != s.dirty.end() && it->second.version == version) {
+    dirty_bytes_ -= DirtyCharge(it->second.value);
+    --dirty_entries_;
+    s.dirty.erase(it);
+    if (!op.remove) s.policy->Insert(PolicyKey(key), op.value);  // now clean
+  }
+  return Status::OK();
+}
+
+Status WriteBackCache::FlushShard(Shard& s) {
+  std::vector<std::pair<int64_t, uint64_t>> todo;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    todo.reserve(s.dirty.size());
+    for (const auto& [key, d] : s.dirty) todo.emplace_back(key, d.version);
+  }
+  Status result;
+  for (const auto& [key, version] : todo) {
+    bool wrote;
+    Status st = FlushKey(s, key, version, &wrote);
+    if (!st.ok() && result.ok()) result = st;
+  }
+  if (!todo.empty()) drained_cv_.notify_all();
+  return result;
+}
+
+void WriteBackCache::FlusherLoop(int index) {
+  std::unique_lock<std::mutex> f(flush_mu_);
+  while (!stopping_) {
+    flush_cv_.wait_for(f, std::chrono::milliseconds(options_.flush_interval_ms));
+    if (stopping_) break;
+    f.unlock();
+    Status result;
+    for (size_t i = static_cast<size_t>(index); i < kShards;
+         i += static_cast<size_t>(options_.flush_threads)) {
+      Status st = FlushShard(shards_[i]);
+      if (!st.ok() && result.ok()) result = st;
+    }
+    f.lock();
+    if (!result.ok()) {
+      spdlog::error("cache flush: {} (the entries stay dirty and are retried)", result.ToString());
+      flush_error_ = result;
+    }
+    drained_cv_.notify_all();
+  }
+}
+
+Status WriteBackCache::Flush() {
+  Status result;
+  // Repeat while entries remain: a pass skips keys re-dirtied meanwhile.
+  for (int pass = 0; pass < 100 && dirty_entries_.load() > 0; ++pass) {
+    for (Shard& s : shards_) {
+      Status st = FlushShard(s);
+      if (!st.ok()) return st;
+    }
+  }
+  return result;
+}
+
+Status WriteBackCache::SetMode(WriteMode mode) {
+  if (mode == WriteMode::kAsync) {
+    mode_.store(mode);
+    return Status::OK();
+  }
+  // No async write may add a dirty entry once this returns: switch under
+  // every shard lock, then drain.
+  for (Shard& s : shards_) s.mu.lock();
+  mode_.store(WriteMode::kSafe);
+  for (Shard& s : shards_) s.mu.unlock();
+  drained_cv_.notify_all();
+  return Flush();
+}
+
+Status WriteBackCache::Close() {
+  {
+    std::lock_guard<std::mutex> f(flush_mu_);
+    if (closed_) return Status::OK();
+    closed_ = true;
+  }
+  Status st = SetMode(WriteMode::kSafe);
+  {
+    std::lock_guard<std::mutex> f(flush_mu_);
+    stopping_ = true;
+  }
+  flush_cv_.notify_all();
+  drained_cv_.notify_all();
+  for (std::thread& t : flushers_) t.join();
+  return st;
+}
+
+CacheStats WriteBackCache::stats() const {
+  CacheStats c;
+  for (const Shard& s : shards_) {
+    std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(s.mu));
+    const PolicyStats p = s.policy->stats();
+    c.hits += p.hits;
+    c.misses += p.misses;
+    c.evictions += p.evictions;
+    c.clean_bytes += p.bytes;
+  }
+  c.dirty_bytes = dirty_bytes_.load();
+  c.dirty_entries = dirty_entries_.load();
+  c.flushes = flushes_.load();
+  c.coalesced = coalesced_.load();
+  c.writer_waits = writer_waits_.load();
+  return c;
+}
+
+}  // namespace flatkv::engine::cache

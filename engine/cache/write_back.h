@@ -1,0 +1,144 @@
+// WriteBackCache: the cache in front of the Store, with the two write modes
+// of the paper (§2.9), switchable at run time.
+//
+//   safe:  a write reaches the Store (honouring storage.sync) before it
+//          returns, then updates the cache.
+//   async: a write returns once it is in the cache, marked dirty; flusher
+//          threads write dirty keys within flush_interval_ms, so repeated
+//          updates of one key cost one Store write (coalescing). Past
+//          max_dirty_bytes, writers wait for the flushers.
+//
+// Dirty entries live in a per-shard map outside the replacement policy, so
+// eviction never drops one; a flushed entry becomes a clean policy entry.
+// A get always returns the newest acknowledged value: dirty map, then
+// policy, then Store. Absent keys are never cached.
+//
+// Thread safety: all methods may be called from any thread. Locks: a
+// per-key stripe (orders a key's Store write against its cache update and
+// against flushers), then a shard mutex (cache state); gets take only the
+// shard mutex. See engine/CONCURRENCY.md.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/cache/policy.h"
+#include "engine/status.h"
+#include "engine/store.h"
+
+namespace flatkv::engine::cache {
+
+enum class WriteMode { kSafe, kAsync };
+const char* WriteModeName(WriteMode mode);
+bool ParseWriteMode(const std::string& text, WriteMode* mode);
+
+struct CacheOptions {
+  std::string policy = "arc";               // cache.policy: "lru" | "arc"
+  uint64_t capacity_bytes = 256ull << 20;   // cache.capacity_bytes (clean entries)
+  WriteMode mode = WriteMode::kSafe;        // write_mode
+  int flush_threads = 2;                    // cache.flush_threads
+  uint32_t flush_interval_ms = 100;         // cache.flush_interval_ms
+  uint64_t max_dirty_bytes = 64ull << 20;   // cache.max_dirty_bytes
+};
+
+struct CacheStats {
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t evictions = 0;
+  uint64_t clean_bytes = 0;
+  uint64_t dirty_bytes = 0;
+  uint64_t dirty_entries = 0;
+  uint64_t flushes = 0;          // Store writes done by flushers
+  uint64_t coalesced = 0;        // async writes that replaced a dirty entry
+  uint64_t writer_waits = 0;     // async writes that waited for the flushers
+};
+
+class WriteBackCache {
+ public:
+  // "store" must outlive the cache. InvalidArgument for a bad policy name.
+  static Status Open(Store* store, const CacheOptions& options,
+                     std::unique_ptr<WriteBackCache>* result);
+  // Flushes everything dirty and stops the flushers (Close()).
+  ~WriteBackCache();
+
+  Status Get(int64_t key, std::string* value);
+  Status Put(int64_t key, std::string_view value);
+  Status Remove(int64_t key, bool* existed = nullptr);
+  // In async mode the new whole value is computed now (from the cache or the
+  // Store) and written as one dirty put.
+  Status Append(int64_t key, std::string_view value);
+
+  // Safe -> async takes effect at once; async -> safe returns once every
+  // dirty entry is in the Store.
+  Status SetMode(WriteMode mode);
+  WriteMode mode() const { return mode_.load(); }
+  // Writes every dirty entry to the Store; returns the first error.
+  Status Flush();
+  Status Close();
+  CacheStats stats() const;
+
+  WriteBackCache(const WriteBackCache&) = delete;
+  WriteBackCache& operator=(const WriteBackCache&) = delete;
+
+ private:
+  struct Dirty {
+    bool remove = false;
+    std::string value;
+    uint64_t version = 0;
+  };
+  struct Shard {
+    std::mutex mu;
+    std::unique_ptr<Policy> policy;                 // GUARDED_BY(mu)
+    std::unordered_map<int64_t, Dirty> dirty;       // GUARDED_BY(mu)
+    uint64_t seq = 0;                               // GUARDED_BY(mu): bumped by each write
+  };
+  static constexpr size_t kShards = 16;
+  static constexpr size_t kStripes = 256;
+
+  WriteBackCache(Store* store, const CacheOptions& options);
+  Shard& ShardOf(int64_t key) { return shards_[Hash(key) % kShards]; }
+  std::mutex& StripeOf(int64_t key) { return stripes_[Hash(key) / kShards % kStripes]; }
+  static uint64_t Hash(int64_t key);
+  static std::string PolicyKey(int64_t key);
+  Status WriteSafe(int64_t key, const Dirty& op);
+  // Waits (holding no lock) while dirty bytes exceed max_dirty_bytes.
+  void WaitForRoom();
+  // Adds a dirty entry if the mode is still async (checked under the shard
+  // lock); false if it is safe now and the caller must write through.
+  bool TryWriteAsync(int64_t key, Dirty* op);
+  // Drops key's dirty entry (after a write-through superseded it).
+  void DropDirtyLocked(Shard& s, int64_t key);
+  // Writes one dirty entry if it is still the one seen; true if it wrote.
+  Status FlushKey(Shard& shard, int64_t key, uint64_t version, bool* wrote);
+  Status FlushShard(Shard& shard);
+  void FlusherLoop(int index);
+
+  Store* const store_;
+  const CacheOptions options_;
+  std::atomic<WriteMode> mode_;
+  Shard shards_[kShards];
+  std::mutex stripes_[kStripes];
+  std::atomic<uint64_t> next_version_{1};
+  std::atomic<uint64_t> dirty_bytes_{0};
+  std::atomic<uint64_t> dirty_entries_{0};
+  std::atomic<uint64_t> flushes_{0};
+  std::atomic<uint64_t> coalesced_{0};
+  std::atomic<uint64_t> writer_waits_{0};
+
+  std::mutex flush_mu_;
+  std::condition_variable flush_cv_;    // wakes flushers
+  std::condition_variable drained_cv_;  // dirty bytes went down
+  bool stopping_ = false;               // GUARDED_BY(flush_mu_)
+  std::vector<std::thread> flushers_;
+  Status flush_error_;                  // GUARDED_BY(flush_mu_)
+  bool closed_ = false;                 // GUARDED_BY(flush_mu_)
+};
+
+}  // namespace flatkv::engine::cache
