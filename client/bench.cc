@@ -50,7 +50,27 @@ struct Report {
   double baseline_ops_per_sec = 0;
   double ratio = 0;                    // ops_per_sec / baseline_ops_per_sec
   double compaction_mb_per_sec = 0;    // log bytes read / compaction seconds
+  // --cache only: the cache's counters over the workload, and for write
+  // workloads the engine writes per put (1 in safe mode, flushes / puts in
+  // async mode, where the workload ends with a flush).
+  BenchCacheStats cache;
+  double engine_writes_per_put = 0;
 };
+
+// b - a for counters that restart at 0 when the engine reopens (reopen, the
+// compaction workloads' set-up): then the count since that open.
+uint64_t CounterDelta(uint64_t before, uint64_t after) {
+  return after >= before ? after - before : after;
+}
+
+BenchCacheStats CacheDelta(const BenchCacheStats& a, const BenchCacheStats& b) {
+  BenchCacheStats d;
+  d.hits = CounterDelta(a.hits, b.hits);
+  d.misses = CounterDelta(a.misses, b.misses);
+  d.flushes = CounterDelta(a.flushes, b.flushes);
+  d.coalesced = CounterDelta(a.coalesced, b.coalesced);
+  return d;
+}
 
 // Record overhead of flat's log: a 24-byte header and the 8-byte key.
 constexpr uint64_t kFlatRecordOverhead = 32;
@@ -127,11 +147,26 @@ double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 // With --keys string: (flat, 100 B, str keys, 1 thr).
 void PrintText(const BenchFlags& f, Workload w, const Report& rep) {
   std::string extra;
-  if (w == Workload::kReadRandom || w == Workload::kReadMissing) {
+  if (w == Workload::kReadRandom || w == Workload::kReadMissing || w == Workload::kZipfRead) {
     extra += ", " + std::to_string(rep.found) + " of " + std::to_string(rep.ops) + " found";
   }
   if (rep.errors > 0) extra += ", " + std::to_string(rep.errors) + " errors";
   if (f.sync) extra += ", sync";
+  if (CacheEnabled(f)) {
+    char buf[160];
+    uint64_t lookups = rep.cache.hits + rep.cache.misses;
+    std::snprintf(buf, sizeof(buf), ", cache %s %s", f.cache.c_str(),
+                  f.write_async ? "async" : "safe");
+    extra += buf;
+    if (lookups > 0) {
+      std::snprintf(buf, sizeof(buf), ", %.1f%% hits", 100.0 * rep.cache.hits / lookups);
+      extra += buf;
+    }
+    if (IsWriteWorkload(w)) {
+      std::snprintf(buf, sizeof(buf), ", %.3f engine writes/put", rep.engine_writes_per_put);
+      extra += buf;
+    }
+  }
   if (IsCompactionWorkload(w) && f.compaction_mb_per_sec > 0) {
     extra += ", limit " + std::to_string(f.compaction_mb_per_sec) + " MB/s";
   }
@@ -194,6 +229,14 @@ void PrintJson(const BenchFlags& f, Workload w, const Report& rep) {
       rep.mb_per_sec, rep.rss_bytes, rep.write_bytes, rep.disk_bytes, rep.found,
       rep.write_amp, rep.errors, KeyKindName(f.keys));
   if (IsCompactionWorkload(w)) PrintCompactionJson(f, w, rep);
+  if (CacheEnabled(f)) {
+    std::printf(",\"cache\":\"%s\",\"write_mode\":\"%s\",\"cache_hits\":%" PRIu64
+                ",\"cache_misses\":%" PRIu64 ",\"cache_flushes\":%" PRIu64
+                ",\"cache_coalesced\":%" PRIu64 ",\"engine_writes_per_put\":%.4f",
+                f.cache.c_str(), f.write_async ? "async" : "safe", rep.cache.hits,
+                rep.cache.misses, rep.cache.flushes, rep.cache.coalesced,
+                rep.engine_writes_per_put);
+  }
   std::printf("}\n");
 }
 
@@ -261,9 +304,12 @@ int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
       continue;
     }
     WorkloadResult r;
+    BenchCacheStats cache_before, cache_after;
+    engine->GetCacheStats(&cache_before);
     uint64_t before = ReadIoWriteBytes();
     Status s = RunWorkload(engine, w, MakeConfig(f, open_options, &values, static_cast<int>(i)), &r);
     uint64_t after = ReadIoWriteBytes();
+    engine->GetCacheStats(&cache_after);
     if (!s.ok()) {
       // Only a failed reopen gets here; the database is closed now.
       *open = false;
@@ -276,6 +322,18 @@ int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
                            : after >= before      ? after - before
                                                   : 0;
     Report rep = MakeReport(f, w, r, write_bytes);
+    if (CacheEnabled(f)) {
+      rep.cache = CacheDelta(cache_before, cache_after);
+      // Safe mode writes through: each put is one engine write. Async mode
+      // writes what the flushers wrote, all of it by the end of the
+      // workload's timed flush.
+      if (IsWriteWorkload(w) && f.num > 0) {
+        rep.engine_writes_per_put =
+            f.write_async && f.keys == KeyKind::kInt  // string keys bypass the cache
+                ? static_cast<double>(rep.cache.flushes) / static_cast<double>(f.num)
+                : 1.0;
+      }
+    }
     if (f.json) {
       PrintJson(f, w, rep);
     } else {
@@ -313,6 +371,12 @@ int RunEngineBench(const BenchFlags& f) {
   options.data_files = f.data_files;
   options.string_slots = StringSlotsFor(f);
   options.compaction_mb_per_sec = f.compaction_mb_per_sec;
+  if (CacheEnabled(f)) {
+    options.cache_policy = f.cache;
+    options.cache_bytes = f.cache_bytes;
+    options.write_async = f.write_async;
+    options.flush_interval_ms = f.flush_interval_ms;
+  }
   for (Workload w : f.workloads) {
     if (IsCompactionWorkload(w)) options.auto_compaction = false;
   }

@@ -57,6 +57,20 @@ struct BenchEngineOptions {
   // run it (peers' numbers include their compactions too). Off only when
   // the run measures compaction itself.
   bool auto_compaction = true;
+  // flat only: a WriteBackCache (engine/cache/write_back.h) in front of the
+  // Store for integer keys. Empty policy = no cache (string keys never use it).
+  std::string cache_policy;             // "" | "lru" | "arc"
+  uint64_t cache_bytes = 0;             // CacheOptions::capacity_bytes
+  bool write_async = false;             // WriteMode::kAsync instead of kSafe
+  uint32_t flush_interval_ms = 100;     // CacheOptions::flush_interval_ms
+};
+
+// Counters of flat's WriteBackCache since it was opened (CacheStats).
+struct BenchCacheStats {
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t flushes = 0;    // Store writes done by the flushers (async mode)
+  uint64_t coalesced = 0;  // async writes that replaced a dirty entry
 };
 
 // Progress of the engine's compaction on request (flat's CompactionStatus).
@@ -112,6 +126,14 @@ class BenchEngine {
   virtual Status GetCompactionStatus(BenchCompactionStatus* /*status*/) const {
     return Status::InvalidArgument(std::string(name()) + ": compaction not supported");
   }
+
+  // flat with --cache only. True if integer-key writes are written back
+  // (async mode): they reach the engine only on a flush.
+  virtual bool CacheWritesBack() const { return false; }
+  // Writes every dirty cache entry to the engine (no-op without a cache).
+  virtual Status FlushCache() { return Status::OK(); }
+  // Fills *stats and returns true if the engine has a cache open.
+  virtual bool GetCacheStats(BenchCacheStats* /*stats*/) const { return false; }
 };
 
 // Engine names flatkv-bench knows, compiled in or not, in usage order.

@@ -15,6 +15,8 @@ constexpr uint64_t kMaxNum = uint64_t{1} << 60;
 constexpr uint64_t kMinAutoStringSlots = 1024;
 // Highest --compaction-mb-per-sec: 1 TB/s, unlimited in practice.
 constexpr uint64_t kMaxCompactionMbPerSec = 1000000;
+// Highest --flush-interval-ms: one hour.
+constexpr uint64_t kMaxFlushIntervalMs = 3600000;
 
 // Parses a whole decimal string into [lo, hi]; anything else (sign, suffix,
 // empty, overflow) is an error naming the flag.
@@ -93,6 +95,27 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
   } else if (name == "compaction-mb-per-sec") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 0, kMaxCompactionMbPerSec, &n));
     f->compaction_mb_per_sec = static_cast<uint32_t>(n);
+  } else if (name == "cache") {
+    if (value != "lru" && value != "arc" && value != "none") {
+      return Status::InvalidArgument("--cache: expected lru|arc|none, got '" +
+                                     std::string(value) + "'");
+    }
+    f->cache = value;
+    f->cache_flags_given = true;
+  } else if (name == "cache-bytes") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxNum, &f->cache_bytes));
+    f->cache_flags_given = true;
+  } else if (name == "write-mode") {
+    if (value != "safe" && value != "async") {
+      return Status::InvalidArgument("--write-mode: expected safe|async, got '" +
+                                     std::string(value) + "'");
+    }
+    f->write_async = value == "async";
+    f->cache_flags_given = true;
+  } else if (name == "flush-interval-ms") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxFlushIntervalMs, &n));
+    f->flush_interval_ms = static_cast<uint32_t>(n);
+    f->cache_flags_given = true;
   } else {
     return Status::InvalidArgument("unknown flag --" + std::string(name));
   }
@@ -110,6 +133,16 @@ Status Validate(const BenchFlags& f) {
     return Status::InvalidArgument(
         "--index-item-bytes, --data-files and --compaction-mb-per-sec apply only to "
         "--engine flat");
+  }
+  if (f.engine != "flat" && f.cache_flags_given) {
+    return Status::InvalidArgument(
+        "--cache, --cache-bytes, --write-mode and --flush-interval-ms apply only to "
+        "--engine flat");
+  }
+  if (f.cache == "none" && (f.write_async || f.cache_bytes != (uint64_t{64} << 20) ||
+                            f.flush_interval_ms != 100)) {
+    return Status::InvalidArgument(
+        "--cache-bytes, --write-mode async and --flush-interval-ms need --cache lru|arc");
   }
   if (f.string_slots != 0 && (f.engine != "flat" || f.keys != KeyKind::kString)) {
     return Status::InvalidArgument("--string-slots applies only to --engine flat --keys string");
@@ -203,6 +236,17 @@ void PrintBenchUsage(std::FILE* out) {
       "                      (default 0 = unlimited); flat never compacts by\n"
       "                      itself in the bench, only in compact and\n"
       "                      readwhilecompacting\n"
+      "  --cache lru|arc|none\n"
+      "                      flat only: put a WriteBackCache with this policy in\n"
+      "                      front of the Store for integer keys (default none;\n"
+      "                      string keys always go to the Store)\n"
+      "  --cache-bytes N     flat with --cache: clean-entry capacity (default 64 MiB)\n"
+      "  --write-mode safe|async\n"
+      "                      flat with --cache: write through, or write back by\n"
+      "                      flusher threads (default safe); async write\n"
+      "                      workloads end with a timed Flush()\n"
+      "  --flush-interval-ms N\n"
+      "                      flat with --cache: flusher period (default 100)\n"
       "  --help              this text\n"
       "\n"
       "If the first workload reads, overwrites or deletes and --dir is empty, the\n"

@@ -34,7 +34,16 @@ struct BenchFlags {
   KeyKind keys = KeyKind::kInt;           // --keys int|string
   uint64_t string_slots = 0;              // --string-slots (flat, string keys), 0 = auto
   uint32_t compaction_mb_per_sec = 0;     // --compaction-mb-per-sec (flat), 0 = unlimited
+  // flat only: the WriteBackCache in front of the Store (engine/cache/).
+  std::string cache = "none";             // --cache lru|arc|none
+  uint64_t cache_bytes = uint64_t{64} << 20;  // --cache-bytes: clean-entry capacity
+  bool write_async = false;               // --write-mode safe|async
+  uint32_t flush_interval_ms = 100;       // --flush-interval-ms (async flushers)
+  bool cache_flags_given = false;         // any of the four above was on the command line
 };
+
+// True if --cache is lru or arc (not none).
+inline bool CacheEnabled(const BenchFlags& flags) { return flags.cache != "none"; }
 
 // The string_slots flat gets with --keys string: --string-slots if given,
 // else the smallest power of two >= num and >= 1024, so that a bucket holds

@@ -15,7 +15,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <latch>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -42,6 +44,7 @@ constexpr WorkloadInfo kWorkloads[] = {
     {Workload::kReadMissing, "readmissing"}, {Workload::kDeleteRandom, "deleterandom"},
     {Workload::kReopen, "reopen"},           {Workload::kCompact, "compact"},
     {Workload::kReadWhileCompacting, "readwhilecompacting"},
+    {Workload::kZipfOverwrite, "zipfoverwrite"}, {Workload::kZipfRead, "zipfread"},
 };
 
 // Phases of the compaction workloads that draw keys: the set-up's overwrite
@@ -104,12 +107,57 @@ struct RandomKeys {
   int64_t operator()(uint64_t) { return static_cast<int64_t>(base + rng.Uniform(n)); }
 };
 
+// The Zipf(kZipfTheta) CDF over ranks [0, n), with a guide table: guide_[j]
+// is the first rank whose CDF exceeds j / kGuide, so a draw binary-searches
+// only the ranks between two guide entries.
+class ZipfTable {
+ public:
+  ZipfTable(uint64_t n, uint64_t seed) : cdf_(n), permutation_(n, seed) {
+    double sum = 0;
+    for (uint64_t r = 0; r < n; ++r) {
+      sum += 1.0 / std::pow(static_cast<double>(r + 1), kZipfTheta);
+      cdf_[r] = sum;
+    }
+    for (double& c : cdf_) c /= sum;
+    cdf_.back() = 1.0;  // every u < 1 lands below n
+    guide_.resize(kGuide + 1);
+    uint64_t r = 0;
+    for (size_t j = 0; j <= kGuide; ++j) {
+      double u = static_cast<double>(j) / kGuide;
+      while (r + 1 < n && cdf_[r] <= u) ++r;
+      guide_[j] = r;
+    }
+  }
+  // The key of one draw: a Zipf rank, scattered over [0, n).
+  int64_t Draw(Rng& rng) const {
+    double u = static_cast<double>(rng.Next() >> 11) * 0x1.0p-53;  // [0, 1)
+    size_t j = static_cast<size_t>(u * kGuide);
+    auto lo = cdf_.begin() + static_cast<ptrdiff_t>(guide_[j]);
+    auto hi = cdf_.begin() + static_cast<ptrdiff_t>(guide_[j + 1]) + 1;
+    uint64_t rank = static_cast<uint64_t>(std::upper_bound(lo, hi, u) - cdf_.begin());
+    return static_cast<int64_t>(permutation_(rank));
+  }
+
+ private:
+  static constexpr size_t kGuide = 1 << 16;
+  std::vector<double> cdf_;
+  std::vector<uint64_t> guide_;
+  KeyPermutation permutation_;
+};
+
+struct ZipfKeys {
+  Rng rng;
+  const ZipfTable* table;
+  int64_t operator()(uint64_t) { return table->Draw(rng); }
+};
+
 enum class Op { kPut, kGet, kDelete };
 
 Op OpOf(Workload w) {
   switch (w) {
     case Workload::kReadRandom:
     case Workload::kReadMissing:
+    case Workload::kZipfRead:
       return Op::kGet;
     case Workload::kDeleteRandom:
       return Op::kDelete;
@@ -197,7 +245,8 @@ uint64_t ThreadSeed(const WorkloadConfig& c, int t) {
 // The body of thread "t": picks its slice and key source, then runs it.
 template <KeyKind kKind>
 void RunThread(BenchEngine* engine, Workload w, const WorkloadConfig& c,
-               const KeyPermutation& permutation, int t, ThreadResult* r) {
+               const KeyPermutation& permutation, const ZipfTable* zipf, int t,
+               ThreadResult* r) {
   uint64_t threads = static_cast<uint64_t>(c.threads);
   uint64_t begin = c.num * t / threads;
   uint64_t end = c.num * (t + 1) / threads;
@@ -215,6 +264,10 @@ void RunThread(BenchEngine* engine, Workload w, const WorkloadConfig& c,
       break;
     case Workload::kReadMissing:
       RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, c.num}, begin, end, values, value_pos, r);
+      break;
+    case Workload::kZipfOverwrite:
+    case Workload::kZipfRead:
+      RunSlice<kKind>(engine, op, ZipfKeys{rng, zipf}, begin, end, values, value_pos, r);
       break;
     default:  // overwrite, readrandom
       RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, 0}, begin, end, values, value_pos, r);
@@ -444,7 +497,7 @@ const char* WorkloadName(Workload workload) {
 
 const char* WorkloadNameList() {
   return "fillseq|fillrandom|overwrite|readrandom|readmissing|deleterandom|reopen|"
-         "compact|readwhilecompacting";
+         "compact|readwhilecompacting|zipfoverwrite|zipfread";
 }
 
 bool ParseKeyKind(std::string_view name, KeyKind* kind) {
@@ -464,13 +517,14 @@ uint64_t KeyBytes(KeyKind kind) { return kind == KeyKind::kString ? kStringKeyBy
 
 bool IsWriteWorkload(Workload w) {
   return w == Workload::kFillSeq || w == Workload::kFillRandom ||
-         w == Workload::kOverwrite || w == Workload::kDeleteRandom;
+         w == Workload::kOverwrite || w == Workload::kDeleteRandom ||
+         w == Workload::kZipfOverwrite;
 }
 
 bool NeedsData(Workload w) {
   return w == Workload::kOverwrite || w == Workload::kReadRandom ||
          w == Workload::kReadMissing || w == Workload::kDeleteRandom ||
-         IsCompactionWorkload(w);
+         w == Workload::kZipfOverwrite || w == Workload::kZipfRead || IsCompactionWorkload(w);
 }
 
 bool IsCompactionWorkload(Workload w) {
@@ -520,15 +574,31 @@ Status RunWorkload(BenchEngine* engine, Workload workload, const WorkloadConfig&
 
   KeyPermutation permutation(config.num,
                              MixSeed(config.seed + static_cast<uint64_t>(config.position)));
+  // Built before the threads start: the CDF is not part of the timed loop.
+  // Its permutation depends on the seed alone, so every Zipf workload of a
+  // run (and of runs with the same --seed) has the same hot keys.
+  std::unique_ptr<ZipfTable> zipf;
+  if (workload == Workload::kZipfOverwrite || workload == Workload::kZipfRead) {
+    zipf = std::make_unique<ZipfTable>(config.num, MixSeed(config.seed ^ 0x7a697066ULL));
+  }
   std::vector<ThreadResult> per_thread(config.threads);
   Clock::time_point start = RunTogether(config.threads, [&](int t) {
     if (config.keys == KeyKind::kString) {
-      RunThread<KeyKind::kString>(engine, workload, config, permutation, t, &per_thread[t]);
+      RunThread<KeyKind::kString>(engine, workload, config, permutation, zipf.get(), t,
+                                  &per_thread[t]);
     } else {
-      RunThread<KeyKind::kInt>(engine, workload, config, permutation, t, &per_thread[t]);
+      RunThread<KeyKind::kInt>(engine, workload, config, permutation, zipf.get(), t,
+                               &per_thread[t]);
     }
   });
   Summarize(per_thread, start, result);
+  // A write-back cache has acknowledged writes the engine has not seen yet:
+  // the workload ends when they are in, so the flush is timed too.
+  if (IsWriteWorkload(workload) && engine->CacheWritesBack()) {
+    Status s = engine->FlushCache();
+    if (!s.ok()) AddFailure(s, "cache flush", result);
+    result->seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  }
   result->ops = config.num;
   return Status::OK();
 }

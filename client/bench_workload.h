@@ -22,6 +22,18 @@
 //                 set-up (below), then readrandom of num keys without
 //                 compaction (the baseline), then readrandom on as many
 //                 threads while one CompactAndWait runs
+//   zipfoverwrite put num keys drawn from Zipf(0.99) over [0, num)
+//   zipfread      get num keys drawn from the same Zipf(0.99)
+//
+// Zipf: rank r in [0, num) has probability proportional to 1/(r+1)^0.99. The
+// CDF is computed once per workload, before its threads start (8 bytes a
+// key), and each thread draws with its own Rng. Ranks are scattered over the
+// keys by a KeyPermutation that depends on --seed only, so zipfoverwrite and
+// zipfread share the same hot keys, and they are not the lowest key numbers.
+//
+// Write workloads on an engine whose cache writes back (flat, --cache with
+// --write-mode async) end with a FlushCache() inside the timed interval, so
+// their time includes getting every write into the engine.
 //
 // The set-up of the two compaction workloads is untimed: kSetupOverwrites
 // passes of overwrite (num puts each, keys drawn as overwrite draws them), so
@@ -53,7 +65,12 @@ enum class Workload {
   kReopen,
   kCompact,
   kReadWhileCompacting,
+  kZipfOverwrite,
+  kZipfRead,
 };
+
+// Exponent of the Zipf distribution of zipfoverwrite and zipfread.
+inline constexpr double kZipfTheta = 0.99;
 
 // Overwrite passes in the set-up of compact and readwhilecompacting.
 inline constexpr int kSetupOverwrites = 3;

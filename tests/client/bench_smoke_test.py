@@ -13,6 +13,12 @@ With --compaction (flat only) it runs compact and readwhilecompacting
 instead, unlimited and with --compaction-mb-per-sec, and checks that
 compaction shrinks the data files to about the live data and that reads
 during it find every key.
+
+With --cache (flat only) it runs fillrandom, zipfoverwrite, zipfread and
+readrandom through an ARC write-back cache in async mode and checks the cache
+fields, that every key is found, and that zipfoverwrite's repeated puts of hot
+keys coalesce (fewer engine writes than puts). Then a clean close and a
+rerun without the cache must still find every key.
 """
 import argparse
 import json
@@ -87,12 +93,21 @@ def main():
     ap.add_argument("--keys", choices=["int", "string"], default="int")
     ap.add_argument("--compaction", action="store_true",
                     help="run compact and readwhilecompacting (flat only)")
+    ap.add_argument("--cache", action="store_true",
+                    help="run Zipf workloads through an async ARC cache (flat only)")
     args = ap.parse_args()
     base = [args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
             "--num", str(NUM), "--value-size", "100", "--threads", "2", "--json"]
     if args.keys != "int":
         # The int case runs without --keys: the default must stay int.
         base += ["--keys", args.keys]
+
+    if args.cache:
+        if args.engine != "flat":
+            fail("--cache applies to flat only")
+        check_cache(args, base)
+        print("ok: %s, %s keys, cache" % (args.engine, args.keys))
+        return
 
     if args.compaction:
         if args.engine != "flat":
@@ -168,6 +183,60 @@ def check_compaction(args, base, mb_per_sec):
              (r["ratio"], r["baseline_ops_per_sec"]))
 
 
+CACHE_WORKLOADS = ["fillrandom", "zipfoverwrite", "zipfread", "readrandom"]
+CACHE_FIELDS = ["cache", "write_mode", "cache_hits", "cache_misses",
+                "cache_flushes", "cache_coalesced", "engine_writes_per_put"]
+
+
+def check_cache(args, base):
+    p = run(base + ["--fresh", "--cache", "arc", "--write-mode", "async",
+                    "--workload", ",".join(CACHE_WORKLOADS)])
+    if p.returncode != 0:
+        fail("exit status %d" % p.returncode)
+    rows = parse_lines(p.stdout, CACHE_WORKLOADS, args.keys)
+    for row in rows.values():
+        missing = [f for f in CACHE_FIELDS if f not in row]
+        if missing:
+            fail("%s: missing cache fields %s" % (row["workload"], missing))
+        if (row["cache"], row["write_mode"]) != ("arc", "async"):
+            fail("%s: cache %r, write_mode %r" %
+                 (row["workload"], row["cache"], row["write_mode"]))
+    for w in ["zipfread", "readrandom"]:
+        if rows[w]["found"] != NUM:
+            fail("%s found %d of %d" % (w, rows[w]["found"], NUM))
+        if rows[w]["cache_hits"] + rows[w]["cache_misses"] < NUM:
+            fail("%s: %d cache lookups for %d gets" %
+                 (w, rows[w]["cache_hits"] + rows[w]["cache_misses"], NUM))
+    z = rows["zipfoverwrite"]
+    if not 0 < z["engine_writes_per_put"] < 1:
+        fail("zipfoverwrite: engine_writes_per_put %r, expected in (0, 1)" %
+             z["engine_writes_per_put"])
+    if z["cache_coalesced"] <= 0:
+        fail("zipfoverwrite: nothing coalesced")
+    f = rows["fillrandom"]
+    # Every key once: each put is flushed once, by the end of the workload.
+    if f["cache_flushes"] != NUM or f["engine_writes_per_put"] != 1:
+        fail("fillrandom: %d flushes, %r engine writes per put" %
+             (f["cache_flushes"], f["engine_writes_per_put"]))
+
+    # The cache flushed everything on close: the store alone has every key.
+    p = run(base + ["--workload", "readrandom"])
+    if p.returncode != 0:
+        fail("rerun without cache: exit status %d" % p.returncode)
+    row = parse_lines(p.stdout, ["readrandom"], args.keys)["readrandom"]
+    if row["found"] != NUM:
+        fail("without cache after close: found %d of %d" % (row["found"], NUM))
+    if "cache" in row:
+        fail("cache fields without --cache: %r" % row)
+
+    p = run(base + ["--workload", "readrandom", "--write-mode", "async"])
+    if p.returncode != 2:
+        fail("--write-mode without --cache: expected exit 2, got %d" % p.returncode)
+    p = run(base + ["--workload", "readrandom", "--cache", "fifo"])
+    if p.returncode != 2:
+        fail("--cache fifo: expected exit 2, got %d" % p.returncode)
+
+
 def check_compaction_skipped(args, base):
     # Reuses the database the full run left (every key deleted, so no
     # pre-fill either way): the workloads are skipped with a note, exit 0.
@@ -183,6 +252,9 @@ def check_compaction_skipped(args, base):
     if p.returncode != 2:
         fail("--compaction-mb-per-sec on %s: expected exit 2, got %d" %
              (args.engine, p.returncode))
+    p = run(base + ["--workload", "readrandom", "--cache", "arc"])
+    if p.returncode != 2:
+        fail("--cache on %s: expected exit 2, got %d" % (args.engine, p.returncode))
 
 
 def check_full_run(args, base):
