@@ -22,6 +22,10 @@ class ArcPolicy final : public Policy {
   bool Lookup(std::string_view key, std::string* value) override;
   void Insert(std::string_view key, std::string_view value) override;
   void Erase(std::string_view key) override;
+  bool Contains(std::string_view key) const override {
+    auto it = map_.find(key);
+    return it != map_.end() && (it->second.list == kT1 || it->second.list == kT2);
+  }
   PolicyStats stats() const override;
   const char* name() const override { return "arc"; }
 

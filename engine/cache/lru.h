@@ -16,6 +16,7 @@ class LruPolicy final : public Policy {
   bool Lookup(std::string_view key, std::string* value) override;
   void Insert(std::string_view key, std::string_view value) override;
   void Erase(std::string_view key) override;
+  bool Contains(std::string_view key) const override { return map_.count(key) > 0; }
   PolicyStats stats() const override;
   const char* name() const override { return "lru"; }
 

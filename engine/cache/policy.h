@@ -37,6 +37,8 @@ class Policy {
   virtual bool Lookup(std::string_view key, std::string* value) = 0;
   // Inserts or replaces key's value (counts as an access), evicting as needed.
   virtual void Insert(std::string_view key, std::string_view value) = 0;
+  // Whether key is resident (no stats, no recency change).
+  virtual bool Contains(std::string_view key) const = 0;
   // Drops key if present (no ghost is kept: the value is gone, not cold).
   virtual void Erase(std::string_view key) = 0;
 

@@ -130,10 +130,14 @@ Status WriteBackCache::WriteSafe(int64_t key, const Dirty& op) {
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.seq;
   DropDirtyLocked(s, key);  // an older async write, superseded
+  // Write-through without write-allocate: a cached key gets the new value,
+  // an uncached one stays uncached (a fill must not churn the cache, and
+  // reads bring hot keys in).
+  const std::string pkey = PolicyKey(key);
   if (op.remove) {
-    s.policy->Erase(PolicyKey(key));
-  } else {
-    s.policy->Insert(PolicyKey(key), op.value);
+    s.policy->Erase(pkey);
+  } else if (s.policy->Contains(pkey)) {
+    s.policy->Insert(pkey, op.value);
   }
   return Status::OK();
 }

@@ -2,7 +2,8 @@
 // of the paper (§2.9), switchable at run time.
 //
 //   safe:  a write reaches the Store (honouring storage.sync) before it
-//          returns, then updates the cache.
+//          returns, then updates the cache if the key is cached there
+//          (write-through without write-allocate: reads bring keys in).
 //   async: a write returns once it is in the cache, marked dirty; flusher
 //          threads write dirty keys within flush_interval_ms, so repeated
 //          updates of one key cost one Store write (coalescing). Past
