@@ -1,0 +1,101 @@
+// The wire contract of FlatKV (shared/DESIGN.md, "Service contract"). Binary
+// protocol, framed transport, service FlatKV. Field ids and enum values are
+// forever: add, never renumber or reuse. C++ is generated into the build tree
+// (thrift --gen cpp:no_skeleton,moveable_types); Python with thrift --gen py.
+
+namespace cpp flatkv.rpc
+namespace py flatkv
+
+// Why a call failed. Not found is not an error (GetResult.found = false).
+enum ErrorCode {
+  KEY_OUT_OF_RANGE = 0,  // outside [storage.key_min, storage.key_max)
+  VALUE_TOO_LARGE = 1,   // over storage.max_value_bytes (or the frame limit)
+  INVALID_ARGUMENT = 2,  // e.g. a string key over storage.max_key_bytes, a bad cursor
+  STORAGE_ERROR = 3,     // the engine failed: I/O error, full disk, corruption
+  NOT_OWNER = 4,         // the key belongs to another partition (cluster mode)
+  UNAUTHORIZED = 5,      // admin method without the right admin.token
+  OVERLOADED = 6,        // the worker queue is full: retry later
+  UNAVAILABLE = 7,       // shutting down, or the partition has no serving member
+}
+
+enum WriteMode {
+  SAFE = 1,   // a write reaches the engine before it is acknowledged
+  ASYNC = 2,  // a write is acknowledged from the cache and flushed later
+}
+
+exception KvError {
+  1: ErrorCode code,
+  2: string message,
+}
+
+struct GetResult {
+  1: bool found,
+  2: binary value,
+}
+
+struct KvPair {
+  1: i64 key,
+  2: binary value,
+}
+
+struct ScanResult {
+  1: list<KvPair> pairs,
+  2: bool done,     // nothing follows
+  3: i64 nextKey,   // pass as fromKey to resume
+}
+
+struct LogScanResult {
+  1: list<KvPair> pairs,
+  2: bool done,
+  3: binary cursor,  // pass back to resume; empty starts
+}
+
+struct CompactionStatus {
+  1: bool running,
+  2: double percent,
+  3: i64 bytesDone,
+  4: i64 bytesTotal,
+  5: i64 tablesCompacted,
+  6: i64 bytesReclaimed,
+  7: string lastError,
+}
+
+struct NodeInfo {
+  1: string version,
+  2: i64 mark,           // ring position (cluster mode; 0 standalone)
+  3: i64 keyMin,
+  4: i64 keyMax,
+  5: string role,        // "standalone", "head", "middle", "tail"
+  6: WriteMode writeMode,
+  7: i64 uptimeSeconds,
+}
+
+service FlatKV {
+  GetResult get(1: i64 key) throws (1: KvError err),
+  void put(1: i64 key, 2: binary value) throws (1: KvError err),
+  // True if the key existed.
+  bool remove(1: i64 key) throws (1: KvError err),
+  // Appends bytes; creates the key if absent.
+  void append(1: i64 key, 2: binary value) throws (1: KvError err),
+  // Results in request order.
+  list<GetResult> multiGet(1: list<i64> keys) throws (1: KvError err),
+  void multiPut(1: list<KvPair> pairs) throws (1: KvError err),
+  // Key order from fromKey: ascending (keys >= fromKey), or with reverse
+  // descending (keys <= fromKey).
+  ScanResult scan(1: i64 fromKey, 2: i32 limit, 3: bool reverse) throws (1: KvError err),
+  // Insertion order; an empty cursor starts.
+  LogScanResult scanLog(1: binary cursor, 2: i32 limit) throws (1: KvError err),
+
+  GetResult sget(1: binary key) throws (1: KvError err),
+  void sput(1: binary key, 2: binary value) throws (1: KvError err),
+  bool sremove(1: binary key) throws (1: KvError err),
+
+  // Admin methods: token = admin.token when one is configured.
+  void setWriteMode(1: string token, 2: WriteMode mode) throws (1: KvError err),
+  WriteMode getWriteMode() throws (1: KvError err),
+  void compact(1: string token) throws (1: KvError err),
+  CompactionStatus compactionStatus() throws (1: KvError err),
+
+  NodeInfo info() throws (1: KvError err),
+  map<string, i64> stats() throws (1: KvError err),
+}
