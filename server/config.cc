@@ -1,0 +1,283 @@
+// Implementation notes
+//
+// The schema is a table of keys; each entry parses its YAML scalar into one
+// field and checks its range. yaml-cpp reports problems with exceptions: they
+// are caught right here and turned into a Status naming the key (nothing in
+// server/ throws). Unknown keys are errors, so a typo never silently leaves
+// a default in place.
+#include "server/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+namespace flatkv::server {
+namespace {
+
+using Setter = std::function<Status(const std::string& text, Config* c)>;
+
+struct Key {
+  const char* name;
+  const char* default_text;
+  const char* meaning;
+  Setter set;
+};
+
+Status Bad(const std::string& key, const std::string& why) {
+  return Status::InvalidArgument(key + ": " + why);
+}
+
+// Parses an integer in [lo, hi]; accepts K/M/G/Ki/Mi/Gi suffixes.
+template <typename T>
+Setter Int(std::function<T*(Config*)> field, int64_t lo, int64_t hi, const char* key) {
+  return [=](const std::string& text, Config* c) -> Status {
+    size_t pos = 0;
+    long double v;
+    try {
+      v = std::stold(text, &pos);
+    } catch (const std::exception&) {
+      return Bad(key, "expected a number, got '" + text + "'");
+    }
+    std::string suffix = text.substr(pos);
+    const std::pair<const char*, long double> units[] = {
+        {"", 1}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"Ki", 1024.0L}, {"Mi", 1048576.0L},
+        {"Gi", 1073741824.0L}};
+    bool known = false;
+    for (const auto& [unit, scale] : units) {
+      if (suffix == unit) {
+        v *= scale;
+        known = true;
+      }
+    }
+    if (!known) return Bad(key, "unknown unit '" + suffix + "' in '" + text + "'");
+    if (v != static_cast<long double>(static_cast<int64_t>(v))) {
+      return Bad(key, "expected an integer, got '" + text + "'");
+    }
+    if (v < lo || v > hi) {
+      return Bad(key, "'" + text + "' is out of range [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "]");
+    }
+    *field(c) = static_cast<T>(v);
+    return Status::OK();
+  };
+}
+
+Setter Str(std::function<std::string*(Config*)> field, std::vector<std::string> allowed,
+           const char* key) {
+  return [=](const std::string& text, Config* c) -> Status {
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), text) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : "|") + a;
+      return Bad(key, "must be one of " + list + ", not '" + text + "'");
+    }
+    *field(c) = text;
+    return Status::OK();
+  };
+}
+
+Setter Ratio(std::function<double*(Config*)> field, const char* key) {
+  return [=](const std::string& text, Config* c) -> Status {
+    size_t pos = 0;
+    double v;
+    try {
+      v = std::stod(text, &pos);
+    } catch (const std::exception&) {
+      return Bad(key, "expected a number in [0, 1], got '" + text + "'");
+    }
+    if (pos != text.size() || v < 0 || v > 1) {
+      return Bad(key, "expected a number in [0, 1], got '" + text + "'");
+    }
+    *field(c) = v;
+    return Status::OK();
+  };
+}
+
+constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
+
+const std::vector<Key>& Schema() {
+  static const std::vector<Key> keys = {
+      {"server.host", "127.0.0.1", "address to listen on",
+       Str([](Config* c) { return &c->server.host; }, {}, "server.host")},
+      {"server.port", "9901", "Thrift port (binary protocol, framed transport); 0 = any",
+       Int<int>([](Config* c) { return &c->server.port; }, 0, 65535, "server.port")},
+      {"server.workers", "4", "handler threads",
+       Int<int>([](Config* c) { return &c->server.workers; }, 1, 1024, "server.workers")},
+      {"server.io_threads", "1", "libevent I/O threads",
+       Int<int>([](Config* c) { return &c->server.io_threads; }, 1, 64,
+                "server.io_threads")},
+      {"server.max_frame_bytes", "16Mi", "largest request frame; a larger one closes the connection",
+       Int<uint64_t>([](Config* c) { return &c->server.max_frame_bytes; }, 1024,
+                     int64_t{1} << 30, "server.max_frame_bytes")},
+      {"server.max_connections", "1024", "connections accepted at once",
+       Int<int>([](Config* c) { return &c->server.max_connections; }, 1, 1000000,
+                "server.max_connections")},
+      {"server.http_port", "0", "HTTP port for /metrics, /health and /kv; 0 = off",
+       Int<int>([](Config* c) { return &c->server.http_port; }, 0, 65535,
+                "server.http_port")},
+      {"storage.path", "./data", "directory of the store",
+       Str([](Config* c) { return &c->storage.path; }, {}, "storage.path")},
+      {"storage.key_min", "0", "smallest integer key accepted",
+       Int<int64_t>([](Config* c) { return &c->storage.key_min; }, kI64Min, kI64Max,
+                    "storage.key_min")},
+      {"storage.key_max", "9223372036854775807", "integer keys are below this",
+       Int<int64_t>([](Config* c) { return &c->storage.key_max; }, kI64Min, kI64Max,
+                    "storage.key_max")},
+      {"storage.segment_keys", "16777216", "keys per flat table (created on first write)",
+       Int<uint64_t>([](Config* c) { return &c->storage.segment_keys; }, 1,
+                     int64_t{1} << 40, "storage.segment_keys")},
+      {"storage.index_item_bytes", "6", "bytes per index slot, 4..8 (1 TiB per data file at 6)",
+       Int<int>([](Config* c) { return &c->storage.index_item_bytes; }, 4, 8,
+                "storage.index_item_bytes")},
+      {"storage.data_files", "16", "append-only data files per table (key k in file k mod N)",
+       Int<int>([](Config* c) { return &c->storage.data_files; }, 1, 505,
+                "storage.data_files")},
+      {"storage.max_value_bytes", "64Mi", "largest value accepted",
+       Int<uint32_t>([](Config* c) { return &c->storage.max_value_bytes; }, 0,
+                     int64_t{1} << 30, "storage.max_value_bytes")},
+      {"storage.max_key_bytes", "4096", "longest string key accepted",
+       Int<uint32_t>([](Config* c) { return &c->storage.max_key_bytes; }, 1, 1 << 20,
+                     "storage.max_key_bytes")},
+      {"storage.string_slots", "16777216", "slots of the string-key table (about the number of string keys)",
+       Int<uint64_t>([](Config* c) { return &c->storage.string_slots; }, 1,
+                     int64_t{1} << 34, "storage.string_slots")},
+      {"storage.sync", "none", "none | interval (fdatasync every sync_interval_ms) | always",
+       [](const std::string& text, Config* c) -> Status {
+         if (!engine::ParseSyncMode(text, &c->storage.sync)) {
+           return Bad("storage.sync", "must be one of none|interval|always, not '" + text + "'");
+         }
+         return Status::OK();
+       }},
+      {"storage.sync_interval_ms", "1000", "fdatasync period with sync: interval",
+       Int<uint32_t>([](Config* c) { return &c->storage.sync_interval_ms; }, 1, 3600000,
+                     "storage.sync_interval_ms")},
+      {"storage.checkpoint_interval_ms", "10000", "index checkpoint period (bounds crash replay); 0 = off",
+       Int<uint32_t>([](Config* c) { return &c->storage.checkpoint_interval_ms; }, 0,
+                     86400000, "storage.checkpoint_interval_ms")},
+      {"storage.compaction_mb_per_sec", "0", "compaction read budget in MB/s; 0 = unlimited",
+       Int<uint32_t>([](Config* c) { return &c->storage.compaction_mb_per_sec; }, 0,
+                     100000, "storage.compaction_mb_per_sec")},
+      {"storage.compaction_garbage_ratio", "0.5", "compact a table once this share is garbage; 0 = never by itself",
+       Ratio([](Config* c) { return &c->storage.compaction_garbage_ratio; },
+             "storage.compaction_garbage_ratio")},
+      {"cache.policy", "arc", "lru | arc",
+       Str([](Config* c) { return &c->cache.policy; }, {"lru", "arc"}, "cache.policy")},
+      {"cache.capacity_bytes", "256Mi", "bytes of clean cached values",
+       Int<uint64_t>([](Config* c) { return &c->cache.capacity_bytes; }, 0,
+                     int64_t{1} << 44, "cache.capacity_bytes")},
+      {"cache.flush_threads", "2", "threads writing dirty entries in async mode",
+       Int<int>([](Config* c) { return &c->cache.flush_threads; }, 1, 64,
+                "cache.flush_threads")},
+      {"cache.flush_interval_ms", "100", "a dirty entry is written within this",
+       Int<uint32_t>([](Config* c) { return &c->cache.flush_interval_ms; }, 1, 3600000,
+                     "cache.flush_interval_ms")},
+      {"cache.max_dirty_bytes", "64Mi", "past this, async writers wait for the flushers",
+       Int<uint64_t>([](Config* c) { return &c->cache.max_dirty_bytes; }, 1,
+                     int64_t{1} << 44, "cache.max_dirty_bytes")},
+      {"write_mode", "safe", "safe | async (switchable at run time with setWriteMode)",
+       [](const std::string& text, Config* c) -> Status {
+         if (!engine::cache::ParseWriteMode(text, &c->cache.mode)) {
+           return Bad("write_mode", "must be one of safe|async, not '" + text + "'");
+         }
+         return Status::OK();
+       }},
+      {"admin.token", "", "token admin methods require; empty = none",
+       Str([](Config* c) { return &c->admin_token; }, {}, "admin.token")},
+      {"log.level", "info", "trace | debug | info | warn | error | critical | off",
+       Str([](Config* c) { return &c->log_level; },
+           {"trace", "debug", "info", "warn", "error", "critical", "off"}, "log.level")},
+      {"log.file", "", "log file; empty = stderr",
+       Str([](Config* c) { return &c->log_file; }, {}, "log.file")},
+      {"cluster.zookeeper", "", "ZooKeeper hosts (host:port,...); empty = standalone",
+       Str([](Config* c) { return &c->cluster.zookeeper; }, {}, "cluster.zookeeper")},
+      {"cluster.service_path", "/flatkv", "ZooKeeper path instances register under",
+       Str([](Config* c) { return &c->cluster.service_path; }, {}, "cluster.service_path")},
+      {"cluster.mark", "0", "this instance's ring position",
+       Int<int64_t>([](Config* c) { return &c->cluster.mark; }, 0, kI64Max,
+                    "cluster.mark")},
+      {"cluster.advertise", "", "host:port other instances and clients reach this one at",
+       Str([](Config* c) { return &c->cluster.advertise; }, {}, "cluster.advertise")},
+      {"cluster.replication", "async", "async | sync (chain replication)",
+       Str([](Config* c) { return &c->cluster.replication; }, {"async", "sync"},
+           "cluster.replication")},
+  };
+  return keys;
+}
+
+const Key* FindKey(const std::string& name) {
+  for (const Key& k : Schema()) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
+}
+
+Status Apply(const std::string& name, const std::string& text, Config* config) {
+  const Key* key = FindKey(name);
+  if (key == nullptr) return Status::InvalidArgument(name + ": unknown configuration key");
+  return key->set(text, config);
+}
+
+// Flattens a YAML map into "section.key" -> scalar text.
+Status Flatten(const YAML::Node& node, const std::string& prefix,
+               std::vector<std::pair<std::string, std::string>>* out) {
+  if (!node.IsMap()) {
+    return Status::InvalidArgument((prefix.empty() ? "the file" : prefix) + ": expected a map");
+  }
+  for (const auto& item : node) {
+    const std::string name = prefix.empty() ? item.first.as<std::string>()
+                                            : prefix + "." + item.first.as<std::string>();
+    if (item.second.IsMap()) {
+      FLATKV_RETURN_IF_ERROR(Flatten(item.second, name, out));
+    } else if (item.second.IsScalar() || item.second.IsNull()) {
+      out->emplace_back(name, item.second.IsNull() ? "" : item.second.as<std::string>());
+    } else {
+      return Status::InvalidArgument(name + ": expected a single value");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status LoadConfig(const std::string& path, const std::vector<std::string>& overrides,
+                  Config* config) {
+  *config = Config();
+  if (!path.empty()) {
+    std::vector<std::pair<std::string, std::string>> values;
+    try {
+      YAML::Node root = YAML::LoadFile(path);
+      if (!root.IsNull()) FLATKV_RETURN_IF_ERROR(Flatten(root, "", &values));
+    } catch (const YAML::BadFile&) {
+      return Status::InvalidArgument(path + ": cannot read the configuration file");
+    } catch (const YAML::Exception& e) {
+      return Status::InvalidArgument(path + ": line " + std::to_string(e.mark.line + 1) + ": " +
+                                     e.msg);
+    }
+    for (const auto& [name, text] : values) FLATKV_RETURN_IF_ERROR(Apply(name, text, config));
+  }
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Status::InvalidArgument("--set " + o + ": expected section.key=value");
+    }
+    FLATKV_RETURN_IF_ERROR(Apply(o.substr(0, eq), o.substr(eq + 1), config));
+  }
+  if (config->storage.key_min >= config->storage.key_max) {
+    return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");
+  }
+  return Status::OK();
+}
+
+std::string DescribeConfig() {
+  std::ostringstream out;
+  for (const Key& k : Schema()) {
+    out << k.name << " = " << (*k.default_text ? k.default_text : "\"\"") << "\n    "
+        << k.meaning << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace flatkv::server

@@ -1,0 +1,57 @@
+// Config: the YAML file of flatkv-server (plus --set overrides) mapped onto
+// the option structs of each module, validated once, with every key named in
+// its error. One table (config.cc) lists every key, its default and its
+// meaning; it drives parsing, --describe-config and conf/flatkv.yaml alike.
+//
+// Thread safety: plain values; LoadConfig is a pure function.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/cache/write_back.h"
+#include "engine/options.h"
+#include "engine/status.h"
+
+namespace flatkv::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 9901;
+  int workers = 4;                         // handler threads
+  int io_threads = 1;                      // libevent I/O threads
+  uint64_t max_frame_bytes = 16u << 20;    // larger frames close the connection
+  int max_connections = 1024;
+  int http_port = 0;                       // /metrics, /health, /kv; 0 = off
+};
+
+struct ClusterOptions {
+  std::string zookeeper;                   // empty = standalone
+  std::string service_path = "/flatkv";
+  int64_t mark = 0;
+  std::string advertise;                   // host:port others reach us at
+  std::string replication = "async";       // async | sync
+};
+
+struct Config {
+  ServerOptions server;
+  engine::EngineOptions storage;
+  engine::cache::CacheOptions cache;       // includes write_mode
+  ClusterOptions cluster;
+  std::string admin_token;                 // admin.token; empty = no check
+  std::string log_level = "info";          // trace|debug|info|warn|error|critical|off
+  std::string log_file;                    // empty = stderr
+};
+
+// Reads "path" (empty = no file: all defaults), then applies each override
+// "section.key=value" in order. Returns InvalidArgument with one line naming
+// the key and the reason for a missing file, bad YAML, an unknown key, a
+// value of the wrong type, or a value out of range.
+Status LoadConfig(const std::string& path, const std::vector<std::string>& overrides,
+                  Config* config);
+
+// Every key, its default and its meaning, one per line (--describe-config).
+std::string DescribeConfig();
+
+}  // namespace flatkv::server

@@ -1,0 +1,100 @@
+// flatkv-server's configuration: defaults with no file, values from YAML and
+// --set overrides, and one clear error naming the key for every mistake.
+#include <catch2/catch.hpp>
+
+#include "server/config.h"
+#include "tests/engine/test_util.h"
+
+using flatkv::Status;
+using flatkv::server::Config;
+using flatkv::server::LoadConfig;
+
+TEST_CASE("With no file every key has its documented default", "[server][config]") {
+  Config c;
+  REQUIRE(LoadConfig("", {}, &c).ok());
+  REQUIRE(c.server.host == "127.0.0.1");
+  REQUIRE(c.server.port == 9901);
+  REQUIRE(c.storage.path == "./data");
+  REQUIRE(c.storage.index_item_bytes == 6);
+  REQUIRE(c.cache.policy == "arc");
+  REQUIRE(c.cache.mode == flatkv::engine::cache::WriteMode::kSafe);
+  REQUIRE(c.cluster.zookeeper.empty());  // standalone
+}
+
+TEST_CASE("YAML values and --set overrides reach every module's options", "[server][config]") {
+  flatkv::test::TempDir dir;
+  const std::string path = dir / "flatkv.yaml";
+  flatkv::test::WriteFile(path,
+                          "server:\n  port: 9911\n  max_frame_bytes: 4Mi\n"
+                          "storage:\n  path: /tmp/x\n  sync: always\n  data_files: 4\n"
+                          "  compaction_garbage_ratio: 0.25\n"
+                          "cache:\n  policy: lru\n  capacity_bytes: 1Gi\n"
+                          "write_mode: async\nadmin:\n  token: s3cret\n");
+  Config c;
+  REQUIRE(LoadConfig(path, {"server.port=9912", "cache.flush_threads=3"}, &c).ok());
+  REQUIRE(c.server.port == 9912);  // the override wins
+  REQUIRE(c.server.max_frame_bytes == 4u << 20);
+  REQUIRE(c.storage.path == "/tmp/x");
+  REQUIRE(c.storage.sync == flatkv::engine::SyncMode::kAlways);
+  REQUIRE(c.storage.data_files == 4);
+  REQUIRE(c.storage.compaction_garbage_ratio == Approx(0.25));
+  REQUIRE(c.cache.policy == "lru");
+  REQUIRE(c.cache.capacity_bytes == uint64_t{1} << 30);
+  REQUIRE(c.cache.flush_threads == 3);
+  REQUIRE(c.cache.mode == flatkv::engine::cache::WriteMode::kAsync);
+  REQUIRE(c.admin_token == "s3cret");
+}
+
+TEST_CASE("Every mistake is one error naming the key", "[server][config]") {
+  flatkv::test::TempDir dir;
+  Config c;
+  struct Case {
+    std::vector<std::string> overrides;
+    const char* key;
+  };
+  const std::vector<Case> cases = {
+      {{"server.prot=1"}, "server.prot: unknown configuration key"},
+      {{"server.port=70000"}, "server.port: '70000' is out of range"},
+      {{"server.port=abc"}, "server.port: expected a number"},
+      {{"storage.sync=sometimes"}, "storage.sync: must be one of none|interval|always"},
+      {{"storage.index_item_bytes=9"}, "storage.index_item_bytes"},
+      {{"storage.max_value_bytes=3Xi"}, "storage.max_value_bytes: unknown unit"},
+      {{"write_mode=fast"}, "write_mode: must be one of safe|async"},
+      {{"cache.policy=fifo"}, "cache.policy: must be one of lru|arc"},
+      {{"storage.compaction_garbage_ratio=2"}, "storage.compaction_garbage_ratio"},
+      {{"storage.key_min=10", "storage.key_max=5"}, "storage.key_min: must be less than"},
+      {{"no-equals-sign"}, "expected section.key=value"},
+  };
+  for (const Case& k : cases) {
+    INFO(k.overrides[0]);
+    Status st = LoadConfig("", k.overrides, &c);
+    REQUIRE(st.IsInvalidArgument());
+    REQUIRE(st.message().find(k.key) != std::string::npos);
+  }
+  const std::string bad = dir / "bad.yaml";
+  flatkv::test::WriteFile(bad, "server:\n  port: [1, 2\n");
+  Status st = LoadConfig(bad, {}, &c);
+  REQUIRE(st.IsInvalidArgument());
+  REQUIRE(st.message().find("bad.yaml: line") != std::string::npos);
+  REQUIRE(LoadConfig(dir / "missing.yaml", {}, &c).message().find("cannot read") !=
+          std::string::npos);
+}
+
+TEST_CASE("--describe-config lists every key with its default and meaning", "[server][config]") {
+  const std::string text = flatkv::server::DescribeConfig();
+  for (const char* key : {"server.host", "server.port", "server.workers", "server.max_frame_bytes",
+                          "storage.path", "storage.key_min", "storage.key_max",
+                          "storage.segment_keys", "storage.index_item_bytes",
+                          "storage.data_files", "storage.max_value_bytes", "storage.sync",
+                          "cache.policy", "cache.capacity_bytes", "write_mode", "admin.token",
+                          "log.level", "cluster.zookeeper", "cluster.service_path",
+                          "cluster.mark", "cluster.advertise", "cluster.replication"}) {
+    INFO(key);
+    REQUIRE(text.find(std::string(key) + " = ") != std::string::npos);
+  }
+  // The described defaults are the real ones.
+  Config c;
+  REQUIRE(LoadConfig("", {}, &c).ok());
+  REQUIRE(text.find("server.port = 9901") != std::string::npos);
+  REQUIRE(text.find("storage.index_item_bytes = 6") != std::string::npos);
+}
