@@ -80,7 +80,7 @@ TEST_CASE("Every mistake is one error naming the key", "[server][config]") {
           std::string::npos);
 }
 
-TEST_CASE("--describe-config lists every key with its default and meaning", "[server][config]") {
+TEST_CASE("DescribeConfig lists every key with its default and meaning", "[server][config]") {
   const std::string text = flatkv::server::DescribeConfig();
   for (const char* key : {"server.host", "server.port", "server.workers", "server.max_frame_bytes",
                           "storage.path", "storage.key_min", "storage.key_max",
