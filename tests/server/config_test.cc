@@ -2,6 +2,8 @@
 // --set overrides, and one clear error naming the key for every mistake.
 #include <catch2/catch.hpp>
 
+#include <sstream>
+
 #include "server/config.h"
 #include "tests/engine/test_util.h"
 
@@ -97,4 +99,34 @@ TEST_CASE("DescribeConfig lists every key with its default and meaning", "[serve
   REQUIRE(LoadConfig("", {}, &c).ok());
   REQUIRE(text.find("server.port = 9901") != std::string::npos);
   REQUIRE(text.find("storage.index_item_bytes = 6") != std::string::npos);
+}
+
+TEST_CASE("conf/flatkv.yaml loads, holds exactly the defaults and shows every key",
+          "[server][config]") {
+  const std::string path = std::string(FLATKV_SOURCE_DIR) + "/conf/flatkv.yaml";
+  Config from_file, defaults;
+  REQUIRE(LoadConfig(path, {}, &from_file).ok());
+  REQUIRE(LoadConfig("", {}, &defaults).ok());
+  REQUIRE(from_file.server.port == defaults.server.port);
+  REQUIRE(from_file.server.max_frame_bytes == defaults.server.max_frame_bytes);
+  REQUIRE(from_file.storage.key_max == defaults.storage.key_max);
+  REQUIRE(from_file.storage.max_value_bytes == defaults.storage.max_value_bytes);
+  REQUIRE(from_file.storage.compaction_garbage_ratio == defaults.storage.compaction_garbage_ratio);
+  REQUIRE(from_file.cache.capacity_bytes == defaults.cache.capacity_bytes);
+  REQUIRE(from_file.cache.mode == defaults.cache.mode);
+  REQUIRE(from_file.log_level == defaults.log_level);
+  // Every key of the schema appears (the cluster ones commented out).
+  const std::string text = flatkv::test::ReadFile(path);
+  std::istringstream described(flatkv::server::DescribeConfig());
+  std::string line;
+  int keys = 0;
+  while (std::getline(described, line)) {
+    if (line.empty() || line[0] == ' ') continue;  // a meaning line
+    const std::string key = line.substr(0, line.find(" = "));
+    const std::string leaf = key.substr(key.rfind('.') == std::string::npos ? 0 : key.rfind('.') + 1);
+    INFO(key);
+    REQUIRE(text.find(leaf + ":") != std::string::npos);
+    ++keys;
+  }
+  REQUIRE(keys >= 30);
 }
