@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds FlatKV and runs the engine benchmark against
-# the peer engines on this machine (the README's first command). Until
-# flatkv-server exists, this is how a new user sees FlatKV run.
+# Installs dependencies, builds FlatKV and starts a single-node flatkv-server
+# on defaults (the README's first command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,10 +8,6 @@ bash deploy/install-deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$(nproc)"
 
-dir=$(mktemp -d /tmp/flatkv-bench.XXXXXX)
-trap 'rm -rf "$dir"' EXIT
-for engine in flat rocksdb leveldb kyotocabinet; do
-  ./build/client/flatkv-bench engine --engine "$engine" \
-    --workload fillrandom,overwrite,readrandom,readmissing,deleterandom \
-    --num 500000 --value-size 100 --threads 1 --dir "$dir/$engine" --fresh
-done
+# A single-node server on defaults: 127.0.0.1:9901, data under ./data.
+# Stop it with Ctrl-C (or SIGTERM): it flushes and closes cleanly.
+exec ./build/server/flatkv-server

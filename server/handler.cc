@@ -1,0 +1,286 @@
+#include "server/handler.h"
+
+#include <spdlog/spdlog.h>
+
+namespace flatkv::server {
+namespace {
+
+constexpr const char* kMethodNames[] = {
+    "get", "put", "remove", "append", "multiGet", "multiPut", "scan", "scanLog", "sget", "sput",
+    "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats"};
+
+// Room a frame needs beside the value: the call's name, sequence id, fields.
+constexpr uint64_t kFrameOverhead = 4096;
+
+rpc::KvError MakeError(rpc::ErrorCode::type code, const std::string& message) {
+  rpc::KvError e;
+  e.code = code;
+  e.message = message;
+  return e;
+}
+
+// Constant-time comparison, so the token cannot be guessed byte by byte.
+bool SameToken(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+void ThrowKvError(const Status& status) {
+  rpc::ErrorCode::type code = rpc::ErrorCode::STORAGE_ERROR;
+  if (status.IsKeyOutOfRange()) code = rpc::ErrorCode::KEY_OUT_OF_RANGE;
+  if (status.IsValueTooLarge()) code = rpc::ErrorCode::VALUE_TOO_LARGE;
+  if (status.IsInvalidArgument()) code = rpc::ErrorCode::INVALID_ARGUMENT;
+  if (status.IsBusy()) code = rpc::ErrorCode::OVERLOADED;
+  throw MakeError(code, status.ToString());
+}
+
+Handler::Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config)
+    : store_(store),
+      cache_(cache),
+      config_(config),
+      max_value_bytes_(std::min<uint64_t>(config.storage.max_value_bytes,
+                                          config.server.max_frame_bytes - kFrameOverhead)),
+      started_(std::chrono::steady_clock::now()) {}
+
+template <typename Body>
+void Handler::Run(Method method, Body&& body) {
+  calls_[method].fetch_add(1, std::memory_order_relaxed);
+  try {
+    body();
+  } catch (const rpc::KvError&) {
+    errors_[method].fetch_add(1, std::memory_order_relaxed);
+    throw;
+  } catch (const std::exception& e) {
+    errors_[method].fetch_add(1, std::memory_order_relaxed);
+    spdlog::error("{}: {}", kMethodNames[method], e.what());
+    throw MakeError(rpc::ErrorCode::STORAGE_ERROR, std::string(kMethodNames[method]) + ": " + e.what());
+  } catch (...) {
+    errors_[method].fetch_add(1, std::memory_order_relaxed);
+    throw MakeError(rpc::ErrorCode::STORAGE_ERROR,
+                    std::string(kMethodNames[method]) + ": unexpected failure");
+  }
+}
+
+void Handler::CheckValue(size_t size) const {
+  if (size > max_value_bytes_) {
+    throw MakeError(rpc::ErrorCode::VALUE_TOO_LARGE,
+                    "value of " + std::to_string(size) + " bytes exceeds the limit of " +
+                        std::to_string(max_value_bytes_) +
+                        " (storage.max_value_bytes, server.max_frame_bytes)");
+  }
+}
+
+void Handler::CheckAdmin(const std::string& token) const {
+  if (!config_.admin_token.empty() && !SameToken(token, config_.admin_token)) {
+    throw MakeError(rpc::ErrorCode::UNAUTHORIZED, "wrong admin token");
+  }
+}
+
+void Handler::get(rpc::GetResult& result, int64_t key) {
+  Run(kGet, [&] {
+    Status st = cache_->Get(key, &result.value);
+    if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+    result.found = st.ok();
+  });
+}
+
+void Handler::put(int64_t key, const std::string& value) {
+  Run(kPut, [&] {
+    CheckValue(value.size());
+    Status st = cache_->Put(key, value);
+    if (!st.ok()) ThrowKvError(st);
+  });
+}
+
+bool Handler::remove(int64_t key) {
+  bool existed = false;
+  Run(kRemove, [&] {
+    Status st = cache_->Remove(key, &existed);
+    if (!st.ok()) ThrowKvError(st);
+  });
+  return existed;
+}
+
+void Handler::append(int64_t key, const std::string& value) {
+  Run(kAppend, [&] {
+    CheckValue(value.size());
+    Status st = cache_->Append(key, value);
+    if (!st.ok()) ThrowKvError(st);
+  });
+}
+
+void Handler::multiGet(std::vector<rpc::GetResult>& result, const std::vector<int64_t>& keys) {
+  Run(kMultiGet, [&] {
+    result.resize(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Status st = cache_->Get(keys[i], &result[i].value);
+      if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+      result[i].found = st.ok();
+    }
+  });
+}
+
+void Handler::multiPut(const std::vector<rpc::KvPair>& pairs) {
+  Run(kMultiPut, [&] {
+    for (const rpc::KvPair& p : pairs) CheckValue(p.value.size());  // all or nothing checked first
+    for (const rpc::KvPair& p : pairs) {
+      Status st = cache_->Put(p.key, p.value);
+      if (!st.ok()) ThrowKvError(st);
+    }
+  });
+}
+
+void Handler::scan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse) {
+  Run(kScan, [&] {
+    if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
+    // Async writes still in the cache must be visible to scans too.
+    Status st = cache_->Flush();
+    if (!st.ok()) ThrowKvError(st);
+    std::vector<engine::KeyValue> out;
+    int64_t next = 0;
+    bool done = false;
+    st = store_->Scan(from, reverse, static_cast<size_t>(limit), &out, &next, &done);
+    if (!st.ok()) ThrowKvError(st);
+    result.pairs.resize(out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      result.pairs[i].key = out[i].key;
+      result.pairs[i].value = std::move(out[i].value);
+    }
+    result.done = done;
+    result.nextKey = next;
+  });
+}
+
+void Handler::scanLog(rpc::LogScanResult& result, const std::string& cursor, int32_t limit) {
+  Run(kScanLog, [&] {
+    if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
+    Status st = cache_->Flush();
+    if (!st.ok()) ThrowKvError(st);
+    std::vector<engine::KeyValue> out;
+    bool done = false;
+    st = store_->ScanLog(cursor, static_cast<size_t>(limit), &out, &result.cursor, &done);
+    if (!st.ok()) ThrowKvError(st);
+    result.pairs.resize(out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      result.pairs[i].key = out[i].key;
+      result.pairs[i].value = std::move(out[i].value);
+    }
+    result.done = done;
+  });
+}
+
+// String keys go to the Store directly: the cache holds integer keys only.
+void Handler::sget(rpc::GetResult& result, const std::string& key) {
+  Run(kSGet, [&] {
+    Status st = store_->SGet(key, &result.value);
+    if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+    result.found = st.ok();
+  });
+}
+
+void Handler::sput(const std::string& key, const std::string& value) {
+  Run(kSPut, [&] {
+    CheckValue(value.size());
+    Status st = store_->SPut(key, value);
+    if (!st.ok()) ThrowKvError(st);
+  });
+}
+
+bool Handler::sremove(const std::string& key) {
+  bool existed = false;
+  Run(kSRemove, [&] {
+    Status st = store_->SRemove(key, &existed);
+    if (!st.ok()) ThrowKvError(st);
+  });
+  return existed;
+}
+
+void Handler::setWriteMode(const std::string& token, rpc::WriteMode::type mode) {
+  Run(kSetWriteMode, [&] {
+    CheckAdmin(token);
+    if (mode != rpc::WriteMode::SAFE && mode != rpc::WriteMode::ASYNC) {
+      throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "unknown write mode " + std::to_string(mode));
+    }
+    Status st = cache_->SetMode(mode == rpc::WriteMode::SAFE ? engine::cache::WriteMode::kSafe
+                                                              : engine::cache::WriteMode::kAsync);
+    if (!st.ok()) ThrowKvError(st);
+    spdlog::info("write mode is now {}", mode == rpc::WriteMode::SAFE ? "safe" : "async");
+  });
+}
+
+rpc::WriteMode::type Handler::getWriteMode() {
+  rpc::WriteMode::type mode = rpc::WriteMode::SAFE;
+  Run(kGetWriteMode, [&] {
+    mode = cache_->mode() == engine::cache::WriteMode::kSafe ? rpc::WriteMode::SAFE
+                                                              : rpc::WriteMode::ASYNC;
+  });
+  return mode;
+}
+
+void Handler::compact(const std::string& token) {
+  Run(kCompact, [&] {
+    CheckAdmin(token);
+    Status st = cache_->Flush();
+    if (st.ok()) st = store_->Compact();
+    if (!st.ok()) ThrowKvError(st);
+  });
+}
+
+void Handler::compactionStatus(rpc::CompactionStatus& result) {
+  Run(kCompactionStatus, [&] {
+    const engine::CompactionStatus s = store_->GetCompactionStatus();
+    result.running = s.running;
+    result.percent = s.percent;
+    result.bytesDone = static_cast<int64_t>(s.bytes_done);
+    result.bytesTotal = static_cast<int64_t>(s.bytes_total);
+    result.tablesCompacted = static_cast<int64_t>(s.tables_compacted);
+    result.bytesReclaimed = static_cast<int64_t>(s.bytes_reclaimed);
+    result.lastError = s.last_error;
+  });
+}
+
+void Handler::info(rpc::NodeInfo& result) {
+  Run(kInfo, [&] {
+    result.version = "0.1.0";
+    result.mark = config_.cluster.mark;
+    result.keyMin = config_.storage.key_min;
+    result.keyMax = config_.storage.key_max;
+    result.role = "standalone";
+    result.writeMode = cache_->mode() == engine::cache::WriteMode::kSafe ? rpc::WriteMode::SAFE
+                                                                          : rpc::WriteMode::ASYNC;
+    result.uptimeSeconds = std::chrono::duration_cast<std::chrono::seconds>(
+                               std::chrono::steady_clock::now() - started_)
+                               .count();
+  });
+}
+
+void Handler::stats(std::map<std::string, int64_t>& result) {
+  Run(kStats, [&] {
+    for (int m = 0; m < kMethods; ++m) {
+      result[std::string("calls.") + kMethodNames[m]] = calls_[m].load();
+      result[std::string("errors.") + kMethodNames[m]] = errors_[m].load();
+    }
+    const engine::cache::CacheStats c = cache_->stats();
+    result["cache.hits"] = static_cast<int64_t>(c.hits);
+    result["cache.misses"] = static_cast<int64_t>(c.misses);
+    result["cache.evictions"] = static_cast<int64_t>(c.evictions);
+    result["cache.dirty_bytes"] = static_cast<int64_t>(c.dirty_bytes);
+    result["cache.flushes"] = static_cast<int64_t>(c.flushes);
+    result["cache.coalesced"] = static_cast<int64_t>(c.coalesced);
+    const engine::EngineStats e = store_->GetStats();
+    result["engine.segments"] = static_cast<int64_t>(e.segments);
+    result["engine.bytes_appended"] = static_cast<int64_t>(e.bytes_appended);
+    result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
+    result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
+  });
+}
+
+}  // namespace flatkv::server

@@ -1,0 +1,169 @@
+// flatkv-server: parses the configuration, opens the Store and the cache,
+// serves the FlatKV Thrift service (TNonblockingServer: libevent, binary
+// protocol, framed transport, a worker pool) and on SIGTERM/SIGINT stops
+// accepting, finishes in-flight calls, flushes the cache and closes the
+// Store cleanly, exiting 0. A bad configuration exits 2 with one line.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <thrift/concurrency/ThreadFactory.h>
+#include <thrift/concurrency/ThreadManager.h>
+#include <thrift/protocol/TBinaryProtocol.h>
+#include <thrift/server/TNonblockingServer.h>
+#include <thrift/transport/TNonblockingServerSocket.h>
+
+#include "server/config.h"
+#include "server/handler.h"
+
+namespace {
+
+using apache::thrift::concurrency::ThreadFactory;
+using apache::thrift::concurrency::ThreadManager;
+using apache::thrift::protocol::TBinaryProtocolFactory;
+using apache::thrift::server::TNonblockingServer;
+using apache::thrift::transport::TNonblockingServerSocket;
+
+constexpr int kExitBadConfig = 2;
+
+void Usage(FILE* out) {
+  std::fputs(
+      "usage: flatkv-server [--config FILE] [--set section.key=value ...]\n"
+      "       flatkv-server --describe-config\n"
+      "With no configuration it serves on 127.0.0.1:9901 with data under ./data.\n",
+      out);
+}
+
+// Logs the real port once the server listens (port 0 picks one).
+class ListenLogger : public apache::thrift::server::TServerEventHandler {
+ public:
+  explicit ListenLogger(TNonblockingServer** server) : server_(server) {}
+  void preServe() override {
+    spdlog::info("serving FlatKV on port {}", (*server_)->getListenPort());
+  }
+
+ private:
+  TNonblockingServer** server_;
+};
+
+int Serve(const flatkv::server::Config& config) {
+  // Signals go to one thread that stops the server; block them everywhere
+  // else before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<flatkv::engine::Store> store;
+  flatkv::Status st = flatkv::engine::Store::Open(config.storage, &store);
+  if (!st.ok()) {
+    spdlog::critical("cannot open the store: {}", st.ToString());
+    return 1;
+  }
+  std::unique_ptr<flatkv::engine::cache::WriteBackCache> cache;
+  st = flatkv::engine::cache::WriteBackCache::Open(store.get(), config.cache, &cache);
+  if (!st.ok()) {
+    spdlog::critical("cannot start the cache: {}", st.ToString());
+    return 1;
+  }
+  auto handler = std::make_shared<flatkv::server::Handler>(store.get(), cache.get(), config);
+  auto processor = std::make_shared<flatkv::rpc::FlatKVProcessor>(handler);
+  auto socket = std::make_shared<TNonblockingServerSocket>(config.server.host, config.server.port);
+  auto workers = ThreadManager::newSimpleThreadManager(static_cast<size_t>(config.server.workers));
+  workers->threadFactory(std::make_shared<ThreadFactory>());
+  workers->start();
+  TNonblockingServer* raw = nullptr;
+  auto server = std::make_shared<TNonblockingServer>(
+      processor, std::make_shared<TBinaryProtocolFactory>(), socket, workers);
+  raw = server.get();
+  server->setNumIOThreads(static_cast<size_t>(config.server.io_threads));
+  server->setMaxFrameSize(config.server.max_frame_bytes);
+  server->setMaxConnections(static_cast<size_t>(config.server.max_connections));
+  server->setServerEventHandler(std::make_shared<ListenLogger>(&raw));
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("{}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    server->stop();
+  });
+  spdlog::info("store {} open, cache {} ({} mode), {} workers", config.storage.path,
+               config.cache.policy, flatkv::engine::cache::WriteModeName(config.cache.mode),
+               config.server.workers);
+  int code = 0;
+  try {
+    server->serve();
+  } catch (const std::exception& e) {
+    spdlog::critical("server failed: {}", e.what());
+    code = 1;
+    pthread_kill(waiter.native_handle(), SIGTERM);
+  }
+  waiter.join();
+  workers->stop();  // in-flight calls finish
+  st = cache->Close();  // writes everything dirty
+  if (!st.ok()) {
+    spdlog::error("flushing the cache: {}", st.ToString());
+    code = 1;
+  }
+  st = store->Close();
+  if (!st.ok()) {
+    spdlog::error("closing the store: {}", st.ToString());
+    code = 1;
+  }
+  spdlog::info("stopped cleanly");
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string path;
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--describe-config") {
+      std::fputs(flatkv::server::DescribeConfig().c_str(), stdout);
+      return 0;
+    } else if (arg == "--help" || arg == "-h") {
+      Usage(stdout);
+      return 0;
+    } else if (arg == "--config" && i + 1 < argc) {
+      path = argv[++i];
+    } else if (arg == "--set" && i + 1 < argc) {
+      overrides.emplace_back(argv[++i]);
+    } else {
+      std::fprintf(stderr, "flatkv-server: unknown or incomplete argument '%s'\n", arg.c_str());
+      Usage(stderr);
+      return kExitBadConfig;
+    }
+  }
+  flatkv::server::Config config;
+  flatkv::Status st = flatkv::server::LoadConfig(path, overrides, &config);
+  if (!st.ok()) {
+    std::fprintf(stderr, "flatkv-server: bad configuration: %s\n", st.message().c_str());
+    return kExitBadConfig;
+  }
+  if (!config.log_file.empty()) {
+    try {
+      spdlog::set_default_logger(spdlog::basic_logger_mt("flatkv", config.log_file));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "flatkv-server: bad configuration: log.file: %s\n", e.what());
+      return kExitBadConfig;
+    }
+  } else {
+    spdlog::set_default_logger(spdlog::stderr_color_mt("flatkv"));
+  }
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  spdlog::flush_on(spdlog::level::info);
+  return Serve(config);
+}
