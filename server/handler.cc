@@ -31,6 +31,15 @@ bool SameToken(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+// Moves engine pairs into the wire's.
+void ToPairs(std::vector<engine::KeyValue>* in, std::vector<rpc::KvPair>* out) {
+  out->resize(in->size());
+  for (size_t i = 0; i < in->size(); ++i) {
+    (*out)[i].key = (*in)[i].key;
+    (*out)[i].value = std::move((*in)[i].value);
+  }
+}
+
 }  // namespace
 
 void ThrowKvError(const Status& status) {
@@ -149,11 +158,7 @@ void Handler::scan(rpc::ScanResult& result, int64_t from, int32_t limit, bool re
     bool done = false;
     st = store_->Scan(from, reverse, static_cast<size_t>(limit), &out, &next, &done);
     if (!st.ok()) ThrowKvError(st);
-    result.pairs.resize(out.size());
-    for (size_t i = 0; i < out.size(); ++i) {
-      result.pairs[i].key = out[i].key;
-      result.pairs[i].value = std::move(out[i].value);
-    }
+    ToPairs(&out, &result.pairs);
     result.done = done;
     result.nextKey = next;
   });
@@ -168,11 +173,7 @@ void Handler::scanLog(rpc::LogScanResult& result, const std::string& cursor, int
     bool done = false;
     st = store_->ScanLog(cursor, static_cast<size_t>(limit), &out, &result.cursor, &done);
     if (!st.ok()) ThrowKvError(st);
-    result.pairs.resize(out.size());
-    for (size_t i = 0; i < out.size(); ++i) {
-      result.pairs[i].key = out[i].key;
-      result.pairs[i].value = std::move(out[i].value);
-    }
+    ToPairs(&out, &result.pairs);
     result.done = done;
   });
 }
