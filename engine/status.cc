@@ -25,6 +25,9 @@ std::string Status::ToString() const {
     case Code::kValueTooLarge: name = "ValueTooLarge"; break;
     case Code::kNoSpace: name = "NoSpace"; break;
     case Code::kBusy: name = "Busy"; break;
+    case Code::kUnauthorized: name = "Unauthorized"; break;
+    case Code::kNotOwner: name = "NotOwner"; break;
+    case Code::kUnavailable: name = "Unavailable"; break;
   }
   return std::string(name) + ": " + msg_;
 }

@@ -25,6 +25,10 @@ class [[nodiscard]] Status {
     kValueTooLarge = 6,   // value larger than max_value_bytes
     kNoSpace = 7,         // the disk (or a data file's addressable size) is full
     kBusy = 8,            // resource temporarily unavailable; retry later
+    // Codes only a remote server gives (client/ maps KvError onto them).
+    kUnauthorized = 9,    // admin call without the right admin.token
+    kNotOwner = 10,       // the key belongs to another partition
+    kUnavailable = 11,    // the server is shutting down or has no serving member
   };
 
   Status() = default;  // OK
@@ -43,6 +47,9 @@ class [[nodiscard]] Status {
   static Status ValueTooLarge(std::string_view msg) { return Status(Code::kValueTooLarge, msg); }
   static Status NoSpace(std::string_view msg) { return Status(Code::kNoSpace, msg); }
   static Status Busy(std::string_view msg) { return Status(Code::kBusy, msg); }
+  static Status Unauthorized(std::string_view msg) { return Status(Code::kUnauthorized, msg); }
+  static Status NotOwner(std::string_view msg) { return Status(Code::kNotOwner, msg); }
+  static Status Unavailable(std::string_view msg) { return Status(Code::kUnavailable, msg); }
 
   bool ok() const { return code_ == Code::kOk; }
   bool IsNotFound() const { return code_ == Code::kNotFound; }
@@ -53,6 +60,9 @@ class [[nodiscard]] Status {
   bool IsValueTooLarge() const { return code_ == Code::kValueTooLarge; }
   bool IsNoSpace() const { return code_ == Code::kNoSpace; }
   bool IsBusy() const { return code_ == Code::kBusy; }
+  bool IsUnauthorized() const { return code_ == Code::kUnauthorized; }
+  bool IsNotOwner() const { return code_ == Code::kNotOwner; }
+  bool IsUnavailable() const { return code_ == Code::kUnavailable; }
 
   Code code() const { return code_; }
   const std::string& message() const { return msg_; }
