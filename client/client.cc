@@ -69,6 +69,7 @@ Status Client::Connect() {
   try {
     transport->open();
   } catch (const std::exception& e) {
+    network_failed_ = true;
     return Status::IOError(address() + ": cannot connect: " + e.what());
   }
   conn_ = std::make_unique<Connection>(std::move(socket), std::move(transport));
@@ -90,14 +91,17 @@ template <typename Call>
 Status Client::Invoke(const char* method, bool idempotent, Call&& call) {
   for (int attempt = 0;; ++attempt) {
     const bool reused = conn_ != nullptr && conn_used_;
+    network_failed_ = true;  // until the server answers
     FLATKV_RETURN_IF_ERROR(Connect());
     std::string failure;
     try {
       call(conn_->rpc);
       conn_used_ = true;
+      network_failed_ = false;
       return Status::OK();
     } catch (const rpc::KvError& e) {
       conn_used_ = true;  // a typed answer: the connection is in sync
+      network_failed_ = false;
       return FromKvError(e);
     } catch (const std::exception& e) {
       failure = e.what();

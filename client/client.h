@@ -57,6 +57,12 @@ class Client {
   void Close();
   // "host:port", for messages.
   std::string address() const;
+  // True when the last call failed without an answer from the server (it
+  // could not connect, the connection broke or timed out, or the answer was
+  // malformed): an IOError naming host:port. False after a success and after
+  // an error the server answered (a KvError; STORAGE_ERROR is IOError too,
+  // which is why callers that must tell the two apart ask here).
+  bool network_failed() const { return network_failed_; }
 
   // On a hit stores the value in *value and returns OK; an absent key is
   // NotFound and leaves *value unchanged.
@@ -99,6 +105,7 @@ class Client {
   const ClientOptions options_;
   std::unique_ptr<Connection> conn_;
   bool conn_used_ = false;  // the connection has completed a call
+  bool network_failed_ = false;  // see network_failed()
 };
 
 // The Status for a server's KvError (exposed for the ring-aware client).
