@@ -1,0 +1,692 @@
+// flatkv: the command-line client of one FlatKV server (shared/DESIGN.md,
+// "Tools"), a thin layer over flatkv::client::Client. `flatkv --help` is the
+// reference; client/README.md and the top README show a session.
+//
+// Implementation notes
+//
+// Exit codes are the CLI's contract with scripts: 0 success, 1 not found
+// (get/sget/rm/srm), 2 usage or local error, 3 an error the server answered
+// (its Status printed as "flatkv: <Code>: <message>"), 4 no answer from the
+// server (cannot connect, connection lost, timed out). The client maps the
+// server's STORAGE_ERROR onto IOError, the same code as a network failure,
+// so 3 and 4 are told apart by Client::network_failed(), not by the code.
+//
+// --hex works in both directions, so `flatkv --hex get 1 | flatkv --hex put
+// 2` copies any value: values and string keys are printed as lowercase hex,
+// and VALUE and SKEY operands (and a VALUE read from stdin, surrounding
+// whitespace ignored) are parsed as hex.
+//
+// `admin compact --wait` polls compactionStatus. The wire has no round
+// number and the server picks a request up asynchronously, so the end of the
+// round this command started is inferred (RoundOver below).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <thrift/TOutput.h>
+
+#include "client/client.h"
+
+namespace flatkv::client {
+namespace {
+
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitNotFound = 1,
+  kExitUsage = 2,
+  kExitServer = 3,
+  kExitNetwork = 4,
+};
+
+constexpr int32_t kScanPage = 1000;  // pairs asked for per scan call
+constexpr auto kPollInterval = std::chrono::milliseconds(100);
+// A compaction round that never showed as running and changed no counter
+// within this long is taken as over (a round with nothing to compact).
+constexpr auto kCompactGrace = std::chrono::seconds(1);
+constexpr int kBarWidth = 20;
+
+constexpr const char* kUsage =
+    "usage: flatkv [options] COMMAND [ARGS]\n"
+    "\n"
+    "Commands:\n"
+    "  get KEY                     print the value of integer KEY\n"
+    "  put KEY [VALUE]             store VALUE (absent or '-': all of stdin)\n"
+    "  rm KEY                      remove KEY\n"
+    "  append KEY [VALUE]          add VALUE's bytes to KEY's value (creates it)\n"
+    "  scan [FROM] [--limit N] [--reverse]\n"
+    "                              print 'KEY<TAB>VALUE' lines in key order from\n"
+    "                              FROM (default: the first key, or the last\n"
+    "                              with --reverse), at most N of them\n"
+    "  sget SKEY | sput SKEY [VALUE] | srm SKEY\n"
+    "                              the same for string keys\n"
+    "  admin write-mode [safe|async]  set the write mode, or print it\n"
+    "  admin compact [--wait]      start a compaction; --wait draws progress on\n"
+    "                              stderr and prints what it reclaimed\n"
+    "  admin stats                 print 'name value' counter lines, sorted\n"
+    "  admin info                  print the server's identity, 'name value'\n"
+    "\n"
+    "Options (anywhere on the line; '--' ends them):\n"
+    "  --host H          server address (default 127.0.0.1)\n"
+    "  --port P          server port (default 9901)\n"
+    "  --timeout-ms N    connect and per-call I/O timeout (default 2000 to\n"
+    "                    connect, 30000 per call; 0 = none)\n"
+    "  --token T         admin token (default: $FLATKV_ADMIN_TOKEN)\n"
+    "  --hex             values and string keys are hex, on output and input\n"
+    "                    (VALUE, SKEY and a VALUE read from stdin)\n"
+    "  --raw             get/sget: print the value's bytes exactly, with no\n"
+    "                    newline (default: the value, then a newline)\n"
+    "  --zk Z, --path P  cluster mode (not built yet)\n"
+    "  --help            this text\n"
+    "\n"
+    "Exit status: 0 success; 1 key not found (get, sget, rm, srm); 2 usage or\n"
+    "local error; 3 error answered by the server (e.g. KeyOutOfRange,\n"
+    "Unauthorized); 4 cannot reach the server or the connection was lost.\n";
+
+// Everything the command line says.
+struct Flags {
+  ClientOptions client;
+  std::optional<std::string> token;
+  std::optional<int64_t> limit;
+  bool hex = false;
+  bool raw = false;
+  bool reverse = false;
+  bool wait = false;
+  bool cluster = false;  // --zk or --path given
+  bool help = false;
+  std::vector<std::string> operands;  // the command and its arguments
+};
+
+// Parses all of "text" as a T; false on anything else (no exceptions).
+template <typename T>
+bool ParseInt(std::string_view text, T* out) {
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  return ec == std::errc() && ptr == end && !text.empty();
+}
+
+Status BadUsage(const std::string& message) { return Status::InvalidArgument(message); }
+
+// Parses an integer option into [lo, hi].
+template <typename T>
+Status ParseBounded(const std::string& name, const std::string& text, T lo, T hi, T* out) {
+  if (!ParseInt(text, out) || *out < lo || *out > hi) {
+    return BadUsage("--" + name + " wants an integer in [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "], not '" + text + "'");
+  }
+  return Status::OK();
+}
+
+bool TakesValue(const std::string& name) {
+  static const char* const kWithValue[] = {"host", "port", "timeout-ms", "token",
+                                           "limit", "zk", "path"};
+  return std::any_of(std::begin(kWithValue), std::end(kWithValue),
+                     [&](const char* n) { return name == n; });
+}
+
+Status ApplyValueOption(const std::string& name, const std::string& value, Flags* f) {
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  if (name == "host") {
+    f->client.host = value;
+  } else if (name == "port") {
+    return ParseBounded(name, value, 1, 65535, &f->client.port);
+  } else if (name == "timeout-ms") {
+    int ms = 0;
+    FLATKV_RETURN_IF_ERROR(ParseBounded(name, value, 0, kIntMax, &ms));
+    f->client.connect_timeout_ms = ms;
+    f->client.timeout_ms = ms;
+  } else if (name == "token") {
+    f->token = value;
+  } else if (name == "limit") {
+    int64_t n = 0;
+    FLATKV_RETURN_IF_ERROR(
+        ParseBounded<int64_t>(name, value, 1, std::numeric_limits<int64_t>::max(), &n));
+    f->limit = n;
+  } else {  // zk, path
+    f->cluster = true;
+  }
+  return Status::OK();
+}
+
+Status ApplyFlag(const std::string& name, Flags* f) {
+  if (name == "hex") {
+    f->hex = true;
+  } else if (name == "raw") {
+    f->raw = true;
+  } else if (name == "reverse") {
+    f->reverse = true;
+  } else if (name == "wait") {
+    f->wait = true;
+  } else if (name == "help") {
+    f->help = true;
+  } else {
+    return BadUsage("unknown option --" + name);
+  }
+  return Status::OK();
+}
+
+// Options are "--name value", "--name=value" or "-h"; anything else,
+// including "-" and negative numbers, is an operand.
+Status ParseArgs(int argc, char** argv, Flags* f) {
+  bool options_done = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (options_done || arg.size() < 2 || arg[0] != '-' || (arg[1] != '-' && arg != "-h")) {
+      f->operands.push_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      options_done = true;
+      continue;
+    }
+    if (arg == "-h") {
+      f->help = true;
+      continue;
+    }
+    std::string name = arg.substr(2);
+    std::optional<std::string> value;
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    }
+    if (!TakesValue(name)) {
+      if (value) return BadUsage("--" + name + " takes no value");
+      FLATKV_RETURN_IF_ERROR(ApplyFlag(name, f));
+      continue;
+    }
+    if (!value) {
+      if (i + 1 >= argc) return BadUsage("--" + name + " needs a value");
+      value = argv[++i];
+    }
+    FLATKV_RETURN_IF_ERROR(ApplyValueOption(name, *value, f));
+  }
+  return Status::OK();
+}
+
+std::string ToHex(std::string_view bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Decodes hex, ignoring surrounding whitespace (a trailing newline from
+// `flatkv --hex get` or echo).
+Status FromHex(std::string_view text, std::string* out) {
+  const char* kSpace = " \t\r\n";
+  const size_t first = text.find_first_not_of(kSpace);
+  text = first == std::string_view::npos ? std::string_view()
+                                         : text.substr(first, text.find_last_not_of(kSpace) - first + 1);
+  if (text.size() % 2 != 0) return BadUsage("odd number of hex digits");
+  out->clear();
+  for (size_t i = 0; i < text.size(); i += 2) {
+    const int hi = HexDigit(text[i]), lo = HexDigit(text[i + 1]);
+    if (hi < 0 || lo < 0) return BadUsage("not hex: '" + std::string(text.substr(i, 2)) + "'");
+    out->push_back(static_cast<char>(hi << 4 | lo));
+  }
+  return Status::OK();
+}
+
+// Reads all of stdin, binary safe.
+Status ReadStdin(std::string* out) {
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
+    if (n == 0) return Status::OK();
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno("reading stdin", errno);
+    out->append(buf, static_cast<size_t>(n));
+  }
+}
+
+bool WriteAll(std::string_view bytes) {
+  return std::fwrite(bytes.data(), 1, bytes.size(), stdout) == bytes.size();
+}
+
+// stdout failed (a full disk, a closed pipe with SIGPIPE ignored): a local
+// error.
+int WriteError() {
+  std::fprintf(stderr, "flatkv: writing stdout: %s\n", std::strerror(errno));
+  return kExitUsage;
+}
+
+std::string HumanBytes(double bytes, double unit_of) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && unit_of >= 1024) {
+    unit_of /= 1024;
+    bytes /= 1024;
+    ++u;
+  }
+  char text[64];
+  std::snprintf(text, sizeof(text), u == 0 ? "%.0f" : "%.1f", bytes);
+  return std::string(text) + " " + kUnits[u];
+}
+
+// "[#########           ] 45.0%  1.2/2.9 GiB"
+std::string ProgressLine(const rpc::CompactionStatus& s) {
+  const double pct = std::clamp(s.percent, 0.0, 100.0);
+  const int filled = static_cast<int>(pct / 100 * kBarWidth);
+  const double total = static_cast<double>(std::max<int64_t>(s.bytesTotal, 0));
+  const std::string whole = HumanBytes(total, total);
+  std::string done = HumanBytes(static_cast<double>(std::max<int64_t>(s.bytesDone, 0)), total);
+  done.resize(done.rfind(' '));  // the unit is said once, after the total
+  char line[128];
+  std::snprintf(line, sizeof(line), "[%s%s] %.1f%%  %s/%s", std::string(filled, '#').c_str(),
+                std::string(kBarWidth - filled, ' ').c_str(), pct, done.c_str(), whole.c_str());
+  return line;
+}
+
+// Draws the compaction's progress on stderr: redrawn in place on a
+// terminal, otherwise one line each time another 10% is reached.
+class ProgressBar {
+ public:
+  ProgressBar() : tty_(isatty(STDERR_FILENO) == 1) {}
+
+  void Draw(const rpc::CompactionStatus& s) {
+    if (tty_) {
+      std::fprintf(stderr, "\r%s\033[K", ProgressLine(s).c_str());
+      drawn_ = true;
+      return;
+    }
+    const int decile = static_cast<int>(std::clamp(s.percent, 0.0, 100.0) / 10);
+    if (decile <= decile_) return;
+    decile_ = decile;
+    std::fprintf(stderr, "%s\n", ProgressLine(s).c_str());
+  }
+
+  void Finish() {
+    if (tty_ && drawn_) std::fputc('\n', stderr);
+  }
+
+ private:
+  const bool tty_;
+  bool drawn_ = false;
+  int decile_ = -1;  // last 10% step printed (not a tty)
+};
+
+// Is the round this command asked for over? Without a round number on the
+// wire: over once not running and either it was seen running, or a counter
+// moved, or kCompactGrace passed with neither (nothing to do, done between
+// two polls). A round started before ours and still running at our first
+// poll can be mistaken for ours if ours starts between two polls.
+bool RoundOver(const rpc::CompactionStatus& before, const rpc::CompactionStatus& now,
+               bool saw_running, std::chrono::steady_clock::duration waited) {
+  if (now.running) return false;
+  const bool moved = now.tablesCompacted != before.tablesCompacted ||
+                     now.bytesReclaimed != before.bytesReclaimed ||
+                     now.lastError != before.lastError;
+  return saw_running || moved || waited >= kCompactGrace;
+}
+
+class Cli {
+ public:
+  explicit Cli(Flags flags) : flags_(std::move(flags)), client_(flags_.client) {}
+
+  int Run();
+
+ private:
+  using Operands = std::vector<std::string>;
+  struct Command {
+    const char* name;
+    size_t min_operands, max_operands;  // after the command's name
+    int (Cli::*run)(const Operands&);
+  };
+  static const Command kCommands[];
+
+  Status CheckOptions(const std::string& command) const;
+  int Fail(const Status& st);
+  int Usage(const std::string& message);
+  Status Key(const std::string& text, int64_t* key);
+  Status StringKey(const std::string& text, std::string* key);
+  Status Value(const Operands& ops, size_t index, std::string* value);
+  int PrintValue(const std::string& value);
+  std::string Token() const;
+
+  int Get(const Operands& ops);
+  int Put(const Operands& ops);
+  int Remove(const Operands& ops);
+  int Append(const Operands& ops);
+  int Scan(const Operands& ops);
+  int SGet(const Operands& ops);
+  int SPut(const Operands& ops);
+  int SRemove(const Operands& ops);
+  int WriteMode(const Operands& ops);
+  int Compact(const Operands& ops);
+  int WaitForCompaction(const rpc::CompactionStatus& before);
+  int Stats(const Operands& ops);
+  int Info(const Operands& ops);
+
+  const Flags flags_;
+  Client client_;
+};
+
+const Cli::Command Cli::kCommands[] = {
+    {"get", 1, 1, &Cli::Get},
+    {"put", 1, 2, &Cli::Put},
+    {"rm", 1, 1, &Cli::Remove},
+    {"append", 1, 2, &Cli::Append},
+    {"scan", 0, 1, &Cli::Scan},
+    {"sget", 1, 1, &Cli::SGet},
+    {"sput", 1, 2, &Cli::SPut},
+    {"srm", 1, 1, &Cli::SRemove},
+    {"admin write-mode", 0, 1, &Cli::WriteMode},
+    {"admin compact", 0, 0, &Cli::Compact},
+    {"admin stats", 0, 0, &Cli::Stats},
+    {"admin info", 0, 0, &Cli::Info},
+};
+
+int Cli::Run() {
+  if (flags_.operands.empty()) return Usage("no command");
+  Operands ops = flags_.operands;
+  std::string name = ops[0];
+  ops.erase(ops.begin());
+  if (name == "admin") {
+    if (ops.empty()) return Usage("admin needs a subcommand: write-mode, compact, stats, info");
+    name += " " + ops[0];
+    ops.erase(ops.begin());
+  }
+  for (const Command& c : kCommands) {
+    if (name != c.name) continue;
+    if (ops.size() < c.min_operands || ops.size() > c.max_operands) {
+      return Usage("wrong number of arguments for " + name);
+    }
+    Status st = CheckOptions(name);
+    if (!st.ok()) return Usage(st.message());
+    return (this->*c.run)(ops);
+  }
+  return Usage("unknown command '" + name + "'");
+}
+
+// Options that only make sense for some commands are refused elsewhere, so
+// a typo such as `flatkv get 1 --limit 3` is not silently ignored.
+Status Cli::CheckOptions(const std::string& command) const {
+  if ((flags_.limit || flags_.reverse) && command != "scan") {
+    return Status::InvalidArgument("--limit and --reverse apply to scan only");
+  }
+  if (flags_.wait && command != "admin compact") {
+    return Status::InvalidArgument("--wait applies to admin compact only");
+  }
+  if (flags_.raw && command != "get" && command != "sget") {
+    return Status::InvalidArgument("--raw applies to get and sget only");
+  }
+  if (flags_.raw && flags_.hex) return Status::InvalidArgument("--raw and --hex exclude each other");
+  return Status::OK();
+}
+
+int Cli::Fail(const Status& st) {
+  std::fprintf(stderr, "flatkv: %s\n", st.ToString().c_str());
+  return client_.network_failed() ? kExitNetwork : kExitServer;
+}
+
+int Cli::Usage(const std::string& message) {
+  std::fprintf(stderr, "flatkv: %s (flatkv --help for usage)\n", message.c_str());
+  return kExitUsage;
+}
+
+Status Cli::Key(const std::string& text, int64_t* key) {
+  if (!ParseInt(text, key)) return Status::InvalidArgument("bad key '" + text + "': not a 64-bit integer");
+  return Status::OK();
+}
+
+Status Cli::StringKey(const std::string& text, std::string* key) {
+  if (!flags_.hex) {
+    *key = text;
+    return Status::OK();
+  }
+  return FromHex(text, key).WithContext("SKEY");
+}
+
+// The VALUE operand at "index": the operand itself, or stdin when it is
+// absent or "-"; hex-decoded with --hex.
+Status Cli::Value(const Operands& ops, size_t index, std::string* value) {
+  std::string text;
+  if (index < ops.size() && ops[index] != "-") {
+    text = ops[index];
+  } else {
+    FLATKV_RETURN_IF_ERROR(ReadStdin(&text));
+  }
+  if (!flags_.hex) {
+    *value = std::move(text);
+    return Status::OK();
+  }
+  return FromHex(text, value).WithContext("VALUE");
+}
+
+int Cli::PrintValue(const std::string& value) {
+  bool ok = false;
+  if (flags_.raw) {
+    ok = WriteAll(value);
+  } else {
+    ok = WriteAll(flags_.hex ? ToHex(value) : value) && WriteAll("\n");
+  }
+  return ok && std::fflush(stdout) == 0 ? kExitOk : WriteError();
+}
+
+std::string Cli::Token() const {
+  if (flags_.token) return *flags_.token;
+  const char* env = std::getenv("FLATKV_ADMIN_TOKEN");
+  return env != nullptr ? env : "";
+}
+
+int Cli::Get(const Operands& ops) {
+  int64_t key = 0;
+  std::string value;
+  if (Status st = Key(ops[0], &key); !st.ok()) return Usage(st.message());
+  Status st = client_.Get(key, &value);
+  if (st.IsNotFound()) {
+    std::fprintf(stderr, "flatkv: key %s not found\n", ops[0].c_str());
+    return kExitNotFound;
+  }
+  return st.ok() ? PrintValue(value) : Fail(st);
+}
+
+int Cli::Put(const Operands& ops) {
+  int64_t key = 0;
+  std::string value;
+  if (Status st = Key(ops[0], &key); !st.ok()) return Usage(st.message());
+  if (Status st = Value(ops, 1, &value); !st.ok()) return Usage(st.message());
+  Status st = client_.Put(key, value);
+  return st.ok() ? kExitOk : Fail(st);
+}
+
+int Cli::Remove(const Operands& ops) {
+  int64_t key = 0;
+  bool existed = false;
+  if (Status st = Key(ops[0], &key); !st.ok()) return Usage(st.message());
+  Status st = client_.Remove(key, &existed);
+  if (!st.ok()) return Fail(st);
+  if (existed) return kExitOk;
+  std::fprintf(stderr, "flatkv: key %s not found\n", ops[0].c_str());
+  return kExitNotFound;
+}
+
+int Cli::Append(const Operands& ops) {
+  int64_t key = 0;
+  std::string value;
+  if (Status st = Key(ops[0], &key); !st.ok()) return Usage(st.message());
+  if (Status st = Value(ops, 1, &value); !st.ok()) return Usage(st.message());
+  Status st = client_.Append(key, value);
+  return st.ok() ? kExitOk : Fail(st);
+}
+
+// Follows nextKey until the server says done or --limit pairs are printed.
+int Cli::Scan(const Operands& ops) {
+  int64_t from = flags_.reverse ? std::numeric_limits<int64_t>::max()
+                                : std::numeric_limits<int64_t>::min();
+  if (!ops.empty()) {
+    if (Status st = Key(ops[0], &from); !st.ok()) return Usage(st.message());
+  }
+  int64_t left = flags_.limit.value_or(std::numeric_limits<int64_t>::max());
+  while (left > 0) {
+    rpc::ScanResult page;
+    Status st = client_.Scan(from, static_cast<int32_t>(std::min<int64_t>(left, kScanPage)),
+                             flags_.reverse, &page);
+    if (!st.ok()) return Fail(st);
+    for (const rpc::KvPair& p : page.pairs) {
+      const std::string line = std::to_string(p.key) + "\t" +
+                               (flags_.hex ? ToHex(p.value) : p.value) + "\n";
+      if (!WriteAll(line)) return WriteError();
+    }
+    left -= static_cast<int64_t>(page.pairs.size());
+    if (page.done) break;
+    from = page.nextKey;
+  }
+  return std::fflush(stdout) == 0 ? kExitOk : WriteError();
+}
+
+int Cli::SGet(const Operands& ops) {
+  std::string key, value;
+  if (Status st = StringKey(ops[0], &key); !st.ok()) return Usage(st.message());
+  Status st = client_.SGet(key, &value);
+  if (st.IsNotFound()) {
+    std::fprintf(stderr, "flatkv: string key not found\n");
+    return kExitNotFound;
+  }
+  return st.ok() ? PrintValue(value) : Fail(st);
+}
+
+int Cli::SPut(const Operands& ops) {
+  std::string key, value;
+  if (Status st = StringKey(ops[0], &key); !st.ok()) return Usage(st.message());
+  if (Status st = Value(ops, 1, &value); !st.ok()) return Usage(st.message());
+  Status st = client_.SPut(key, value);
+  return st.ok() ? kExitOk : Fail(st);
+}
+
+int Cli::SRemove(const Operands& ops) {
+  std::string key;
+  bool existed = false;
+  if (Status st = StringKey(ops[0], &key); !st.ok()) return Usage(st.message());
+  Status st = client_.SRemove(key, &existed);
+  if (!st.ok()) return Fail(st);
+  if (existed) return kExitOk;
+  std::fprintf(stderr, "flatkv: string key not found\n");
+  return kExitNotFound;
+}
+
+int Cli::WriteMode(const Operands& ops) {
+  if (ops.empty()) {
+    rpc::WriteMode::type mode = rpc::WriteMode::SAFE;
+    Status st = client_.GetWriteMode(&mode);
+    if (!st.ok()) return Fail(st);
+    std::printf("%s\n", mode == rpc::WriteMode::ASYNC ? "async" : "safe");
+    return kExitOk;
+  }
+  if (ops[0] != "safe" && ops[0] != "async") {
+    return Usage("write mode must be safe or async, not '" + ops[0] + "'");
+  }
+  Status st = client_.SetWriteMode(
+      Token(), ops[0] == "safe" ? rpc::WriteMode::SAFE : rpc::WriteMode::ASYNC);
+  return st.ok() ? kExitOk : Fail(st);
+}
+
+int Cli::Compact(const Operands&) {
+  rpc::CompactionStatus before;
+  if (flags_.wait) {
+    if (Status st = client_.GetCompactionStatus(&before); !st.ok()) return Fail(st);
+  }
+  if (Status st = client_.Compact(Token()); !st.ok()) return Fail(st);
+  if (!flags_.wait) {
+    std::printf("compaction started (flatkv admin stats or admin compact --wait to follow)\n");
+    return kExitOk;
+  }
+  return WaitForCompaction(before);
+}
+
+// Polls until the round is over, then prints what this round did (the
+// server's counters are totals since it started).
+int Cli::WaitForCompaction(const rpc::CompactionStatus& before) {
+  const auto start = std::chrono::steady_clock::now();
+  ProgressBar bar;
+  bool saw_running = false;
+  rpc::CompactionStatus now;
+  for (;;) {
+    if (Status st = client_.GetCompactionStatus(&now); !st.ok()) {
+      bar.Finish();
+      return Fail(st);
+    }
+    saw_running = saw_running || now.running;
+    if (now.running) bar.Draw(now);
+    if (RoundOver(before, now, saw_running, std::chrono::steady_clock::now() - start)) break;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  bar.Draw(now);
+  bar.Finish();
+  std::printf("tables_compacted %lld\nbytes_reclaimed %lld\n",
+              static_cast<long long>(now.tablesCompacted - before.tablesCompacted),
+              static_cast<long long>(now.bytesReclaimed - before.bytesReclaimed));
+  if (now.lastError.empty()) return kExitOk;
+  std::fprintf(stderr, "flatkv: compaction failed: %s\n", now.lastError.c_str());
+  return kExitServer;
+}
+
+int Cli::Stats(const Operands&) {
+  std::map<std::string, int64_t> stats;
+  if (Status st = client_.Stats(&stats); !st.ok()) return Fail(st);
+  for (const auto& [name, value] : stats) {
+    std::printf("%s %lld\n", name.c_str(), static_cast<long long>(value));
+  }
+  return kExitOk;
+}
+
+int Cli::Info(const Operands&) {
+  rpc::NodeInfo info;
+  if (Status st = client_.Info(&info); !st.ok()) return Fail(st);
+  std::printf("version %s\nrole %s\nmark %lld\nkey_min %lld\nkey_max %lld\n"
+              "write_mode %s\nuptime_seconds %lld\n",
+              info.version.c_str(), info.role.c_str(), static_cast<long long>(info.mark),
+              static_cast<long long>(info.keyMin), static_cast<long long>(info.keyMax),
+              info.writeMode == rpc::WriteMode::ASYNC ? "async" : "safe",
+              static_cast<long long>(info.uptimeSeconds));
+  return kExitOk;
+}
+
+int Main(int argc, char** argv) {
+  // Thrift prints its own lines for a refused connection; the Status says it.
+  apache::thrift::GlobalOutput.setOutputFunction([](const char*) {});
+  Flags flags;
+  if (Status st = ParseArgs(argc, argv, &flags); !st.ok()) {
+    std::fprintf(stderr, "flatkv: %s (flatkv --help for usage)\n", st.message().c_str());
+    return kExitUsage;
+  }
+  if (flags.help) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (flags.cluster) {
+    std::fprintf(stderr, "flatkv: cluster mode is not built yet; use --host/--port\n");
+    return kExitUsage;
+  }
+  return Cli(std::move(flags)).Run();
+}
+
+}  // namespace
+}  // namespace flatkv::client
+
+int main(int argc, char** argv) { return flatkv::client::Main(argc, argv); }
