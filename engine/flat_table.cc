@@ -138,7 +138,7 @@ uint64_t FlatTable::RecordBytesEstimate(uint64_t slot_value, size_t fallback) co
 
 Status FlatTable::Write(FileState& fs, std::unique_lock<std::mutex>& lk, int file, int64_t key,
                         RecordType type, std::string_view prefix, std::string_view value,
-                        bool wait) {
+                        Durability durability) {
   if (!fs.error.ok()) return fs.error;
   LogFile* log;
   FLATKV_RETURN_IF_ERROR(LogForWrite(fs, file, &log));
@@ -166,7 +166,7 @@ Status FlatTable::Write(FileState& fs, std::unique_lock<std::mutex>& lk, int fil
     fs.applied = log->end();
     return Status::OK();
   }
-  if (!wait) {
+  if (durability == Durability::kNoWait) {
     // A compaction copy under sync: always: visible now, made durable with
     // the whole copy. It must not move "applied": writers queued for group
     // commit before it would take that for their own fdatasync.
@@ -175,6 +175,7 @@ Status FlatTable::Write(FileState& fs, std::unique_lock<std::mutex>& lk, int fil
   fs.pending.push_back({slot, v});
   ++fs.queued;
   if (fs.gathering && fs.pending.size() >= fs.expected) fs.more.notify_one();
+  if (durability == Durability::kQueue) return Status::OK();
   return WaitDurable(fs, lk, log->end());
 }
 
@@ -242,13 +243,62 @@ Status FlatTable::Put(int64_t key, std::string_view value) {
   return Write(fs, lk, file, key, RecordType::kValue, {}, value);
 }
 
+// Groups the items by data file, then writes each group under one hold of
+// the file's mutex and, with sync: always, one group commit.
+Status FlatTable::PutBatch(const std::vector<KeyValueRef>& pairs,
+                           const std::vector<uint32_t>& items) {
+  FLATKV_RETURN_IF_ERROR(EnsureWritable());
+  const uint32_t files = params_.index.data_files;
+  std::vector<uint32_t> order(items);
+  auto file_of = [&](uint32_t i) {
+    return (static_cast<uint64_t>(pairs[i].key) - static_cast<uint64_t>(kmin())) % files;
+  };
+  // Stable: a key given twice keeps its request order within its file.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return file_of(a) < file_of(b); });
+  for (size_t begin = 0; begin < order.size();) {
+    const int file = static_cast<int>(file_of(order[begin]));
+    size_t end = begin;
+    while (end < order.size() && file_of(order[end]) == static_cast<uint64_t>(file)) ++end;
+    FLATKV_RETURN_IF_ERROR(PutFileBatch(file, pairs, order.data() + begin, end - begin));
+    begin = end;
+  }
+  return Status::OK();
+}
+
+Status FlatTable::PutFileBatch(int file, const std::vector<KeyValueRef>& pairs,
+                               const uint32_t* items, size_t n) {
+  FileState& fs = files_[file];
+  std::unique_lock<std::mutex> lk(fs.mu);
+  if (FlatTable* next = successor()) {
+    // Compacting: the new table takes the writes, one by one (rare).
+    lk.unlock();
+    for (size_t i = 0; i < n; ++i) {
+      FLATKV_RETURN_IF_ERROR(next->Put(pairs[items[i]].key, pairs[items[i]].value));
+    }
+    return Status::OK();
+  }
+  const bool group = params_.sync == SyncMode::kAlways;
+  Status st;
+  for (size_t i = 0; st.ok() && i < n; ++i) {
+    st = Write(fs, lk, file, pairs[items[i]].key, RecordType::kValue, {}, pairs[items[i]].value,
+               group ? Durability::kQueue : Durability::kWait);
+  }
+  // What was queued must become durable even if a later write failed.
+  if (group && fs.owner != nullptr) {
+    Status durable = WaitDurable(fs, lk, fs.owner->end());
+    if (st.ok()) st = durable;
+  }
+  return st;
+}
+
 Status FlatTable::PutCopy(int64_t key, std::string_view value) {
   FLATKV_RETURN_IF_ERROR(EnsureWritable());
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const int file = static_cast<int>(slot % params_.index.data_files);
   FileState& fs = files_[file];
   std::unique_lock<std::mutex> lk(fs.mu);
-  return Write(fs, lk, file, key, RecordType::kValue, {}, value, /*wait=*/false);
+  return Write(fs, lk, file, key, RecordType::kValue, {}, value, Durability::kNoWait);
 }
 
 Status FlatTable::Remove(int64_t key, bool* existed) {

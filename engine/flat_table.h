@@ -68,6 +68,8 @@ class FlatTable {
 
   // Store's methods, for keys inside this table (callers check the range).
   Status Put(int64_t key, std::string_view value);
+  // Store::PutBatch for pairs[i], i in "items", all keys in this table.
+  Status PutBatch(const std::vector<KeyValueRef>& pairs, const std::vector<uint32_t>& items);
   Status Get(int64_t key, std::string* value) const;
   bool Contains(int64_t key) const;
   Status Remove(int64_t key, bool* existed);
@@ -173,13 +175,21 @@ class FlatTable {
 
   Status EnsureWritable();
   Status LogForWrite(FileState& fs, int file, LogFile** log);
+  // What Write does under sync: always once the record is appended.
+  enum class Durability {
+    kWait,     // queue for group commit and wait until durable and visible
+    kQueue,    // queue for group commit; the caller waits (a batch)
+    kNoWait,   // visible at once (compaction copies, made durable as a
+               // whole before the switch)
+  };
   // Appends a record for "key" and makes it visible (and durable, per the
   // sync mode) with slot value EncodeSlot(pos) (or 0 for a tombstone).
-  // "wait" = false (compaction copies): visible at once even with sync:
-  // always; the copy is made durable as a whole before the switch.
   Status Write(FileState& fs, std::unique_lock<std::mutex>& lk, int file, int64_t key,
                RecordType type, std::string_view prefix, std::string_view value,
-               bool wait = true);
+               Durability durability = Durability::kWait);
+  // PutBatch's items that live in data file "file".
+  Status PutFileBatch(int file, const std::vector<KeyValueRef>& pairs, const uint32_t* items,
+                      size_t n);
   // Estimated on-disk size of the record a slot value points at.
   uint64_t RecordBytesEstimate(uint64_t slot_value, size_t fallback) const;
   // Put without waiting for durability (see Write); used by CopyLive.

@@ -244,6 +244,26 @@ Status Store::Put(int64_t key, std::string_view value) {
   return table->Put(key, value);
 }
 
+Status Store::PutBatch(const std::vector<KeyValueRef>& pairs) {
+  Guard guard(this);
+  for (const KeyValueRef& p : pairs) {
+    FLATKV_RETURN_IF_ERROR(CheckKey(p.key));
+    FLATKV_RETURN_IF_ERROR(CheckValue(p.value.size()));
+  }
+  // Items per table, in request order; a batch rarely spans many tables.
+  std::vector<std::pair<FlatTable*, std::vector<uint32_t>>> groups;
+  for (uint32_t i = 0; i < pairs.size(); ++i) {
+    FlatTable* table;
+    FLATKV_RETURN_IF_ERROR(GetOrCreateTable(pairs[i].key, &table));
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == table; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {table, {}});
+    it->second.push_back(i);
+  }
+  for (const auto& [table, items] : groups) FLATKV_RETURN_IF_ERROR(table->PutBatch(pairs, items));
+  return Status::OK();
+}
+
 Status Store::Get(int64_t key, std::string* value) const {
   Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));

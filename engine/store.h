@@ -42,6 +42,12 @@ struct KeyValue {
   std::string value;
 };
 
+// A pair whose value the caller owns (batch writes).
+struct KeyValueRef {
+  int64_t key = 0;
+  std::string_view value;
+};
+
 struct StringKeyValue {
   std::string key;
   std::string value;
@@ -94,6 +100,18 @@ class Store {
   // for "key", leaves *value unchanged and returns NotFound without any I/O.
   // Returns Corruption (never a wrong value) if the record fails its checksum.
   Status Get(int64_t key, std::string* value) const;
+  // The checks every write makes before it touches anything, for callers
+  // that acknowledge a write before it reaches the Store (the async cache):
+  // KeyOutOfRange outside [key_min, key_max) (IOError once closed), and
+  // ValueTooLarge over max_value_bytes.
+  Status CheckKey(int64_t key) const;
+  Status CheckValue(size_t size) const;
+  // Puts every pair, in order (a key given twice keeps its last value), as
+  // one batch: each table's data file takes its lock once, and with
+  // sync: always one fdatasync per data file covers the batch. Every key
+  // and value is checked first: KeyOutOfRange or ValueTooLarge writes
+  // nothing. An I/O error stops the batch: pairs before it may be written.
+  Status PutBatch(const std::vector<KeyValueRef>& pairs);
 
   // OK if the key is present, NotFound otherwise. Never does I/O.
   Status Exists(int64_t key) const;
@@ -193,8 +211,6 @@ class Store {
 
   explicit Store(const EngineOptions& options);
 
-  Status CheckKey(int64_t key) const;
-  Status CheckValue(size_t size) const;
   uint64_t SegmentId(int64_t key) const;
   // The table holding "key", or nullptr if its segment does not exist yet.
   FlatTable* FindTable(int64_t key) const;

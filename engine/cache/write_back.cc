@@ -18,6 +18,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "engine/cache/arc.h"
 #include "engine/cache/lru.h"
 
@@ -127,6 +129,19 @@ Status WriteBackCache::WriteSafe(int64_t key, const Dirty& op) {
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> stripe(StripeOf(key));
   FLATKV_RETURN_IF_ERROR(op.remove ? store_->Remove(key, nullptr) : store_->Put(key, op.value));
+  if (!op.remove) {
+    AfterSafePut(key, op.value);
+    return Status::OK();
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++s.seq;
+  DropDirtyLocked(s, key);  // an older async write, superseded
+  s.policy->Erase(PolicyKey(key));
+  return Status::OK();
+}
+
+void WriteBackCache::AfterSafePut(int64_t key, std::string_view value) {
+  Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.seq;
   DropDirtyLocked(s, key);  // an older async write, superseded
@@ -134,10 +149,47 @@ Status WriteBackCache::WriteSafe(int64_t key, const Dirty& op) {
   // an uncached one stays uncached (a fill must not churn the cache, and
   // reads bring hot keys in).
   const std::string pkey = PolicyKey(key);
-  if (op.remove) {
-    s.policy->Erase(pkey);
-  } else if (s.policy->Contains(pkey)) {
-    s.policy->Insert(pkey, op.value);
+  if (s.policy->Contains(pkey)) s.policy->Insert(pkey, std::string(value));
+}
+
+// Holds the stripes of every key of the batch, taken in ascending order
+// (everyone else holds at most one stripe, so this cannot deadlock), across
+// the Store write and the cache updates, as WriteSafe does for one key.
+Status WriteBackCache::WriteSafeBatch(const std::vector<KeyValueRef>& pairs) {
+  std::vector<size_t> stripes;
+  stripes.reserve(pairs.size());
+  for (const KeyValueRef& p : pairs) stripes.push_back(Hash(p.key) / kShards % kStripes);
+  std::sort(stripes.begin(), stripes.end());
+  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+  for (size_t i : stripes) stripes_[i].lock();
+  Status st = store_->PutBatch(pairs);
+  // Pairs may have reached the Store even on an error: update the cache for
+  // all of them (a later get then reads the Store, which is the truth).
+  for (const KeyValueRef& p : pairs) {
+    if (st.ok()) {
+      AfterSafePut(p.key, p.value);
+    } else {
+      Shard& s = ShardOf(p.key);
+      std::lock_guard<std::mutex> lock(s.mu);
+      ++s.seq;
+      s.policy->Erase(PolicyKey(p.key));
+    }
+  }
+  for (size_t i : stripes) stripes_[i].unlock();
+  return st;
+}
+
+Status WriteBackCache::PutBatch(const std::vector<KeyValueRef>& pairs) {
+  for (const KeyValueRef& p : pairs) {
+    FLATKV_RETURN_IF_ERROR(store_->CheckKey(p.key));
+    FLATKV_RETURN_IF_ERROR(store_->CheckValue(p.value.size()));
+  }
+  if (mode_.load() != WriteMode::kAsync) return WriteSafeBatch(pairs);
+  for (const KeyValueRef& p : pairs) {
+    Dirty op;
+    op.value.assign(p.value.data(), p.value.size());
+    WaitForRoom();
+    if (!TryWriteAsync(p.key, &op)) FLATKV_RETURN_IF_ERROR(WriteSafe(p.key, op));
   }
   return Status::OK();
 }
@@ -171,6 +223,9 @@ bool WriteBackCache::TryWriteAsync(int64_t key, Dirty* op) {
 }
 
 Status WriteBackCache::Put(int64_t key, std::string_view value) {
+  // Checked now: an async write is acknowledged before the Store sees it.
+  FLATKV_RETURN_IF_ERROR(store_->CheckKey(key));
+  FLATKV_RETURN_IF_ERROR(store_->CheckValue(value.size()));
   Dirty op;
   op.value.assign(value.data(), value.size());
   if (mode_.load() == WriteMode::kAsync) {
@@ -181,6 +236,7 @@ Status WriteBackCache::Put(int64_t key, std::string_view value) {
 }
 
 Status WriteBackCache::Remove(int64_t key, bool* existed) {
+  FLATKV_RETURN_IF_ERROR(store_->CheckKey(key));
   if (mode_.load() == WriteMode::kAsync) WaitForRoom();
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> stripe(StripeOf(key));
@@ -208,6 +264,8 @@ Status WriteBackCache::Remove(int64_t key, bool* existed) {
 }
 
 Status WriteBackCache::Append(int64_t key, std::string_view value) {
+  FLATKV_RETURN_IF_ERROR(store_->CheckKey(key));
+  FLATKV_RETURN_IF_ERROR(store_->CheckValue(value.size()));
   if (mode_.load() == WriteMode::kAsync) WaitForRoom();
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> stripe(StripeOf(key));
@@ -232,6 +290,7 @@ Status WriteBackCache::Append(int64_t key, std::string_view value) {
     Dirty op;
     op.value = current;
     op.value.append(value.data(), value.size());
+    FLATKV_RETURN_IF_ERROR(store_->CheckValue(op.value.size()));
     if (TryWriteAsync(key, &op)) return Status::OK();
   }
   // Safe: land any older dirty value first, then append in the Store.

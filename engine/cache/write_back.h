@@ -71,6 +71,11 @@ class WriteBackCache {
 
   Status Get(int64_t key, std::string* value);
   Status Put(int64_t key, std::string_view value);
+  // Put of every pair in order, checked first (KeyOutOfRange or
+  // ValueTooLarge writes nothing). Safe mode writes them to the Store as one
+  // Store::PutBatch under the stripes of all their keys; async mode adds
+  // them to the dirty map.
+  Status PutBatch(const std::vector<KeyValueRef>& pairs);
   Status Remove(int64_t key, bool* existed = nullptr);
   // In async mode the new whole value is computed now (from the cache or the
   // Store) and written as one dirty put.
@@ -109,6 +114,9 @@ class WriteBackCache {
   static uint64_t Hash(int64_t key);
   static std::string PolicyKey(int64_t key);
   Status WriteSafe(int64_t key, const Dirty& op);
+  // The cache side of a safe put that reached the Store (stripe held).
+  void AfterSafePut(int64_t key, std::string_view value);
+  Status WriteSafeBatch(const std::vector<KeyValueRef>& pairs);
   // Waits (holding no lock) while dirty bytes exceed max_dirty_bytes.
   void WaitForRoom();
   // Adds a dirty entry if the mode is still async (checked under the shard

@@ -228,3 +228,51 @@ TEST_CASE("sync: interval makes written files durable in the background", "[engi
   std::this_thread::sleep_for(std::chrono::milliseconds(450));
   REQUIRE(store->GetStats().fdatasyncs == 2);
 }
+
+TEST_CASE("Store::PutBatch writes every pair in order across segments and data files",
+          "[engine][store][batch]") {
+  for (auto sync : {flatkv::engine::SyncMode::kNone, flatkv::engine::SyncMode::kAlways}) {
+    flatkv::test::TempDir dir;
+    EngineOptions o;
+    o.path = dir / "s";
+    o.segment_keys = 1000;
+    o.data_files = 4;
+    o.sync = sync;
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(o, &store).ok());
+    std::vector<std::string> values;
+    std::vector<flatkv::engine::KeyValueRef> batch;
+    for (int64_t k = 990; k < 1010; ++k) values.push_back(ValueFor(k, 50));
+    for (int64_t k = 990; k < 1010; ++k) batch.push_back({k, values[k - 990]});
+    batch.push_back({995, "second write of 995 wins"});  // same key twice: the last wins
+    REQUIRE(store->PutBatch(batch).ok());
+    auto check = [&] {
+      for (int64_t k = 990; k < 1010; ++k) {
+        std::string v;
+        REQUIRE(store->Get(k, &v).ok());
+        REQUIRE(v == (k == 995 ? "second write of 995 wins" : values[k - 990]));
+      }
+    };
+    check();
+    REQUIRE(store->Close().ok());
+    store.reset();
+    REQUIRE(Store::Open(o, &store).ok());
+    check();
+  }
+}
+
+TEST_CASE("Store::PutBatch with one bad key or value writes nothing", "[engine][store][batch]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.key_max = 100;
+  o.max_value_bytes = 10;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  std::vector<flatkv::engine::KeyValueRef> batch = {{1, "a"}, {100, "b"}};
+  REQUIRE(store->PutBatch(batch).IsKeyOutOfRange());
+  batch = {{1, "a"}, {2, "0123456789x"}};
+  REQUIRE(store->PutBatch(batch).IsValueTooLarge());
+  std::string v;
+  REQUIRE(store->Get(1, &v).IsNotFound());
+}

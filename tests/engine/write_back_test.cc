@@ -217,3 +217,52 @@ TEST_CASE("Threads racing with mode switches leave the store with every newest v
     }
   }
 }
+
+TEST_CASE("PutBatch in safe mode reaches the store and updates cached keys", "[engine][cache][batch]") {
+  Fixture f(Options(WriteMode::kSafe));
+  REQUIRE(f.cache->Put(1, "old").ok());
+  std::string v;
+  REQUIRE(f.cache->Get(1, &v).ok());  // now cached
+  std::vector<flatkv::engine::KeyValueRef> batch;
+  std::vector<std::string> values;
+  for (int64_t k = 0; k < 300; ++k) values.push_back(Tag("batch", k));
+  for (int64_t k = 0; k < 300; ++k) batch.push_back({k, values[k]});
+  REQUIRE(f.cache->PutBatch(batch).ok());
+  for (int64_t k = 0; k < 300; ++k) {
+    REQUIRE(f.store->Get(k, &v).ok());  // in the store before PutBatch returned
+    REQUIRE(v == values[k]);
+    REQUIRE(f.cache->Get(k, &v).ok());
+    REQUIRE(v == values[k]);
+  }
+  std::vector<flatkv::engine::KeyValueRef> bad = {{2, "x"}, {-1, "y"}};
+  REQUIRE(f.cache->PutBatch(bad).IsKeyOutOfRange());
+  REQUIRE(f.cache->Get(2, &v).ok());
+  REQUIRE(v == values[2]);
+}
+
+TEST_CASE("PutBatch in async mode is acknowledged from the cache and flushed later",
+          "[engine][cache][batch]") {
+  Fixture f(Options(WriteMode::kAsync));
+  std::vector<flatkv::engine::KeyValueRef> batch = {{7, "a"}, {8, "b"}, {7, "c"}};
+  REQUIRE(f.cache->PutBatch(batch).ok());
+  std::string v;
+  REQUIRE(f.store->Get(7, &v).IsNotFound());  // not flushed yet
+  REQUIRE(f.cache->Get(7, &v).ok());
+  REQUIRE(v == "c");
+  REQUIRE(f.cache->Flush().ok());
+  REQUIRE(f.store->Get(7, &v).ok());
+  REQUIRE(v == "c");
+  REQUIRE(f.store->Get(8, &v).ok());
+  REQUIRE(v == "b");
+}
+
+TEST_CASE("Async writes with a bad key or value are refused, not acknowledged and lost",
+          "[engine][cache]") {
+  EngineOptions o;
+  Fixture f(Options(WriteMode::kAsync));
+  REQUIRE(f.cache->Put(-5, "v").IsKeyOutOfRange());
+  REQUIRE(f.cache->Append(-5, "v").IsKeyOutOfRange());
+  REQUIRE(f.cache->Remove(-5).IsKeyOutOfRange());
+  REQUIRE(f.cache->Put(5, std::string(o.max_value_bytes + 1, 'x')).IsValueTooLarge());
+  REQUIRE(f.cache->Flush().ok());  // nothing bad was queued
+}
