@@ -70,30 +70,34 @@ struct NodeInfo {
   7: i64 uptimeSeconds,
 }
 
+// Every argument is "required": a call whose argument is missing or of the
+// wrong type is answered with a TApplicationException naming the method
+// (PROTOCOL_ERROR) instead of running with a default value. The wire format
+// is the same as without it.
 service FlatKV {
-  GetResult get(1: i64 key) throws (1: KvError err),
-  void put(1: i64 key, 2: binary value) throws (1: KvError err),
+  GetResult get(1: required i64 key) throws (1: KvError err),
+  void put(1: required i64 key, 2: required binary value) throws (1: KvError err),
   // True if the key existed.
-  bool remove(1: i64 key) throws (1: KvError err),
+  bool remove(1: required i64 key) throws (1: KvError err),
   // Appends bytes; creates the key if absent.
-  void append(1: i64 key, 2: binary value) throws (1: KvError err),
+  void append(1: required i64 key, 2: required binary value) throws (1: KvError err),
   // Results in request order.
-  list<GetResult> multiGet(1: list<i64> keys) throws (1: KvError err),
-  void multiPut(1: list<KvPair> pairs) throws (1: KvError err),
+  list<GetResult> multiGet(1: required list<i64> keys) throws (1: KvError err),
+  void multiPut(1: required list<KvPair> pairs) throws (1: KvError err),
   // Key order from fromKey: ascending (keys >= fromKey), or with reverse
   // descending (keys <= fromKey).
-  ScanResult scan(1: i64 fromKey, 2: i32 limit, 3: bool reverse) throws (1: KvError err),
+  ScanResult scan(1: required i64 fromKey, 2: required i32 limit, 3: required bool reverse) throws (1: KvError err),
   // Insertion order; an empty cursor starts.
-  LogScanResult scanLog(1: binary cursor, 2: i32 limit) throws (1: KvError err),
+  LogScanResult scanLog(1: required binary cursor, 2: required i32 limit) throws (1: KvError err),
 
-  GetResult sget(1: binary key) throws (1: KvError err),
-  void sput(1: binary key, 2: binary value) throws (1: KvError err),
-  bool sremove(1: binary key) throws (1: KvError err),
+  GetResult sget(1: required binary key) throws (1: KvError err),
+  void sput(1: required binary key, 2: required binary value) throws (1: KvError err),
+  bool sremove(1: required binary key) throws (1: KvError err),
 
   // Admin methods: token = admin.token when one is configured.
-  void setWriteMode(1: string token, 2: WriteMode mode) throws (1: KvError err),
+  void setWriteMode(1: required string token, 2: required WriteMode mode) throws (1: KvError err),
   WriteMode getWriteMode() throws (1: KvError err),
-  void compact(1: string token) throws (1: KvError err),
+  void compact(1: required string token) throws (1: KvError err),
   CompactionStatus compactionStatus() throws (1: KvError err),
 
   NodeInfo info() throws (1: KvError err),

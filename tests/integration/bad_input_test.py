@@ -1,0 +1,294 @@
+#!/usr/bin/python3
+"""Integration test: bad input against the real flatkv-server. Each bad
+request gets its precise answer (or closes only its own connection), the
+server keeps serving, and its memory does not jump. Also overload: with the
+worker queue full, calls are answered OVERLOADED instead of queuing.
+Usage: bad_input_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+server_bin, thrift_bin, idl = sys.argv[1:4]
+work = tempfile.mkdtemp(prefix="flatkv-bad-")
+subprocess.run([thrift_bin, "--gen", "py", "-out", work, idl], check=True)
+sys.path.insert(0, work)
+from thrift.Thrift import TApplicationException, TMessageType, TType  # noqa: E402
+from thrift.protocol import TBinaryProtocol  # noqa: E402
+from thrift.transport import TSocket, TTransport  # noqa: E402
+from flatkv import FlatKV  # noqa: E402
+from flatkv.ttypes import ErrorCode, KvError, KvPair  # noqa: E402
+
+failures = []
+passes = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    (passes if cond else failures).append(what)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start(port, data, *extra):
+    proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % port,
+                             "--set", "storage.path=" + data, *extra],
+                            stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("flatkv-server did not start")
+
+
+def client(port):
+    t = TTransport.TFramedTransport(TSocket.TSocket("127.0.0.1", port))
+    t.open()
+    return FlatKV.Client(TBinaryProtocol.TBinaryProtocol(t)), t
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=30)
+
+
+def rss_kib(proc):
+    with open("/proc/%d/status" % proc.pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def message(name, mtype, seqid, fields):
+    """A binary-protocol message; fields = [(id, TType, writer)]."""
+    buf = TTransport.TMemoryBuffer()
+    p = TBinaryProtocol.TBinaryProtocol(buf)
+    p.writeMessageBegin(name, mtype, seqid)
+    p.writeStructBegin("args")
+    for fid, ftype, write in fields:
+        p.writeFieldBegin("f", ftype, fid)
+        write(p)
+        p.writeFieldEnd()
+    p.writeFieldStop()
+    p.writeStructEnd()
+    p.writeMessageEnd()
+    return buf.getvalue()
+
+
+def recv_exact(sock, n):
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            return None
+        out += chunk
+    return out
+
+
+def call_raw(port, body, framed=True, timeout=5):
+    """Sends one request; returns the answer frame's payload, or None if the
+    server closed the connection without answering."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(timeout)
+    try:
+        s.sendall((struct.pack(">i", len(body)) if framed else b"") + body)
+        head = recv_exact(s, 4)
+        if head is None:
+            return None
+        return recv_exact(s, struct.unpack(">i", head)[0])
+    except (ConnectionResetError, socket.timeout):
+        return None
+    finally:
+        s.close()
+
+
+def decode_exception(payload):
+    """(message type, TApplicationException) of an answer."""
+    p = TBinaryProtocol.TBinaryProtocol(TTransport.TMemoryBuffer(payload))
+    _, mtype, _ = p.readMessageBegin()
+    if mtype != TMessageType.EXCEPTION:
+        return mtype, None
+    x = TApplicationException()
+    x.read(p)
+    return mtype, x
+
+
+def closed_without_answer(port, payload):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(5)
+    s.sendall(payload)
+    try:
+        got = s.recv(16)
+    except (ConnectionResetError, socket.timeout):
+        got = None
+    s.close()
+    return got == b""
+
+
+def stat(c, name):
+    return c.stats()[name]
+
+
+data = os.path.join(work, "data")
+port = free_port()
+proc = start(port, data, "--set", "storage.max_value_bytes=1Mi",
+             "--set", "server.max_frame_bytes=4Mi")
+c, t = client(port)
+for k in range(100):
+    c.put(k, b"v%d" % k)
+rss_before = rss_kib(proc)
+errors_before = stat(c, "server.protocol_errors")
+
+# An unframed client: its first four bytes read as a huge frame length.
+unframed = message("get", TMessageType.CALL, 1, [(1, TType.I64, lambda p: p.writeI64(1))])
+check(closed_without_answer(port, unframed), "an unframed client is disconnected")
+check(closed_without_answer(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+      "an HTTP request on the Thrift port is disconnected")
+check(closed_without_answer(port, struct.pack(">I", 0x80000000) + b"xyz"),
+      "a frame header claiming 2 GiB is disconnected")
+check(closed_without_answer(port, struct.pack(">i", 5 << 20) + b"x" * 1000),
+      "a frame over server.max_frame_bytes is disconnected")
+check(stat(c, "server.protocol_errors") >= errors_before + 4,
+      "each refused frame is counted in server.protocol_errors")
+
+# Truncated frames: the header promises more than arrives.
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(struct.pack(">i", 1000) + b"\x80\x01\x00\x01")
+s.close()
+stalled = socket.create_connection(("127.0.0.1", port))
+stalled.sendall(struct.pack(">i", 1000) + unframed[:10])  # and then nothing
+check(c.get(5).value == b"v5", "a truncated frame, closed or stalled, does not stall others")
+
+# Complete frames whose message is bad.
+answer = call_raw(port, unframed[:len(unframed) - 5])
+mtype, x = decode_exception(answer) if answer else (None, None)
+check(x is not None and x.type == TApplicationException.PROTOCOL_ERROR and "get" in x.message,
+      "arguments cut short inside a frame get PROTOCOL_ERROR naming the method")
+answer = call_raw(port, message("nosuchMethod", TMessageType.CALL, 7, []))
+mtype, x = decode_exception(answer) if answer else (None, None)
+check(x is not None and x.type == TApplicationException.UNKNOWN_METHOD and "nosuchMethod" in x.message,
+      "an unknown method name gets UNKNOWN_METHOD")
+answer = call_raw(port, message("put", TMessageType.CALL, 8,
+                                [(1, TType.STRING, lambda p: p.writeString("12")),
+                                 (2, TType.STRING, lambda p: p.writeBinary(b"v"))]))
+mtype, x = decode_exception(answer) if answer else (None, None)
+check(x is not None and x.type == TApplicationException.PROTOCOL_ERROR and "put" in x.message,
+      "a mistyped argument gets PROTOCOL_ERROR naming the method")
+check(c.get(0).value == b"v0", "a mistyped put does not write key 0 with a default")
+answer = call_raw(port, message("get", TMessageType.CALL, 9, []))
+mtype, x = decode_exception(answer) if answer else (None, None)
+check(x is not None and x.type == TApplicationException.PROTOCOL_ERROR,
+      "a missing argument gets PROTOCOL_ERROR")
+answer = call_raw(port, message("get", TMessageType.REPLY, 10,
+                                [(1, TType.I64, lambda p: p.writeI64(1))]))
+mtype, x = decode_exception(answer) if answer else (None, None)
+check(x is not None and x.type == TApplicationException.INVALID_MESSAGE_TYPE,
+      "a message that is not a call gets INVALID_MESSAGE_TYPE")
+answer = call_raw(port, b"\x80\x01\x00")
+mtype, x = decode_exception(answer) if answer else (None, None)
+check(x is not None and x.type == TApplicationException.PROTOCOL_ERROR,
+      "a frame too short for a message header gets PROTOCOL_ERROR")
+
+# Oversized values: over storage.max_value_bytes is a typed error; over the
+# frame limit closes that connection only.
+try:
+    c.put(1, b"x" * ((1 << 20) + 1))
+    check(False, "a value over storage.max_value_bytes is VALUE_TOO_LARGE")
+except KvError as e:
+    check(e.code == ErrorCode.VALUE_TOO_LARGE and "1048577" in e.message,
+          "a value over storage.max_value_bytes is VALUE_TOO_LARGE")
+try:
+    c.multiPut([KvPair(200, b"ok"), KvPair(201, b"x" * ((1 << 20) + 1))])
+    check(False, "a batch with one oversized value is refused whole")
+except KvError as e:
+    check(e.code == ErrorCode.VALUE_TOO_LARGE and not c.get(200).found,
+          "a batch with one oversized value is refused whole")
+big = socket.create_connection(("127.0.0.1", port))
+body = message("put", TMessageType.CALL, 1, [(1, TType.I64, lambda p: p.writeI64(3)),
+                                             (2, TType.STRING, lambda p: p.writeBinary(b"x" * (6 << 20)))])
+big.sendall(struct.pack(">i", len(body)) + body[:65536])
+big.settimeout(5)
+try:
+    check(big.recv(16) == b"", "a value over the frame limit closes that connection")
+except OSError:
+    check(True, "a value over the frame limit closes that connection")
+big.close()
+
+# Memory: 40 connections each sending an almost-max frame (refused values),
+# plus 200 garbage connections, must not leave the server holding them.
+for i in range(40):
+    body = message("put", TMessageType.CALL, 1,
+                   [(1, TType.I64, lambda p: p.writeI64(3)),
+                    (2, TType.STRING, lambda p: p.writeBinary(b"y" * (3 << 20)))])
+    call_raw(port, body)
+for i in range(200):
+    closed_without_answer(port, b"\xff" * 64)
+grown_mib = (rss_kib(proc) - rss_before) / 1024.0
+print("     rss grew by %.1f MiB" % grown_mib)
+check(grown_mib < 64, "memory does not jump after 40 frames of 3 MiB and 200 garbage connections")
+
+t.close()
+stalled.close()
+c, t = client(port)
+check(c.get(99).value == b"v99" and proc.poll() is None, "the server still serves after all of it")
+t.close()
+check(stop(proc) == 0, "and stops cleanly")
+
+# Overload: one worker, sync: always (each put waits for fdatasync) and a
+# queue limit of 1. Twenty calls sent at once: the first runs, those that
+# find the queue full behind them are answered OVERLOADED; none is lost.
+port = free_port()
+proc = start(port, os.path.join(work, "overload"), "--set", "server.workers=1",
+             "--set", "server.max_queued_calls=1", "--set", "storage.sync=always")
+socks = []
+for i in range(20):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(10)
+    socks.append(s)
+payloads = [message("put", TMessageType.CALL, i,
+                    [(1, TType.I64, lambda p, i=i: p.writeI64(i)),
+                     (2, TType.STRING, lambda p: p.writeBinary(b"z" * 200000))]) for i in range(20)]
+for s, body in zip(socks, payloads):
+    s.sendall(struct.pack(">i", len(body)) + body)
+overloaded, ok = [], []
+for i, s in enumerate(socks):
+    head = recv_exact(s, 4)
+    payload = recv_exact(s, struct.unpack(">i", head)[0])
+    p = TBinaryProtocol.TBinaryProtocol(TTransport.TMemoryBuffer(payload))
+    p.readMessageBegin()
+    result = FlatKV.put_result()
+    result.read(p)
+    if result.err is not None and result.err.code == ErrorCode.OVERLOADED:
+        overloaded.append(i)
+        msg = result.err.message
+    elif result.err is None:
+        ok.append(i)
+    s.close()
+print("     %d ok, %d overloaded" % (len(ok), len(overloaded)))
+check(len(overloaded) > 0 and len(ok) > 0 and len(ok) + len(overloaded) == 20,
+      "a full worker queue answers OVERLOADED instead of queuing")
+check(len(overloaded) == 0 or "server.max_queued_calls" in msg, "the OVERLOADED message names the limit")
+c, t = client(port)
+check(all(c.get(i).found for i in ok) and not any(c.get(i).found for i in overloaded),
+      "every acknowledged put is there; no rejected one is")
+check(stat(c, "server.overloaded") == len(overloaded), "stats counts server.overloaded")
+t.close()
+check(stop(proc) == 0, "the overloaded server stops cleanly")
+
+shutil.rmtree(work, ignore_errors=True)
+print("%d passed, %d failed" % (len(passes), len(failures)))
+sys.exit(1 if failures else 0)
