@@ -62,6 +62,7 @@ Handler::Handler(engine::Store* store, engine::cache::WriteBackCache* cache, con
 template <typename Body>
 void Handler::Run(Method method, Body&& body) {
   calls_[method].fetch_add(1, std::memory_order_relaxed);
+  ScopedLatency timer(&latency_[method]);  // records on every exit, error or not
   try {
     body();
   } catch (const rpc::KvError&) {
@@ -264,24 +265,33 @@ void Handler::info(rpc::NodeInfo& result) {
 }
 
 void Handler::stats(std::map<std::string, int64_t>& result) {
-  Run(kStats, [&] {
-    for (int m = 0; m < kMethods; ++m) {
-      result[std::string("calls.") + kMethodNames[m]] = calls_[m].load();
-      result[std::string("errors.") + kMethodNames[m]] = errors_[m].load();
-    }
-    const engine::cache::CacheStats c = cache_->stats();
-    result["cache.hits"] = static_cast<int64_t>(c.hits);
-    result["cache.misses"] = static_cast<int64_t>(c.misses);
-    result["cache.evictions"] = static_cast<int64_t>(c.evictions);
-    result["cache.dirty_bytes"] = static_cast<int64_t>(c.dirty_bytes);
-    result["cache.flushes"] = static_cast<int64_t>(c.flushes);
-    result["cache.coalesced"] = static_cast<int64_t>(c.coalesced);
-    const engine::EngineStats e = store_->GetStats();
-    result["engine.segments"] = static_cast<int64_t>(e.segments);
-    result["engine.bytes_appended"] = static_cast<int64_t>(e.bytes_appended);
-    result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
-    result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
-  });
+  Run(kStats, [&] { CollectStats(&result); });
+}
+
+void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
+  std::map<std::string, int64_t>& result = *out;
+  for (int m = 0; m < kMethods; ++m) {
+    result[std::string("calls.") + kMethodNames[m]] = calls_[m].load();
+    result[std::string("errors.") + kMethodNames[m]] = errors_[m].load();
+  }
+  const engine::cache::CacheStats c = cache_->stats();
+  result["cache.hits"] = static_cast<int64_t>(c.hits);
+  result["cache.misses"] = static_cast<int64_t>(c.misses);
+  result["cache.evictions"] = static_cast<int64_t>(c.evictions);
+  result["cache.dirty_bytes"] = static_cast<int64_t>(c.dirty_bytes);
+  result["cache.flushes"] = static_cast<int64_t>(c.flushes);
+  result["cache.coalesced"] = static_cast<int64_t>(c.coalesced);
+  const engine::EngineStats e = store_->GetStats();
+  result["engine.segments"] = static_cast<int64_t>(e.segments);
+  result["engine.bytes_appended"] = static_cast<int64_t>(e.bytes_appended);
+  result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
+  result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
+}
+
+std::vector<NamedLatency> Handler::latencies() const {
+  std::vector<NamedLatency> out;
+  for (int m = 0; m < kMethods; ++m) out.emplace_back(kMethodNames[m], &latency_[m]);
+  return out;
 }
 
 }  // namespace flatkv::server

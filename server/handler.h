@@ -2,7 +2,8 @@
 // Every method validates its input, maps each Status onto a KvError with a
 // precise message, and catches everything else itself, so a client always
 // gets a typed answer (Thrift would turn any other exception into a bare
-// TApplicationException). Counters per method feed stats().
+// TApplicationException). Counters per method feed stats(); latency
+// histograms per method feed GET /metrics.
 //
 // Thread safety: called from the server's worker threads concurrently; the
 // Store and the cache are thread-safe, counters are atomics.
@@ -18,6 +19,7 @@
 #include "engine/cache/write_back.h"
 #include "engine/store.h"
 #include "server/config.h"
+#include "server/metrics.h"
 
 namespace flatkv::server {
 
@@ -47,14 +49,23 @@ class Handler : public rpc::FlatKVIf {
   // frame can carry with the call around it.
   uint64_t max_value_bytes() const { return max_value_bytes_; }
 
+  // Fills "result" with the counters stats() returns, without counting a
+  // call of stats() (for GET /metrics).
+  void CollectStats(std::map<std::string, int64_t>* result) const;
+
+  // The latency histogram of each method, named as in stats(), in a fixed
+  // order. They live as long as the Handler.
+  std::vector<NamedLatency> latencies() const;
+
  private:
   enum Method {
     kGet, kPut, kRemove, kAppend, kMultiGet, kMultiPut, kScan, kScanLog, kSGet, kSPut,
     kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
     kMethods
   };
-  // Runs "body" for "method": counts the call, turns a non-OK Status into a
-  // KvError, and anything thrown other than KvError into STORAGE_ERROR.
+  // Runs "body" for "method": counts and times the call, turns a non-OK
+  // Status into a KvError, and anything thrown other than KvError into
+  // STORAGE_ERROR.
   template <typename Body>
   void Run(Method method, Body&& body);
   void CheckValue(size_t size) const;
@@ -67,6 +78,7 @@ class Handler : public rpc::FlatKVIf {
   const std::chrono::steady_clock::time_point started_;
   std::array<std::atomic<int64_t>, kMethods> calls_{};
   std::array<std::atomic<int64_t>, kMethods> errors_{};
+  std::array<LatencyHistogram, kMethods> latency_;
 };
 
 // Throws the KvError for a non-OK status (used at the Thrift boundary only).

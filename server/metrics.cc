@@ -1,0 +1,189 @@
+// Implementation notes
+//
+// Buckets are powers of two in microseconds so that finding one is a
+// bit_width, not a search. The text format groups samples by family (one
+// # HELP and # TYPE per family, its samples right after), as the format
+// requires. Stats keys the table below does not know still appear, as
+// untyped samples with a sanitized name, so a counter added to stats() is
+// never missing from /metrics.
+#include "server/metrics.h"
+
+#include <bit>
+#include <charconv>
+
+namespace flatkv::server {
+
+int LatencyHistogram::BucketOf(std::chrono::nanoseconds elapsed) {
+  const int64_t ns = elapsed.count();
+  if (ns <= 1000) return 0;
+  const uint64_t micros = (static_cast<uint64_t>(ns) + 999) / 1000;  // rounded up
+  const int index = static_cast<int>(std::bit_width(micros - 1));
+  return index < kBuckets ? index : kBuckets;
+}
+
+void LatencyHistogram::Record(std::chrono::nanoseconds elapsed) {
+  buckets_[BucketOf(elapsed)].fetch_add(1, std::memory_order_relaxed);
+  const int64_t ns = elapsed.count();
+  sum_nanos_.fetch_add(ns > 0 ? static_cast<uint64_t>(ns) : 0, std::memory_order_relaxed);
+}
+
+LatencyHistogram::Snapshot LatencyHistogram::Read() const {
+  Snapshot s;
+  uint64_t total = 0;
+  for (int i = 0; i <= kBuckets; ++i) {
+    total += buckets_[i].load(std::memory_order_relaxed);
+    s.cumulative[i] = total;
+  }
+  s.count = total;
+  s.sum_seconds = static_cast<double>(sum_nanos_.load(std::memory_order_relaxed)) / 1e9;
+  return s;
+}
+
+namespace {
+
+constexpr const char* kPrefix = "flatkv_";
+
+struct KnownStat {
+  const char* key;   // stats() key
+  const char* name;  // metric name without the prefix
+  const char* type;  // counter | gauge
+  const char* help;
+};
+
+constexpr KnownStat kKnownStats[] = {
+    {"cache.hits", "cache_hits_total", "counter", "Cache lookups that found the key."},
+    {"cache.misses", "cache_misses_total", "counter", "Cache lookups that went to the store."},
+    {"cache.evictions", "cache_evictions_total", "counter", "Clean entries evicted from the cache."},
+    {"cache.dirty_bytes", "cache_dirty_bytes", "gauge", "Bytes written in async mode, not yet on disk."},
+    {"cache.flushes", "cache_flushes_total", "counter", "Dirty entries written by the flushers."},
+    {"cache.coalesced", "cache_coalesced_total", "counter",
+     "Async writes that replaced a still-dirty value of the same key."},
+    {"engine.segments", "engine_segments", "gauge", "Flat tables (segments) in the store."},
+    {"engine.bytes_appended", "engine_bytes_appended_total", "counter",
+     "Bytes appended to the data files."},
+    {"engine.fdatasyncs", "engine_fdatasyncs_total", "counter", "fdatasync calls made by the engine."},
+    {"engine.corrupt_records", "engine_corrupt_records_total", "counter",
+     "Records skipped because their checksum did not match."},
+};
+
+// Labelled per-method families: "<group>.<method>" keys.
+struct MethodFamily {
+  const char* group;
+  const char* name;
+  const char* help;
+};
+
+constexpr MethodFamily kMethodFamilies[] = {
+    {"calls", "calls_total", "Calls per service method (HTTP routes count as the method they call)."},
+    {"errors", "errors_total", "Calls per service method that ended in an error."},
+};
+
+struct Family {
+  std::string type;
+  std::string help;
+  std::vector<std::string> samples;  // complete lines without the newline
+};
+
+// Metric names allow [a-zA-Z0-9_:] (no leading digit; ours have the prefix).
+std::string SanitizeName(const std::string& key) {
+  std::string out = key;
+  for (char& c : out) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == ':';
+    if (!ok) c = '_';
+  }
+  return out;
+}
+
+// Label values escape backslash, double quote and newline.
+std::string EscapeLabel(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+std::string FormatDouble(double v) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : "NaN";
+}
+
+// Exact decimal seconds for a whole number of microseconds: 1 -> 0.000001.
+std::string MicrosAsSeconds(uint64_t micros) {
+  std::string frac = std::to_string(micros % 1000000);
+  frac.insert(0, 6 - frac.size(), '0');
+  while (!frac.empty() && frac.back() == '0') frac.pop_back();
+  return std::to_string(micros / 1000000) + (frac.empty() ? "" : "." + frac);
+}
+
+// Puts one stats() entry into its family.
+void AddStat(const std::string& key, int64_t value, std::map<std::string, Family>* families) {
+  const std::string v = std::to_string(value);
+  for (const MethodFamily& m : kMethodFamilies) {
+    const std::string group = std::string(m.group) + ".";
+    if (key.compare(0, group.size(), group) == 0) {
+      Family& f = (*families)[kPrefix + std::string(m.name)];
+      f.type = "counter";
+      f.help = m.help;
+      f.samples.push_back(kPrefix + std::string(m.name) + "{method=\"" +
+                          EscapeLabel(key.substr(group.size())) + "\"} " + v);
+      return;
+    }
+  }
+  for (const KnownStat& k : kKnownStats) {
+    if (key == k.key) {
+      Family& f = (*families)[kPrefix + std::string(k.name)];
+      f.type = k.type;
+      f.help = k.help;
+      f.samples.push_back(kPrefix + std::string(k.name) + " " + v);
+      return;
+    }
+  }
+  const std::string name = kPrefix + SanitizeName(key);
+  Family& f = (*families)[name];
+  f.type = "untyped";
+  f.help = "stats() value " + key + ".";
+  f.samples.push_back(name + " " + v);
+}
+
+void AppendHistograms(const std::vector<NamedLatency>& latencies, std::string* out) {
+  const std::string name = std::string(kPrefix) + "request_duration_seconds";
+  *out += "# HELP " + name + " Time spent handling a call, per service method.\n";
+  *out += "# TYPE " + name + " histogram\n";
+  for (const auto& [method, histogram] : latencies) {
+    const LatencyHistogram::Snapshot s = histogram->Read();
+    const std::string label = "method=\"" + EscapeLabel(method) + "\"";
+    for (int i = 0; i <= LatencyHistogram::kBuckets; ++i) {
+      const std::string le = i < LatencyHistogram::kBuckets
+                                 ? MicrosAsSeconds(LatencyHistogram::BoundMicros(i))
+                                 : "+Inf";
+      *out += name + "_bucket{" + label + ",le=\"" + le + "\"} " +
+              std::to_string(s.cumulative[i]) + "\n";
+    }
+    *out += name + "_sum{" + label + "} " + FormatDouble(s.sum_seconds) + "\n";
+    *out += name + "_count{" + label + "} " + std::to_string(s.count) + "\n";
+  }
+}
+
+}  // namespace
+
+std::string PrometheusText(const std::map<std::string, int64_t>& stats,
+                           const std::vector<NamedLatency>& latencies) {
+  std::map<std::string, Family> families;
+  for (const auto& [key, value] : stats) AddStat(key, value, &families);
+  std::string out;
+  for (const auto& [name, f] : families) {
+    out += "# HELP " + name + " " + f.help + "\n";
+    out += "# TYPE " + name + " " + f.type + "\n";
+    for (const std::string& line : f.samples) out += line + "\n";
+  }
+  AppendHistograms(latencies, &out);
+  return out;
+}
+
+}  // namespace flatkv::server
