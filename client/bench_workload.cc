@@ -107,44 +107,6 @@ struct RandomKeys {
   int64_t operator()(uint64_t) { return static_cast<int64_t>(base + rng.Uniform(n)); }
 };
 
-// The Zipf(kZipfTheta) CDF over ranks [0, n), with a guide table: guide_[j]
-// is the first rank whose CDF exceeds j / kGuide, so a draw binary-searches
-// only the ranks between two guide entries.
-class ZipfTable {
- public:
-  ZipfTable(uint64_t n, uint64_t seed) : cdf_(n), permutation_(n, seed) {
-    double sum = 0;
-    for (uint64_t r = 0; r < n; ++r) {
-      sum += 1.0 / std::pow(static_cast<double>(r + 1), kZipfTheta);
-      cdf_[r] = sum;
-    }
-    for (double& c : cdf_) c /= sum;
-    cdf_.back() = 1.0;  // every u < 1 lands below n
-    guide_.resize(kGuide + 1);
-    uint64_t r = 0;
-    for (size_t j = 0; j <= kGuide; ++j) {
-      double u = static_cast<double>(j) / kGuide;
-      while (r + 1 < n && cdf_[r] <= u) ++r;
-      guide_[j] = r;
-    }
-  }
-  // The key of one draw: a Zipf rank, scattered over [0, n).
-  int64_t Draw(Rng& rng) const {
-    double u = static_cast<double>(rng.Next() >> 11) * 0x1.0p-53;  // [0, 1)
-    size_t j = static_cast<size_t>(u * kGuide);
-    auto lo = cdf_.begin() + static_cast<ptrdiff_t>(guide_[j]);
-    auto hi = cdf_.begin() + static_cast<ptrdiff_t>(guide_[j + 1]) + 1;
-    uint64_t rank = static_cast<uint64_t>(std::upper_bound(lo, hi, u) - cdf_.begin());
-    return static_cast<int64_t>(permutation_(rank));
-  }
-
- private:
-  static constexpr size_t kGuide = 1 << 16;
-  std::vector<double> cdf_;
-  std::vector<uint64_t> guide_;
-  KeyPermutation permutation_;
-};
-
 struct ZipfKeys {
   Rng rng;
   const ZipfTable* table;
@@ -297,30 +259,6 @@ void RunReadsUntil(BenchEngine* engine, const WorkloadConfig& c, int t, uint64_t
   }
   r->ops = i;
   r->end = Clock::now();
-}
-
-// Runs body(t) for t in [0, n) on n threads that start together: each checks
-// in on "ready" and then waits for "go", so thread start-up is outside the
-// timed interval. Joins them all and returns the time of "go".
-template <class Body>
-Clock::time_point RunTogether(int n, const Body& body) {
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  std::latch ready(n);
-  std::atomic<bool> go{false};
-  for (int t = 0; t < n; ++t) {
-    threads.emplace_back([&, t] {
-      ready.count_down();
-      go.wait(false);
-      body(t);
-    });
-  }
-  ready.wait();
-  Clock::time_point start = Clock::now();
-  go.store(true);
-  go.notify_all();
-  for (std::thread& th : threads) th.join();
-  return start;
 }
 
 // Adds the threads' counts to *result; seconds runs from "start" to the last
@@ -529,6 +467,23 @@ bool NeedsData(Workload w) {
 
 bool IsCompactionWorkload(Workload w) {
   return w == Workload::kCompact || w == Workload::kReadWhileCompacting;
+}
+
+ZipfTable::ZipfTable(uint64_t n, uint64_t seed) : cdf_(n), permutation_(n, seed) {
+  double sum = 0;
+  for (uint64_t r = 0; r < n; ++r) {
+    sum += 1.0 / std::pow(static_cast<double>(r + 1), kZipfTheta);
+    cdf_[r] = sum;
+  }
+  for (double& c : cdf_) c /= sum;
+  cdf_.back() = 1.0;  // every u < 1 lands below n
+  guide_.resize(kGuide + 1);
+  uint64_t r = 0;
+  for (size_t j = 0; j <= kGuide; ++j) {
+    double u = static_cast<double>(j) / kGuide;
+    while (r + 1 < n && cdf_[r] <= u) ++r;
+    guide_[j] = r;
+  }
 }
 
 KeyPermutation::KeyPermutation(uint64_t n, uint64_t seed) : n_(n) {

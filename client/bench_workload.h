@@ -45,10 +45,16 @@
 // ValueBuffer is shared read-only between them.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <latch>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "client/bench_engine.h"
 #include "engine/status.h"
@@ -175,6 +181,38 @@ class KeyPermutation {
   uint64_t add_[kRounds];
 };
 
+// The Zipf(kZipfTheta) distribution over [0, n): the CDF over ranks (8 bytes
+// a key, built by the constructor, which is O(n) and meant to run before any
+// timed loop) with a guide table (guide_[j] is the first rank whose CDF
+// exceeds j / kGuide), so a draw binary-searches only the ranks between two
+// guide entries. Ranks are scattered over the keys by a KeyPermutation of
+// "seed", so the hot keys are not the lowest numbers and two tables with the
+// same (n, seed) have the same hot keys. Used by zipfoverwrite and zipfread
+// here and by `flatkv-bench server --keys zipf` (client/bench_server.h).
+//
+// Thread safety: Draw() is const; threads share one table, each with its
+// own Rng.
+class ZipfTable {
+ public:
+  // Requires n >= 1.
+  ZipfTable(uint64_t n, uint64_t seed);
+  // The key of one draw: a Zipf rank, scattered over [0, n).
+  int64_t Draw(Rng& rng) const {
+    double u = static_cast<double>(rng.Next() >> 11) * 0x1.0p-53;  // [0, 1)
+    size_t j = static_cast<size_t>(u * kGuide);
+    auto lo = cdf_.begin() + static_cast<ptrdiff_t>(guide_[j]);
+    auto hi = cdf_.begin() + static_cast<ptrdiff_t>(guide_[j + 1]) + 1;
+    uint64_t rank = static_cast<uint64_t>(std::upper_bound(lo, hi, u) - cdf_.begin());
+    return static_cast<int64_t>(permutation_(rank));
+  }
+
+ private:
+  static constexpr size_t kGuide = 1 << 16;
+  std::vector<double> cdf_;
+  std::vector<uint64_t> guide_;
+  KeyPermutation permutation_;
+};
+
 // Value bytes generated once, like db_bench's RandomGenerator: random
 // printable bytes in which each 100-byte stretch holds 50 random bytes
 // repeated, so a compressing engine (RocksDB/LevelDB with Snappy) sees a 0.5
@@ -198,6 +236,30 @@ class ValueBuffer {
   uint32_t value_size_;
   std::string data_;
 };
+
+// Runs body(t) for t in [0, n) on n threads that start together: each checks
+// in on "ready" and then waits for "go", so thread start-up is outside the
+// timed interval. Joins them all and returns the time of "go".
+template <class Body>
+std::chrono::steady_clock::time_point RunTogether(int n, const Body& body) {
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  std::latch ready(n);
+  std::atomic<bool> go{false};
+  for (int t = 0; t < n; ++t) {
+    threads.emplace_back([&, t] {
+      ready.count_down();
+      go.wait(false);
+      body(t);
+    });
+  }
+  ready.wait();
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  go.store(true);
+  go.notify_all();
+  for (std::thread& th : threads) th.join();
+  return start;
+}
 
 // What compact and readwhilecompacting measure besides the time of their
 // timed part. "Data files" are flat's data-*.log files under --dir, measured
