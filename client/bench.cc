@@ -1,9 +1,13 @@
 // flatkv-bench: measures FlatKV's storage engine against the engines people
 // would otherwise use (RocksDB, LevelDB, Kyoto Cabinet), in-process, with the
-// same keys, values and threads for each. See client/README.md.
+// same keys, values and threads for each; or, in server mode
+// (client/bench_server.h), a running flatkv-server over the network. See
+// client/README.md.
 //
 //   flatkv-bench engine --engine flat --workload fillrandom,readrandom
 //       --num 1000000 --value-size 100 --threads 1 --dir /tmp/b --fresh --json
+//   flatkv-bench server --host 127.0.0.1 --port 9901 --clients 50
+//       --workload fill,get --ops 100000 --value-size 100 --json
 //
 // Each workload prints one line (db_bench-like text, or one JSON object with
 // --json) to stdout; notes and errors go to stderr so stdout stays parseable.
@@ -19,6 +23,7 @@
 
 #include "client/bench_engine.h"
 #include "client/bench_flags.h"
+#include "client/bench_server.h"
 #include "client/bench_sys.h"
 #include "client/bench_workload.h"
 
@@ -416,6 +421,9 @@ int main(int argc, char** argv) {
   if (flags.help) {
     flatkv::client::PrintBenchUsage(stdout);
     return 0;
+  }
+  if (flags.mode == flatkv::client::BenchMode::kServer) {
+    return flatkv::client::RunServerBench(flags.server);
   }
   return flatkv::client::RunEngineBench(flags);
 }

@@ -17,6 +17,12 @@ constexpr uint64_t kMinAutoStringSlots = 1024;
 constexpr uint64_t kMaxCompactionMbPerSec = 1000000;
 // Highest --flush-interval-ms: one hour.
 constexpr uint64_t kMaxFlushIntervalMs = 3600000;
+// Server mode: connections, keys per call, and a key space whose
+// written-keys bitmap stays under 2 GiB.
+constexpr uint64_t kMaxClients = 10000;
+constexpr uint64_t kMaxBatch = 100000;
+constexpr uint64_t kMaxServerNum = uint64_t{1} << 34;
+constexpr uint64_t kMaxTimeoutMs = 3600000;
 
 // Parses a whole decimal string into [lo, hi]; anything else (sign, suffix,
 // empty, overflow) is an error naming the flag.
@@ -122,6 +128,81 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
   return Status::OK();
 }
 
+Status ParseServerWorkloadList(std::string_view text, std::vector<ServerWorkload>* out) {
+  out->clear();
+  while (true) {
+    size_t comma = text.find(',');
+    std::string_view name = text.substr(0, comma);
+    ServerWorkload w;
+    if (!ParseServerWorkload(name, &w)) {
+      return Status::InvalidArgument("--workload: unknown workload '" + std::string(name) +
+                                     "' (expected " + ServerWorkloadNameList() + ")");
+    }
+    out->push_back(w);
+    if (comma == std::string_view::npos) return Status::OK();
+    text.remove_prefix(comma + 1);
+  }
+}
+
+// Applies one "--name value" pair of `flatkv-bench server`.
+Status ApplyServerFlag(std::string_view name, std::string_view value, ServerBenchFlags* f) {
+  uint64_t n = 0;
+  if (name == "host") {
+    if (value.empty()) return Status::InvalidArgument("--host is empty");
+    f->host = value;
+  } else if (name == "port") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, 65535, &n));
+    f->port = static_cast<int>(n);
+  } else if (name == "clients") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxClients, &n));
+    f->clients = static_cast<int>(n);
+  } else if (name == "threads") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxThreads, &n));
+    f->threads = static_cast<int>(n);
+  } else if (name == "ops") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxNum, &f->ops));
+  } else if (name == "num") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxServerNum, &f->num));
+  } else if (name == "value-size") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 0, kMaxValueSize, &n));
+    f->value_size = static_cast<uint32_t>(n);
+  } else if (name == "batch") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxBatch, &n));
+    f->batch = static_cast<uint32_t>(n);
+  } else if (name == "keys") {
+    if (!ParseKeyDistribution(value, &f->keys)) {
+      return Status::InvalidArgument("--keys: expected uniform|zipf, got '" + std::string(value) +
+                                     "'");
+    }
+  } else if (name == "workload") {
+    return ParseServerWorkloadList(value, &f->workloads);
+  } else if (name == "seed") {
+    FLATKV_RETURN_IF_ERROR(
+        ParseUint(name, value, 0, std::numeric_limits<uint64_t>::max(), &f->seed));
+  } else if (name == "timeout-ms") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxTimeoutMs, &n));
+    f->timeout_ms = static_cast<int>(n);
+  } else {
+    return Status::InvalidArgument("unknown flag --" + std::string(name) + " for 'server'");
+  }
+  return Status::OK();
+}
+
+Status ValidateServer(const ServerBenchFlags& f) {
+  if (f.threads > f.clients) {
+    return Status::InvalidArgument("--threads " + std::to_string(f.threads) + " exceeds --clients " +
+                                   std::to_string(f.clients) +
+                                   " (each thread needs a connection)");
+  }
+  // The written-keys bitmap takes num / 8 bytes, and the keys must be
+  // valid i64s.
+  if (ServerKeySpace(f) > kMaxServerNum) {
+    return Status::InvalidArgument("--num (by default --ops) is over " +
+                                   std::to_string(kMaxServerNum));
+  }
+  return Status::OK();
+}
+
 bool IsBoolFlag(std::string_view name) { return name == "json" || name == "fresh"; }
 
 // Cross-flag checks once everything is parsed.
@@ -150,6 +231,39 @@ Status Validate(const BenchFlags& f) {
   return Status::OK();
 }
 
+// Walks argv[2..] as "--name value", "--name=value", or "--name" alone for
+// the names is_bool accepts, calling on_bool(name) or on_value(name, value),
+// which returns a Status, for each in order.
+template <class IsBool, class OnBool, class OnValue>
+Status ForEachFlag(int argc, char** argv, IsBool is_bool, OnBool on_bool, OnValue on_value) {
+  for (int i = 2; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg.size() < 3 || arg.substr(0, 2) != "--") {
+      return Status::InvalidArgument("unexpected argument '" + std::string(arg) + "'");
+    }
+    arg.remove_prefix(2);
+    size_t eq = arg.find('=');
+    std::string_view name = arg.substr(0, eq);
+    if (is_bool(name)) {
+      if (eq != std::string_view::npos) {
+        return Status::InvalidArgument("--" + std::string(name) + " takes no value");
+      }
+      on_bool(name);
+      continue;
+    }
+    std::string_view value;
+    if (eq != std::string_view::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return Status::InvalidArgument("--" + std::string(name) + " needs a value");
+    }
+    FLATKV_RETURN_IF_ERROR(on_value(name, value));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 uint64_t StringSlotsFor(const BenchFlags& flags) {
@@ -169,38 +283,33 @@ Status ParseBenchFlags(int argc, char** argv, BenchFlags* flags) {
       return Status::OK();
     }
   }
-  if (argc < 2) return Status::InvalidArgument("missing command (expected 'engine')");
-  if (std::string_view(argv[1]) != "engine") {
-    return Status::InvalidArgument("unknown command '" + std::string(argv[1]) +
-                                   "' (expected 'engine')");
+  if (argc < 2) return Status::InvalidArgument("missing command (expected 'engine' or 'server')");
+  std::string_view command = argv[1];
+  if (command == "server") {
+    flags->mode = BenchMode::kServer;
+    ServerBenchFlags& f = flags->server;
+    // Without an explicit list, prepare the keys and read them.
+    FLATKV_RETURN_IF_ERROR(ParseServerWorkloadList("fill,get", &f.workloads));
+    FLATKV_RETURN_IF_ERROR(ForEachFlag(
+        argc, argv, [](std::string_view name) { return name == "json"; },
+        [&](std::string_view) { f.json = true; },
+        [&](std::string_view name, std::string_view value) {
+          return ApplyServerFlag(name, value, &f);
+        }));
+    return ValidateServer(f);
+  }
+  if (command != "engine") {
+    return Status::InvalidArgument("unknown command '" + std::string(command) +
+                                   "' (expected 'engine' or 'server')");
   }
   // Without an explicit list, run what db_bench users reach for first.
   FLATKV_RETURN_IF_ERROR(ParseWorkloadList("fillrandom,readrandom", &flags->workloads));
-  for (int i = 2; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg.size() < 3 || arg.substr(0, 2) != "--") {
-      return Status::InvalidArgument("unexpected argument '" + std::string(arg) + "'");
-    }
-    arg.remove_prefix(2);
-    size_t eq = arg.find('=');
-    std::string_view name = arg.substr(0, eq);
-    if (IsBoolFlag(name)) {
-      if (eq != std::string_view::npos) {
-        return Status::InvalidArgument("--" + std::string(name) + " takes no value");
-      }
-      (name == "json" ? flags->json : flags->fresh) = true;
-      continue;
-    }
-    std::string_view value;
-    if (eq != std::string_view::npos) {
-      value = arg.substr(eq + 1);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return Status::InvalidArgument("--" + std::string(name) + " needs a value");
-    }
-    FLATKV_RETURN_IF_ERROR(ApplyFlag(name, value, flags));
-  }
+  FLATKV_RETURN_IF_ERROR(ForEachFlag(
+      argc, argv, IsBoolFlag,
+      [&](std::string_view name) { (name == "json" ? flags->json : flags->fresh) = true; },
+      [&](std::string_view name, std::string_view value) {
+        return ApplyFlag(name, value, flags);
+      }));
   return Validate(*flags);
 }
 
@@ -208,6 +317,7 @@ void PrintBenchUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: flatkv-bench engine --engine ENGINE --dir DIR [options]\n"
+      "       flatkv-bench server [--host H] [--port P] [options]   (below)\n"
       "\n"
       "Runs storage-engine workloads in-process and prints one line per workload.\n"
       "\n"
@@ -257,6 +367,40 @@ void PrintBenchUsage(std::FILE* out) {
       "Exit status: 0 ok, 1 an operation or the engine failed, 2 bad command line\n"
       "or an engine not built into this binary.\n",
       WorkloadNameList());
+  std::fprintf(
+      out,
+      "\n"
+      "usage: flatkv-bench server [--host H] [--port P] [options]\n"
+      "\n"
+      "Drives a running flatkv-server over --clients connections, each with one\n"
+      "call in flight, from --threads epoll loops; prints throughput and per-call\n"
+      "latency (p50/p99/p999/max) per workload.\n"
+      "\n"
+      "  --host H            server address (default 127.0.0.1)\n"
+      "  --port P            server port (default 9901)\n"
+      "  --workload W[,W..]  run in order (default fill,get); each of\n"
+      "                      %s:\n"
+      "                      fill: put keys 0..num-1 once each (num ops);\n"
+      "                      put: 100%% puts; get: 100%% gets; readheavy: 90%%\n"
+      "                      gets, 10%% puts; writeheavy: 10%% gets, 90%% puts\n"
+      "  --clients C         connections (default 50)\n"
+      "  --threads T         event-loop threads, <= clients (default 1)\n"
+      "  --ops N             ops (keys) per workload but fill (default 100000)\n"
+      "  --num K             key space [0, K) (default --ops)\n"
+      "  --value-size B      value bytes (default 100)\n"
+      "  --batch K           keys per call: K > 1 sends multiGet/multiPut\n"
+      "                      (default 1: get/put)\n"
+      "  --keys uniform|zipf key distribution (default uniform; zipf: 0.99)\n"
+      "  --seed S            seed for keys and values (default 301)\n"
+      "  --timeout-ms N      connect timeout, and longest wait for an answer\n"
+      "                      (default 30000)\n"
+      "  --json              one JSON object per line instead of text\n"
+      "\n"
+      "Gets check their answers: a key this run wrote must come back with\n"
+      "--value-size bytes, so read after fill (--workload fill,get).\n"
+      "Exit status: 0 ok, 1 a call failed or a check did not hold (the run goes\n"
+      "on), or the connection failed (the run stops), 2 bad command line.\n",
+      ServerWorkloadNameList());
 }
 
 }  // namespace flatkv::client

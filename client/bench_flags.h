@@ -1,6 +1,7 @@
 // Command line of flatkv-bench:
 //
 //   flatkv-bench engine --engine E --workload W[,W...] --dir D [options]
+//   flatkv-bench server --host H --port P --workload W[,W...] [options]
 //
 // Flags take "--name value" or "--name=value". Parsing never exits or throws:
 // it returns InvalidArgument naming the flag, and main() turns that into a
@@ -12,13 +13,21 @@
 #include <string>
 #include <vector>
 
+#include "client/bench_server.h"
 #include "client/bench_workload.h"
 #include "engine/status.h"
 
 namespace flatkv::client {
 
+// The command: the storage engine in-process, or a running flatkv-server.
+enum class BenchMode { kEngine, kServer };
+
 struct BenchFlags {
   bool help = false;                      // --help / -h: print usage, exit 0
+  BenchMode mode = BenchMode::kEngine;    // the first argument: engine | server
+  // `server` mode: all of its flags (client/bench_server.h). The fields
+  // below are engine mode's.
+  ServerBenchFlags server;
   std::string engine;                     // --engine (required)
   std::vector<Workload> workloads;        // --workload, run in order
   std::string dir;                        // --dir (required)
