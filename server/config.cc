@@ -268,6 +268,9 @@ Status LoadConfig(const std::string& path, const std::vector<std::string>& overr
   if (config->storage.key_min >= config->storage.key_max) {
     return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");
   }
+  if (config->server.http_port != 0 && config->server.http_port == config->server.port) {
+    return Status::InvalidArgument("server.http_port: must differ from server.port");
+  }
   return Status::OK();
 }
 

@@ -3,6 +3,8 @@
 // protocol, framed transport, a worker pool) and on SIGTERM/SIGINT stops
 // accepting, finishes in-flight calls, flushes the cache and closes the
 // Store cleanly, exiting 0. A bad configuration exits 2 with one line.
+// With server.http_port it also serves /health, /metrics and an HTTP data
+// API (server/http.h) on a thread of its own.
 #include <signal.h>
 
 #include <cstdio>
@@ -23,6 +25,7 @@
 
 #include "server/config.h"
 #include "server/handler.h"
+#include "server/http.h"
 
 namespace {
 
@@ -91,10 +94,26 @@ int Serve(const flatkv::server::Config& config) {
   server->setMaxConnections(static_cast<size_t>(config.server.max_connections));
   server->setServerEventHandler(std::make_shared<ListenLogger>(&raw));
 
+  // The HTTP port (server.http_port) calls the handler from its own thread:
+  // it starts once the handler exists and stops before the cache and the
+  // store close. A port it cannot bind stops start-up (exit 1).
+  std::unique_ptr<flatkv::server::HttpServer> http;
+  if (config.server.http_port != 0) {
+    http = std::make_unique<flatkv::server::HttpServer>(handler.get(), config);
+    st = http->Start();
+    if (!st.ok()) {
+      spdlog::critical("cannot serve HTTP: {}", st.ToString());
+      workers->stop();
+      if (!cache->Close().ok() || !store->Close().ok()) spdlog::error("closing after a failed start");
+      return 1;
+    }
+  }
+
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("{}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (http) http->SetStopping();  // /health answers 503 from now on
     server->stop();
   });
   spdlog::info("store {} open, cache {} ({} mode), {} workers", config.storage.path,
@@ -109,6 +128,7 @@ int Serve(const flatkv::server::Config& config) {
     pthread_kill(waiter.native_handle(), SIGTERM);
   }
   waiter.join();
+  if (http) http->Stop();  // no HTTP call may reach the cache or store past here
   workers->stop();  // in-flight calls finish
   st = cache->Close();  // writes everything dirty
   if (!st.ok()) {

@@ -64,6 +64,15 @@ constexpr KnownStat kKnownStats[] = {
     {"engine.fdatasyncs", "engine_fdatasyncs_total", "counter", "fdatasync calls made by the engine."},
     {"engine.corrupt_records", "engine_corrupt_records_total", "counter",
      "Records skipped because their checksum did not match."},
+    {"server.connections", "server_connections", "gauge", "Thrift connections open."},
+    {"server.connections_accepted", "server_connections_accepted_total", "counter",
+     "Thrift connections accepted."},
+    {"server.queued_calls", "server_queued_calls", "gauge", "Calls waiting for a worker."},
+    {"server.overloaded", "server_overloaded_total", "counter", "Calls answered OVERLOADED."},
+    {"server.malformed_calls", "server_malformed_calls_total", "counter",
+     "Calls that could not be decoded."},
+    {"server.protocol_errors", "server_protocol_errors_total", "counter",
+     "Connections closed for a bad frame or protocol error."},
 };
 
 // Labelled per-method families: "<group>.<method>" keys.

@@ -65,6 +65,7 @@ TEST_CASE("Every mistake is one error naming the key", "[server][config]") {
       {{"cache.policy=fifo"}, "cache.policy: must be one of lru|arc"},
       {{"storage.compaction_garbage_ratio=2"}, "storage.compaction_garbage_ratio"},
       {{"storage.key_min=10", "storage.key_max=5"}, "storage.key_min: must be less than"},
+      {{"server.port=9000", "server.http_port=9000"}, "server.http_port: must differ"},
       {{"no-equals-sign"}, "expected section.key=value"},
   };
   for (const Case& k : cases) {

@@ -1,0 +1,88 @@
+// HttpServer: the optional HTTP port of flatkv-server (server.http_port),
+// served by libevent's evhttp on one thread with its own event_base.
+//
+//   GET  /health                  200 "ok"; 503 "stopping" once shutdown began
+//   GET  /metrics                 Prometheus text format 0.0.4 (flatkv_*)
+//   GET|PUT|POST|DELETE /kv/<int64>          get, put, append, remove
+//   GET|PUT|POST|DELETE /skv/<url-encoded>   the same for string keys
+//   GET  /admin/info | /admin/stats | /admin/compaction   JSON objects
+//   GET  /admin/write-mode        "safe" or "async"
+//   PUT  /admin/write-mode        body safe|async       (admin token)
+//   POST /admin/compact           start a compaction    (admin token)
+//
+// Every data and admin route calls the same Handler method as the Thrift
+// service, so limits, counters, latency histograms and errors are the same.
+// A KvError becomes an HTTP status (see StatusForError in http.cc and the
+// README) with a one-line reason as the body and its code name in the
+// X-FlatKV-Error header. The admin token travels in "Authorization: Bearer
+// <token>" or "X-FlatKV-Token: <token>" and is checked by the Handler.
+// Bodies are limited before they are read: evhttp refuses a body larger than
+// the value limit plus some slack with 413 and closes that connection.
+//
+// Thread safety: Start() and Stop() are called from one thread (main);
+// SetStopping() from any thread. Requests run one at a time on the HTTP
+// thread, which calls the Handler directly: a slow call (an async->safe
+// switch waiting for the flush) delays the other HTTP clients, never the
+// Thrift ones.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "engine/status.h"
+#include "server/config.h"
+#include "server/handler.h"
+
+struct event;
+struct event_base;
+struct evhttp;
+struct evhttp_request;
+
+namespace flatkv::server {
+
+class HttpServer {
+ public:
+  // Serves "handler" (not owned; must outlive Stop()) on
+  // config.server.host:config.server.http_port once started.
+  HttpServer(Handler* handler, const Config& config);
+  ~HttpServer();  // Stop()
+
+  // Binds the port (0 = any free port) and starts the HTTP thread. Returns
+  // IOError naming the address and the reason when the port cannot be bound;
+  // nothing is left running then.
+  Status Start();
+
+  // The bound port (after a successful Start()).
+  int port() const { return port_; }
+
+  // From now on /health answers 503 "stopping" (shutdown has begun).
+  void SetStopping() { stopping_.store(true, std::memory_order_relaxed); }
+
+  // Breaks the event loop, joins the HTTP thread and closes every HTTP
+  // connection. The request being handled, if any, finishes first. Safe to
+  // call more than once and without Start().
+  void Stop();
+
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+ private:
+  static void OnRequest(evhttp_request* req, void* arg);
+  static void OnWakeup(int fd, short what, void* arg);
+  void Handle(evhttp_request* req);
+  void Route(evhttp_request* req, const std::string& path);
+  void Free();
+
+  Handler* const handler_;
+  const Config config_;
+  event_base* base_ = nullptr;
+  evhttp* http_ = nullptr;
+  event* wakeup_ = nullptr;     // read end of wake_fds_: Stop() breaks the loop
+  int wake_fds_[2] = {-1, -1};
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace flatkv::server
