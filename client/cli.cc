@@ -288,9 +288,15 @@ std::string HumanBytes(double bytes, double unit_of) {
   return std::string(text) + " " + kUnits[u];
 }
 
+// The percentage as shown, to 0.1: the bar, the figure and the 10% steps
+// agree (99.96 is 100.0 everywhere).
+double ShownPercent(const rpc::CompactionStatus& s) {
+  return std::round(std::clamp(s.percent, 0.0, 100.0) * 10) / 10;
+}
+
 // "[#########           ] 45.0%  1.2/2.9 GiB"
 std::string ProgressLine(const rpc::CompactionStatus& s) {
-  const double pct = std::clamp(s.percent, 0.0, 100.0);
+  const double pct = ShownPercent(s);
   const int filled = static_cast<int>(pct / 100 * kBarWidth);
   const double total = static_cast<double>(std::max<int64_t>(s.bytesTotal, 0));
   const std::string whole = HumanBytes(total, total);
@@ -314,7 +320,7 @@ class ProgressBar {
       drawn_ = true;
       return;
     }
-    const int decile = static_cast<int>(std::clamp(s.percent, 0.0, 100.0) / 10);
+    const int decile = static_cast<int>(ShownPercent(s) / 10);
     if (decile <= decile_) return;
     decile_ = decile;
     std::fprintf(stderr, "%s\n", ProgressLine(s).c_str());
