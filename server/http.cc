@@ -340,6 +340,30 @@ void LibeventLog(int severity, const char* message) {
   errno = saved;
 }
 
+// Sizes, timeouts and methods of the evhttp: a body is refused before it
+// is buffered, a long string key still fits the request line.
+void SetLimits(evhttp* http, uint64_t max_value_bytes, uint32_t max_key_bytes) {
+  evhttp_set_max_body_size(http, static_cast<ev_ssize_t>(max_value_bytes + kBodySlack));
+  evhttp_set_max_headers_size(http, static_cast<ev_ssize_t>(3 * size_t{max_key_bytes} + kHeaderRoom));
+  evhttp_set_timeout(http, kTimeoutSeconds);
+  // An oversized body is read and dropped before the 413, as nginx does:
+  // closing at once would make most clients see a reset instead of it.
+  evhttp_set_flags(http, EVHTTP_SERVER_LINGERING_CLOSE);
+  evhttp_set_allowed_methods(http, 0xffff);  // we answer 405 ourselves
+  evhttp_set_default_content_type(http, "text/plain; charset=utf-8");
+}
+
+// The port a socket is bound to (the real one when 0 was asked for).
+int BoundPort(evhttp_bound_socket* bound) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(evhttp_bound_socket_get_fd(bound), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return 0;
+  }
+  return ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
 bool HasPrefix(const std::string& s, const char* prefix, std::string* rest) {
   const size_t n = std::char_traits<char>::length(prefix);
   if (s.compare(0, n, prefix) != 0) return false;
@@ -369,15 +393,7 @@ Status HttpServer::Start() {
     Free();
     return Status::IOError("HTTP " + address + ": cannot create the event loop");
   }
-  evhttp_set_max_body_size(http_, static_cast<ev_ssize_t>(handler_->max_value_bytes() + kBodySlack));
-  evhttp_set_max_headers_size(
-      http_, static_cast<ev_ssize_t>(3 * size_t{config_.storage.max_key_bytes} + kHeaderRoom));
-  evhttp_set_timeout(http_, kTimeoutSeconds);
-  // An oversized body is read and dropped before the 413, as nginx does:
-  // closing at once would make most clients see a reset instead of it.
-  evhttp_set_flags(http_, EVHTTP_SERVER_LINGERING_CLOSE);
-  evhttp_set_allowed_methods(http_, 0xffff);  // we answer 405 ourselves
-  evhttp_set_default_content_type(http_, "text/plain; charset=utf-8");
+  SetLimits(http_, handler_->max_value_bytes(), config_.storage.max_key_bytes);
   evhttp_set_gencb(http_, &HttpServer::OnRequest, this);
   evhttp_bound_socket* bound = evhttp_bind_socket_with_handle(
       http_, config_.server.host.c_str(), static_cast<uint16_t>(config_.server.http_port));
@@ -386,12 +402,7 @@ Status HttpServer::Start() {
     Free();
     return Status::FromErrno("HTTP " + address, err);
   }
-  sockaddr_storage addr{};
-  socklen_t len = sizeof(addr);
-  if (getsockname(evhttp_bound_socket_get_fd(bound), reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                                             : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  }
+  port_ = BoundPort(bound);
   try {
     thread_ = std::thread([this] { event_base_dispatch(base_); });
   } catch (const std::system_error& e) {

@@ -16,8 +16,9 @@
 // README) with a one-line reason as the body and its code name in the
 // X-FlatKV-Error header. The admin token travels in "Authorization: Bearer
 // <token>" or "X-FlatKV-Token: <token>" and is checked by the Handler.
-// Bodies are limited before they are read: evhttp refuses a body larger than
-// the value limit plus some slack with 413 and closes that connection.
+// Bodies are limited before they are buffered: evhttp answers a body larger
+// than the value limit plus 64 KiB with its own 413, reading and dropping
+// the rest rather than storing it, and closes that connection.
 //
 // Thread safety: Start() and Stop() are called from one thread (main);
 // SetStopping() from any thread. Requests run one at a time on the HTTP
