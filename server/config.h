@@ -23,6 +23,7 @@ struct ServerOptions {
   int io_threads = 1;                      // libevent I/O threads
   uint64_t max_frame_bytes = 16u << 20;    // larger frames close the connection
   int max_connections = 1024;
+  int max_queued_calls = 256;              // more waiting: answer OVERLOADED
   int http_port = 0;                       // /metrics, /health, /kv; 0 = off
 };
 

@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -44,6 +45,12 @@ class Handler : public rpc::FlatKVIf {
   void compactionStatus(rpc::CompactionStatus& result) override;
   void info(rpc::NodeInfo& result) override;
   void stats(std::map<std::string, int64_t>& result) override;
+
+  // Adds the server's own counters (connections, overload) to stats();
+  // set once before serving.
+  void SetServerStats(std::function<void(std::map<std::string, int64_t>*)> fn) {
+    server_stats_ = std::move(fn);
+  }
 
   // Largest value accepted: storage.max_value_bytes, but never more than a
   // frame can carry with the call around it.
@@ -79,6 +86,7 @@ class Handler : public rpc::FlatKVIf {
   std::array<std::atomic<int64_t>, kMethods> calls_{};
   std::array<std::atomic<int64_t>, kMethods> errors_{};
   std::array<LatencyHistogram, kMethods> latency_;
+  std::function<void(std::map<std::string, int64_t>*)> server_stats_;
 };
 
 // Throws the KvError for a non-OK status (used at the Thrift boundary only).

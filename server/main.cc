@@ -7,7 +7,10 @@
 // API (server/http.h) on a thread of its own.
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <map>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -23,6 +26,7 @@
 #include <thrift/server/TNonblockingServer.h>
 #include <thrift/transport/TNonblockingServerSocket.h>
 
+#include "server/front_processor.h"
 #include "server/config.h"
 #include "server/handler.h"
 #include "server/http.h"
@@ -45,17 +49,55 @@ void Usage(FILE* out) {
       out);
 }
 
-// Logs the real port once the server listens (port 0 picks one).
-class ListenLogger : public apache::thrift::server::TServerEventHandler {
+// Counts connections and logs the real port once the server listens (port
+// 0 picks one). TNonblockingServer calls these from its I/O threads.
+class ServerEvents : public apache::thrift::server::TServerEventHandler {
  public:
-  explicit ListenLogger(TNonblockingServer** server) : server_(server) {}
+  explicit ServerEvents(TNonblockingServer** server) : server_(server) {}
   void preServe() override {
     spdlog::info("serving FlatKV on port {}", (*server_)->getListenPort());
   }
+  void* createContext(std::shared_ptr<apache::thrift::protocol::TProtocol>,
+                      std::shared_ptr<apache::thrift::protocol::TProtocol>) override {
+    open_.fetch_add(1, std::memory_order_relaxed);
+    accepted_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  void deleteContext(void*, std::shared_ptr<apache::thrift::protocol::TProtocol>,
+                     std::shared_ptr<apache::thrift::protocol::TProtocol>) override {
+    open_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  int64_t open() const { return open_.load(std::memory_order_relaxed); }
+  int64_t accepted() const { return accepted_.load(std::memory_order_relaxed); }
 
  private:
   TNonblockingServer** server_;
+  std::atomic<int64_t> open_{0};
+  std::atomic<int64_t> accepted_{0};
 };
+
+// Thrift reports a connection it closes for a bad frame (oversized or
+// unframed) or a call it could not decode only through GlobalOutput, among
+// its start and stop notices: count the former and log both, the former
+// rate-limited, instead of printing to stderr.
+std::atomic<int64_t> g_protocol_errors{0};
+
+void ThriftOutput(const char* message) {
+  const bool bad_input = std::strstr(message, "frame size") != nullptr ||
+                         std::strstr(message, "workSocket") != nullptr ||
+                         std::strstr(message, "exception") != nullptr ||
+                         std::strstr(message, "client died") != nullptr;
+  if (!bad_input) {
+    spdlog::info("thrift: {}", message);
+    return;
+  }
+  g_protocol_errors.fetch_add(1, std::memory_order_relaxed);
+  static std::atomic<int64_t> last_log_second{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (last_log_second.exchange(now) != now) spdlog::warn("thrift: {}", message);
+}
 
 int Serve(const flatkv::server::Config& config) {
   // Signals go to one thread that stops the server; block them everywhere
@@ -80,19 +122,35 @@ int Serve(const flatkv::server::Config& config) {
     return 1;
   }
   auto handler = std::make_shared<flatkv::server::Handler>(store.get(), cache.get(), config);
-  auto processor = std::make_shared<flatkv::rpc::FlatKVProcessor>(handler);
   auto socket = std::make_shared<TNonblockingServerSocket>(config.server.host, config.server.port);
   auto workers = ThreadManager::newSimpleThreadManager(static_cast<size_t>(config.server.workers));
   workers->threadFactory(std::make_shared<ThreadFactory>());
   workers->start();
+  auto processor = std::make_shared<flatkv::server::FrontProcessor>(
+      handler, workers, static_cast<size_t>(config.server.max_queued_calls));
   TNonblockingServer* raw = nullptr;
+  auto events = std::make_shared<ServerEvents>(&raw);
+  handler->SetServerStats([&](std::map<std::string, int64_t>* out) {
+    (*out)["server.connections"] = events->open();
+    (*out)["server.connections_accepted"] = events->accepted();
+    (*out)["server.queued_calls"] = static_cast<int64_t>(workers->pendingTaskCount());
+    (*out)["server.overloaded"] = processor->overloaded();
+    (*out)["server.malformed_calls"] = processor->malformed();
+    (*out)["server.protocol_errors"] = g_protocol_errors.load(std::memory_order_relaxed);
+  });
   auto server = std::make_shared<TNonblockingServer>(
       processor, std::make_shared<TBinaryProtocolFactory>(), socket, workers);
   raw = server.get();
   server->setNumIOThreads(static_cast<size_t>(config.server.io_threads));
   server->setMaxFrameSize(config.server.max_frame_bytes);
   server->setMaxConnections(static_cast<size_t>(config.server.max_connections));
-  server->setServerEventHandler(std::make_shared<ListenLogger>(&raw));
+  server->setServerEventHandler(events);
+  // A connection keeps its largest frame's buffers (up to max_frame_bytes)
+  // until Thrift checks them; check after every call so memory follows the
+  // calls in flight, not the largest value each connection ever sent.
+  server->setResizeBufferEveryN(1);
+  server->setIdleReadBufferLimit(64 << 10);
+  server->setIdleWriteBufferLimit(64 << 10);
 
   // The HTTP port (server.http_port) calls the handler from its own thread:
   // it starts once the handler exists and stops before the cache and the
@@ -185,5 +243,6 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   spdlog::flush_on(spdlog::level::info);
+  apache::thrift::GlobalOutput.setOutputFunction(ThriftOutput);
   return Serve(config);
 }

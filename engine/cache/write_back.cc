@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 
 #include "engine/cache/arc.h"
 #include "engine/cache/lru.h"
@@ -113,6 +114,57 @@ Status WriteBackCache::Get(int64_t key, std::string* value) {
     if (s.seq == seq) s.policy->Insert(PolicyKey(key), v);
   }
   *value = std::move(v);
+  return Status::OK();
+}
+
+Status WriteBackCache::GetBatch(const std::vector<int64_t>& keys,
+                                std::vector<std::string>* values, std::vector<bool>* found) {
+  values->assign(keys.size(), std::string());
+  found->assign(keys.size(), false);
+  // Indices grouped by shard (counting sort), so each shard locks once.
+  std::array<uint32_t, kShards + 1> start{};
+  for (int64_t k : keys) ++start[Hash(k) % kShards + 1];
+  for (size_t i = 1; i <= kShards; ++i) start[i] += start[i - 1];
+  std::vector<uint32_t> order(keys.size());
+  std::array<uint32_t, kShards> fill{};
+  for (uint32_t i = 0; i < keys.size(); ++i) {
+    const size_t sh = Hash(keys[i]) % kShards;
+    order[start[sh] + fill[sh]++] = i;
+  }
+  for (size_t sh = 0; sh < kShards; ++sh) {
+    if (start[sh] == start[sh + 1]) continue;
+    Shard& s = shards_[sh];
+    std::vector<uint32_t> misses;
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      for (uint32_t j = start[sh]; j < start[sh + 1]; ++j) {
+        const uint32_t i = order[j];
+        auto it = s.dirty.find(keys[i]);
+        if (it != s.dirty.end()) {
+          (*found)[i] = !it->second.remove;
+          if ((*found)[i]) (*values)[i] = it->second.value;
+        } else if (s.policy->Lookup(PolicyKey(keys[i]), &(*values)[i])) {
+          (*found)[i] = true;
+        } else {
+          misses.push_back(i);
+        }
+      }
+      seq = s.seq;
+    }
+    if (misses.empty()) continue;
+    for (uint32_t i : misses) {
+      Status st = store_->Get(keys[i], &(*values)[i]);
+      if (!st.ok() && !st.IsNotFound()) return st;
+      (*found)[i] = st.ok();
+    }
+    // As in Get: cache what was read only if no write touched the shard.
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.seq != seq) continue;
+    for (uint32_t i : misses) {
+      if ((*found)[i]) s.policy->Insert(PolicyKey(keys[i]), (*values)[i]);
+    }
+  }
   return Status::OK();
 }
 

@@ -70,6 +70,12 @@ class WriteBackCache {
   ~WriteBackCache();
 
   Status Get(int64_t key, std::string* value);
+  // Get of every key: (*found)[i] says whether keys[i] is present and
+  // (*values)[i] holds its value. One pass: each shard is locked once for
+  // the keys it serves from memory, the others are read from the Store.
+  // Returns the first error other than NotFound.
+  Status GetBatch(const std::vector<int64_t>& keys, std::vector<std::string>* values,
+                  std::vector<bool>* found);
   Status Put(int64_t key, std::string_view value);
   // Put of every pair in order, checked first (KeyOutOfRange or
   // ValueTooLarge writes nothing). Safe mode writes them to the Store as one

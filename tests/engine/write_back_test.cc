@@ -266,3 +266,27 @@ TEST_CASE("Async writes with a bad key or value are refused, not acknowledged an
   REQUIRE(f.cache->Put(5, std::string(o.max_value_bytes + 1, 'x')).IsValueTooLarge());
   REQUIRE(f.cache->Flush().ok());  // nothing bad was queued
 }
+
+TEST_CASE("GetBatch returns dirty, cached, stored and absent keys in request order",
+          "[engine][cache][batch]") {
+  Fixture f(Options(WriteMode::kSafe));
+  REQUIRE(f.store->Put(1, "stored").ok());
+  REQUIRE(f.cache->Put(2, "cached").ok());
+  std::string v;
+  REQUIRE(f.cache->Get(2, &v).ok());
+  REQUIRE(f.cache->SetMode(WriteMode::kAsync).ok());
+  REQUIRE(f.cache->Put(3, "dirty").ok());
+  REQUIRE(f.cache->Remove(1).ok());
+  REQUIRE(f.cache->Put(4, "dirty4").ok());
+  std::vector<int64_t> keys = {4, 1, 2, 99, 3, 2};
+  std::vector<std::string> values;
+  std::vector<bool> found;
+  REQUIRE(f.cache->GetBatch(keys, &values, &found).ok());
+  REQUIRE(found == std::vector<bool>{true, false, true, false, true, true});
+  REQUIRE(values[0] == "dirty4");
+  REQUIRE(values[2] == "cached");
+  REQUIRE(values[4] == "dirty");
+  REQUIRE(values[5] == "cached");
+  std::vector<int64_t> bad = {5, -1};
+  REQUIRE(f.cache->GetBatch(bad, &values, &found).IsKeyOutOfRange());
+}
