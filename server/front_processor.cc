@@ -40,8 +40,8 @@ bool FrontProcessor::process(std::shared_ptr<TProtocol> in, std::shared_ptr<TPro
          name + ": message type " + std::to_string(type) + " is not a call");
     return true;
   }
-  const size_t queued = workers_->pendingTaskCount();
-  if (queued >= max_queued_) {
+  const size_t queued = workers_ ? workers_->pendingTaskCount() : 0;
+  if (workers_ && queued >= max_queued_) {
     RejectOverloaded(in.get(), out.get(), name, seqid, queued);
     return true;
   }

@@ -35,7 +35,8 @@ namespace flatkv::server {
 
 class FrontProcessor : public rpc::FlatKVProcessor {
  public:
-  // "workers" is the pool whose queue is measured; max_queued >= 1.
+  // "workers" is the pool whose queue is measured (null: calls run on the
+  // I/O threads and there is no queue); max_queued >= 1.
   FrontProcessor(std::shared_ptr<rpc::FlatKVIf> handler,
                  std::shared_ptr<apache::thrift::concurrency::ThreadManager> workers,
                  size_t max_queued);

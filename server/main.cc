@@ -123,9 +123,14 @@ int Serve(const flatkv::server::Config& config) {
   }
   auto handler = std::make_shared<flatkv::server::Handler>(store.get(), cache.get(), config);
   auto socket = std::make_shared<TNonblockingServerSocket>(config.server.host, config.server.port);
-  auto workers = ThreadManager::newSimpleThreadManager(static_cast<size_t>(config.server.workers));
-  workers->threadFactory(std::make_shared<ThreadFactory>());
-  workers->start();
+  // server.workers = 0: no pool; each call runs on the I/O thread that read
+  // it (no hand-off between threads, no queue to overflow).
+  std::shared_ptr<ThreadManager> workers;
+  if (config.server.workers > 0) {
+    workers = ThreadManager::newSimpleThreadManager(static_cast<size_t>(config.server.workers));
+    workers->threadFactory(std::make_shared<ThreadFactory>());
+    workers->start();
+  }
   auto processor = std::make_shared<flatkv::server::FrontProcessor>(
       handler, workers, static_cast<size_t>(config.server.max_queued_calls));
   TNonblockingServer* raw = nullptr;
@@ -133,7 +138,7 @@ int Serve(const flatkv::server::Config& config) {
   handler->SetServerStats([&](std::map<std::string, int64_t>* out) {
     (*out)["server.connections"] = events->open();
     (*out)["server.connections_accepted"] = events->accepted();
-    (*out)["server.queued_calls"] = static_cast<int64_t>(workers->pendingTaskCount());
+    (*out)["server.queued_calls"] = workers ? static_cast<int64_t>(workers->pendingTaskCount()) : 0;
     (*out)["server.overloaded"] = processor->overloaded();
     (*out)["server.malformed_calls"] = processor->malformed();
     (*out)["server.protocol_errors"] = g_protocol_errors.load(std::memory_order_relaxed);
@@ -161,7 +166,7 @@ int Serve(const flatkv::server::Config& config) {
     st = http->Start();
     if (!st.ok()) {
       spdlog::critical("cannot serve HTTP: {}", st.ToString());
-      workers->stop();
+      if (workers) workers->stop();
       if (!cache->Close().ok() || !store->Close().ok()) spdlog::error("closing after a failed start");
       return 1;
     }
@@ -187,7 +192,7 @@ int Serve(const flatkv::server::Config& config) {
   }
   waiter.join();
   if (http) http->Stop();  // no HTTP call may reach the cache or store past here
-  workers->stop();  // in-flight calls finish
+  if (workers) workers->stop();  // in-flight calls finish
   st = cache->Close();  // writes everything dirty
   if (!st.ok()) {
     spdlog::error("flushing the cache: {}", st.ToString());

@@ -111,9 +111,12 @@ def verify(c, what):
 data = os.path.join(work, "data")
 port = free_port()
 # Small segments and an eager garbage ratio: compactions have work to do.
+# Calls run on two I/O threads (server.workers = 0): the other tests cover
+# the worker pool.
 SEGMENTS = ("--set", "storage.segment_keys=65536")
 proc = start(port, data, *SEGMENTS, "--set", "storage.sync=interval",
-             "--set", "cache.flush_interval_ms=20")
+             "--set", "cache.flush_interval_ms=20", "--set", "server.workers=0",
+             "--set", "server.io_threads=2")
 threads = [threading.Thread(target=writer, args=(port, w)) for w in range(WRITERS)]
 for th in threads:
     th.start()
