@@ -204,8 +204,8 @@ Status ParseArgs(int argc, char** argv, Flags* f) {
       name.resize(eq);
     }
     if (!TakesValue(name)) {
+      FLATKV_RETURN_IF_ERROR(ApplyFlag(name, f));  // refuses unknown names
       if (value) return BadUsage("--" + name + " takes no value");
-      FLATKV_RETURN_IF_ERROR(ApplyFlag(name, f));
       continue;
     }
     if (!value) {
