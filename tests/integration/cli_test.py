@@ -5,6 +5,7 @@ scan output, admin commands and the compaction progress on a pipe and on a
 terminal.
 Usage: cli_test.py FLATKV_SERVER FLATKV_CLI"""
 import atexit
+import ctypes
 import os
 import pty
 import re
@@ -37,6 +38,13 @@ def free_port():
 
 
 servers = []
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def die_with_parent():
+    """Runs in the server's child: SIGKILL it when this script dies, even by
+    ctest's timeout kill, which skips atexit."""
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @atexit.register
@@ -51,7 +59,8 @@ def kill_servers():
 def start(port, data, *extra):
     proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % port,
                              "--set", "storage.path=" + data, *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=die_with_parent)
     servers.append(proc)
     for _ in range(600):
         try:

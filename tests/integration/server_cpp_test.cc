@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -114,6 +115,9 @@ class ServerProcess {
     pid_ = fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
+      // Dies with the test even when the test cannot run its destructors
+      // (a sanitizer abort, ctest's timeout kill).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
