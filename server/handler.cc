@@ -48,7 +48,8 @@ void ThrowKvError(const Status& status) {
   if (status.IsValueTooLarge()) code = rpc::ErrorCode::VALUE_TOO_LARGE;
   if (status.IsInvalidArgument()) code = rpc::ErrorCode::INVALID_ARGUMENT;
   if (status.IsBusy()) code = rpc::ErrorCode::OVERLOADED;
-  throw MakeError(code, status.ToString());
+  // The code travels as ErrorCode: the message is the reason alone.
+  throw MakeError(code, status.message());
 }
 
 Handler::Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config)

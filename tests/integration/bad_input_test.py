@@ -4,6 +4,7 @@ request gets its precise answer (or closes only its own connection), the
 server keeps serving, and its memory does not jump. Also overload: with the
 worker queue full, calls are answered OVERLOADED instead of queuing.
 Usage: bad_input_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
+import atexit
 import os
 import shutil
 import signal
@@ -41,10 +42,23 @@ def free_port():
     return port
 
 
+servers = []
+
+
+def kill_servers():
+    for p in servers:
+        if p.poll() is None:
+            p.kill()
+
+
+atexit.register(kill_servers)
+
+
 def start(port, data, *extra):
     proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % port,
                              "--set", "storage.path=" + data, *extra],
                             stderr=subprocess.DEVNULL)
+    servers.append(proc)
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
@@ -202,6 +216,13 @@ answer = call_raw(port, b"\x80\x01\x00")
 mtype, x = decode_exception(answer) if answer else (None, None)
 check(x is not None and x.type == TApplicationException.PROTOCOL_ERROR,
       "a frame too short for a message header gets PROTOCOL_ERROR")
+
+try:
+    c.setWriteMode("", 7)
+    check(False, "an unknown write mode is INVALID_ARGUMENT")
+except KvError as e:
+    check(e.code == ErrorCode.INVALID_ARGUMENT and "7" in e.message,
+          "an unknown write mode is INVALID_ARGUMENT")
 
 # Oversized values: over storage.max_value_bytes is a typed error; over the
 # frame limit closes that connection only.

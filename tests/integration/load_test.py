@@ -5,6 +5,7 @@ the write mode is switched back and forth and compactions run; afterwards,
 and again after a SIGTERM restart, every acknowledged write is there with
 its newest value.
 Usage: load_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
+import atexit
 import os
 import shutil
 import signal
@@ -41,10 +42,23 @@ def free_port():
     return port
 
 
+servers = []
+
+
+def kill_servers():
+    for p in servers:
+        if p.poll() is None:
+            p.kill()
+
+
+atexit.register(kill_servers)
+
+
 def start(port, data, *extra):
     proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % port,
                              "--set", "storage.path=" + data, "--set", "admin.token=t",
                              *extra], stderr=subprocess.DEVNULL)
+    servers.append(proc)
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
