@@ -104,9 +104,17 @@ const std::vector<Key>& Schema() {
        Str([](Config* c) { return &c->server.host; }, {}, "server.host")},
       {"server.port", "9901", "Thrift port (binary protocol, framed transport); 0 = any",
        Int<int>([](Config* c) { return &c->server.port; }, 0, 65535, "server.port")},
-      {"server.workers", "4", "handler threads; 0 = run calls on the I/O threads",
-       Int<int>([](Config* c) { return &c->server.workers; }, 0, 1024, "server.workers")},
-      {"server.io_threads", "1", "libevent I/O threads",
+      {"server.workers", "auto",
+       "handler threads; 0 = calls run on the I/O threads; auto = 0, or 16 with storage.sync: always",
+       [](const std::string& text, Config* c) -> Status {
+         if (text == "auto") {
+           c->server.workers = -1;
+           return Status::OK();
+         }
+         return Int<int>([](Config* c2) { return &c2->server.workers; }, 0, 1024,
+                         "server.workers")(text, c);
+       }},
+      {"server.io_threads", "2", "libevent I/O threads",
        Int<int>([](Config* c) { return &c->server.io_threads; }, 1, 64,
                 "server.io_threads")},
       {"server.max_frame_bytes", "16Mi", "largest request frame; a larger one closes the connection",
@@ -268,6 +276,12 @@ Status LoadConfig(const std::string& path, const std::vector<std::string>& overr
       return Status::InvalidArgument("--set " + o + ": expected section.key=value");
     }
     FLATKV_RETURN_IF_ERROR(Apply(o.substr(0, eq), o.substr(eq + 1), config));
+  }
+  // Calls that take microseconds are fastest on the I/O threads; a call
+  // that waits for fdatasync would stall every connection of its thread
+  // there, and group commit needs many such calls at once.
+  if (config->server.workers < 0) {
+    config->server.workers = config->storage.sync == engine::SyncMode::kAlways ? 16 : 0;
   }
   if (config->storage.key_min >= config->storage.key_max) {
     return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");

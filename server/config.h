@@ -19,8 +19,10 @@ namespace flatkv::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 9901;
-  int workers = 4;                         // handler threads
-  int io_threads = 1;                      // libevent I/O threads
+  int workers = -1;                        // handler threads; 0 = on the I/O
+                                           // threads; -1 (auto) is resolved
+                                           // by LoadConfig
+  int io_threads = 2;                      // libevent I/O threads
   uint64_t max_frame_bytes = 16u << 20;    // larger frames close the connection
   int max_connections = 1024;
   int max_queued_calls = 256;              // more waiting: answer OVERLOADED

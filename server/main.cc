@@ -179,9 +179,11 @@ int Serve(const flatkv::server::Config& config) {
     if (http) http->SetStopping();  // /health answers 503 from now on
     server->stop();
   });
-  spdlog::info("store {} open, cache {} ({} mode), {} workers", config.storage.path,
+  spdlog::info("store {} open, cache {} ({} mode), {} I/O threads, {}", config.storage.path,
                config.cache.policy, flatkv::engine::cache::WriteModeName(config.cache.mode),
-               config.server.workers);
+               config.server.io_threads,
+               config.server.workers == 0 ? std::string("calls run on the I/O threads")
+                                          : std::to_string(config.server.workers) + " workers");
   int code = 0;
   try {
     server->serve();

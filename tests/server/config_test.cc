@@ -131,3 +131,17 @@ TEST_CASE("conf/flatkv.yaml loads, holds exactly the defaults and shows every ke
   }
   REQUIRE(keys >= 30);
 }
+
+TEST_CASE("server.workers auto runs calls on the I/O threads unless every write waits for fdatasync",
+          "[server][config]") {
+  Config c;
+  REQUIRE(LoadConfig("", {}, &c).ok());
+  REQUIRE(c.server.workers == 0);
+  REQUIRE(LoadConfig("", {"storage.sync=always"}, &c).ok());
+  REQUIRE(c.server.workers == 16);
+  REQUIRE(LoadConfig("", {"storage.sync=always", "server.workers=3"}, &c).ok());
+  REQUIRE(c.server.workers == 3);
+  Status st = LoadConfig("", {"server.workers=many"}, &c);
+  REQUIRE(st.IsInvalidArgument());
+  REQUIRE(st.message().find("server.workers") != std::string::npos);
+}
