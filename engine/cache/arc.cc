@@ -58,15 +58,7 @@ void ArcPolicy::Insert(std::string_view key, std::string_view value) {
   const uint64_t charge = Charge(key, value.size());
   auto it = map_.find(key);
   if (it != map_.end() && (it->second.list == kT1 || it->second.list == kT2)) {
-    // A resident key written again: new value, and it counts as a reuse.
-    Loc& loc = it->second;
-    bytes_[loc.list] -= loc.it->charge;
-    loc.it->value.assign(value.data(), value.size());
-    loc.it->charge = charge;
-    bytes_[loc.list] += charge;
-    MoveTo(&loc, kT2);
-    MakeRoom(0, false);
-    if (charge > capacity_) Erase(key);
+    Rewrite(&it->second, key, value);
     return;
   }
   if (charge > capacity_) {
@@ -108,6 +100,24 @@ void ArcPolicy::Insert(std::string_view key, std::string_view value) {
   lists_[kT1].push_front(Entry{std::string(key), std::string(value), charge});
   bytes_[kT1] += charge;
   map_.emplace(lists_[kT1].front().key, Loc{kT1, lists_[kT1].begin()});
+}
+
+void ArcPolicy::Rewrite(Loc* loc, std::string_view key, std::string_view value) {
+  const uint64_t charge = Charge(key, value.size());
+  bytes_[loc->list] -= loc->it->charge;
+  loc->it->value.assign(value.data(), value.size());
+  loc->it->charge = charge;
+  bytes_[loc->list] += charge;
+  MoveTo(loc, kT2);
+  MakeRoom(0, false);
+  if (charge > capacity_) Erase(key);
+}
+
+bool ArcPolicy::Update(std::string_view key, std::string_view value) {
+  auto it = map_.find(key);
+  if (it == map_.end() || it->second.list == kB1 || it->second.list == kB2) return false;
+  Rewrite(&it->second, key, value);
+  return true;
 }
 
 void ArcPolicy::Erase(std::string_view key) {

@@ -22,6 +22,7 @@ class ArcPolicy final : public Policy {
   bool Lookup(std::string_view key, std::string* value) override;
   void Insert(std::string_view key, std::string_view value) override;
   void Erase(std::string_view key) override;
+  bool Update(std::string_view key, std::string_view value) override;
   bool Contains(std::string_view key) const override {
     auto it = map_.find(key);
     return it != map_.end() && (it->second.list == kT1 || it->second.list == kT2);
@@ -50,6 +51,8 @@ class ArcPolicy final : public Policy {
   // Evicts the LRU of T1 (into B1) or of T2 (into B2), as ARC's REPLACE.
   void Replace(bool hit_in_b2);
   void MakeRoom(uint64_t charge, bool hit_in_b2);
+  // A resident entry gets a new value; counts as a reuse (moves to T2).
+  void Rewrite(Loc* loc, std::string_view key, std::string_view value);
 
   List lists_[4];
   uint64_t bytes_[4] = {0, 0, 0, 0};

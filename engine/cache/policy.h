@@ -37,6 +37,14 @@ class Policy {
   virtual bool Lookup(std::string_view key, std::string* value) = 0;
   // Inserts or replaces key's value (counts as an access), evicting as needed.
   virtual void Insert(std::string_view key, std::string_view value) = 0;
+  // If key is resident, replaces its value as Insert does and returns true;
+  // otherwise returns false and inserts nothing (write-through without
+  // write-allocate). One lookup where Contains + Insert would take two.
+  virtual bool Update(std::string_view key, std::string_view value) {
+    if (!Contains(key)) return false;
+    Insert(key, value);
+    return true;
+  }
   // Whether key is resident (no stats, no recency change).
   virtual bool Contains(std::string_view key) const = 0;
   // Drops key if present (no ghost is kept: the value is gone, not cold).

@@ -200,8 +200,7 @@ void WriteBackCache::AfterSafePut(int64_t key, std::string_view value) {
   // Write-through without write-allocate: a cached key gets the new value,
   // an uncached one stays uncached (a fill must not churn the cache, and
   // reads bring hot keys in).
-  const std::string pkey = PolicyKey(key);
-  if (s.policy->Contains(pkey)) s.policy->Insert(pkey, std::string(value));
+  s.policy->Update(PolicyKey(key), value);
 }
 
 // Holds the stripes of every key of the batch, taken in ascending order

@@ -146,3 +146,20 @@ TEST_CASE("ARC's target for recent entries adapts to ghost hits", "[engine][cach
   INFO("p after B2 ghost hits " << arc.target_t1());
   REQUIRE(arc.target_t1() < grown);
 }
+
+TEST_CASE("Update replaces a resident value and never inserts an absent key", "[engine][cache]") {
+  for (const char* name : {"lru", "arc"}) {
+    INFO(name);
+    std::unique_ptr<Policy> p = Make(name, 1 << 20);
+    REQUIRE_FALSE(p->Update("absent", "v"));
+    REQUIRE_FALSE(p->Contains("absent"));
+    p->Insert("k", "old");
+    REQUIRE(p->Update("k", "new"));
+    std::string v;
+    REQUIRE(p->Lookup("k", &v));
+    REQUIRE(v == "new");
+    p->Erase("k");
+    REQUIRE_FALSE(p->Update("k", "again"));
+    REQUIRE_FALSE(p->Lookup("k", &v));
+  }
+}
