@@ -145,3 +145,15 @@ TEST_CASE("server.workers auto runs calls on the I/O threads unless every write 
   REQUIRE(st.IsInvalidArgument());
   REQUIRE(st.message().find("server.workers") != std::string::npos);
 }
+
+TEST_CASE("The README's configuration reference lists every key", "[server][config]") {
+  const std::string readme = flatkv::test::ReadFile(std::string(FLATKV_SOURCE_DIR) + "/README.md");
+  std::istringstream described(flatkv::server::DescribeConfig());
+  std::string line;
+  while (std::getline(described, line)) {
+    if (line.empty() || line[0] == ' ') continue;
+    const std::string key = line.substr(0, line.find(" = "));
+    INFO(key);
+    REQUIRE(readme.find("| `" + key + "` |") != std::string::npos);
+  }
+}
