@@ -148,7 +148,13 @@ int Serve(const flatkv::server::Config& config) {
   raw = server.get();
   server->setNumIOThreads(static_cast<size_t>(config.server.io_threads));
   server->setMaxFrameSize(config.server.max_frame_bytes);
-  server->setMaxConnections(static_cast<size_t>(config.server.max_connections));
+  // Thrift checks the limit before counting the connection it accepts (so
+  // it would allow one more) and without an overload action only logs it;
+  // with these settings exactly max_connections are served and a new one is
+  // closed at once until one of them goes.
+  server->setMaxConnections(static_cast<size_t>(config.server.max_connections - 1));
+  server->setOverloadAction(apache::thrift::server::T_OVERLOAD_CLOSE_ON_ACCEPT);
+  server->setOverloadHysteresis(1.0);
   server->setServerEventHandler(events);
   // A connection keeps its largest frame's buffers (up to max_frame_bytes)
   // until Thrift checks them; check after every call so memory follows the

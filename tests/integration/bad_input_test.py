@@ -269,6 +269,35 @@ check(c.get(99).value == b"v99" and proc.poll() is None, "the server still serve
 t.close()
 check(stop(proc) == 0, "and stops cleanly")
 
+# server.max_connections: connections past it are closed on accept; the
+# ones already open keep working, and closing some makes room again.
+port = free_port()
+proc = start(port, os.path.join(work, "conns"), "--set", "server.max_connections=4")
+held = []
+for i in range(4):
+    c2, t2 = client(port)
+    c2.put(i, b"c")
+    held.append((c2, t2))
+extra = socket.create_connection(("127.0.0.1", port))
+extra.settimeout(5)
+try:
+    refused = extra.recv(16) == b""
+except socket.timeout:
+    refused = False  # still open: the limit was not enforced
+except OSError:
+    refused = True  # reset
+extra.close()
+check(refused, "a connection past server.max_connections is closed")
+check(all(c2.get(i).value == b"c" for i, (c2, _) in enumerate(held)),
+      "the connections within the limit keep working")
+for _, t2 in held:
+    t2.close()
+time.sleep(0.2)
+c2, t2 = client(port)
+check(c2.get(0).value == b"c", "closing connections makes room again")
+t2.close()
+check(stop(proc) == 0, "the server at its connection limit stops cleanly")
+
 # Overload: one worker, sync: always (each put waits for fdatasync) and a
 # queue limit of 1. Twenty calls sent at once: the first runs, those that
 # find the queue full behind them are answered OVERLOADED; none is lost.
