@@ -442,8 +442,7 @@ Status Store::AppendToBucket(FlatTable* table, int64_t ikey, std::string_view en
   return table->Put(ikey, compacted);
 }
 
-Status Store::SPut(std::string_view key, std::string_view value) {
-  Guard guard(this);
+Status Store::CheckStringKey(std::string_view key) const {
   if (closed_.load(std::memory_order_relaxed)) {
     return Status::IOError("store " + options_.path + " is closed");
   }
@@ -452,6 +451,12 @@ Status Store::SPut(std::string_view key, std::string_view value) {
                                    " bytes exceeds storage.max_key_bytes " +
                                    std::to_string(options_.max_key_bytes));
   }
+  return Status::OK();
+}
+
+Status Store::SPut(std::string_view key, std::string_view value) {
+  Guard guard(this);
+  FLATKV_RETURN_IF_ERROR(CheckStringKey(key));
   FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
   FlatTable* table;
   FLATKV_RETURN_IF_ERROR(GetOrCreateStringTable(&table));

@@ -106,6 +106,8 @@ class Store {
   // ValueTooLarge over max_value_bytes.
   Status CheckKey(int64_t key) const;
   Status CheckValue(size_t size) const;
+  // InvalidArgument for a string key over max_key_bytes (IOError once closed).
+  Status CheckStringKey(std::string_view key) const;
   // Puts every pair, in order (a key given twice keeps its last value), as
   // one batch: each table's data file takes its lock once, and with
   // sync: always one fdatasync per data file covers the batch. Every key

@@ -189,10 +189,10 @@ void Handler::scanLog(rpc::LogScanResult& result, const std::string& cursor, int
   });
 }
 
-// String keys go to the Store directly: the cache holds integer keys only.
+// String keys go through the cache too, in the same write mode.
 void Handler::sget(rpc::GetResult& result, const std::string& key) {
   Run(kSGet, [&] {
-    Status st = store_->SGet(key, &result.value);
+    Status st = cache_->SGet(key, &result.value);
     if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
     result.found = st.ok();
   });
@@ -201,7 +201,7 @@ void Handler::sget(rpc::GetResult& result, const std::string& key) {
 void Handler::sput(const std::string& key, const std::string& value) {
   Run(kSPut, [&] {
     CheckValue(value.size());
-    Status st = store_->SPut(key, value);
+    Status st = cache_->SPut(key, value);
     if (!st.ok()) ThrowKvError(st);
   });
 }
@@ -209,7 +209,7 @@ void Handler::sput(const std::string& key, const std::string& value) {
 bool Handler::sremove(const std::string& key) {
   bool existed = false;
   Run(kSRemove, [&] {
-    Status st = store_->SRemove(key, &existed);
+    Status st = cache_->SRemove(key, &existed);
     if (!st.ok()) ThrowKvError(st);
   });
   return existed;

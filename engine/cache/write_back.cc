@@ -20,6 +20,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <functional>
 
 #include "engine/cache/arc.h"
 #include "engine/cache/lru.h"
@@ -89,29 +91,84 @@ uint64_t WriteBackCache::Hash(int64_t key) {
   return z ^ (z >> 31);
 }
 
-std::string WriteBackCache::PolicyKey(int64_t key) {
-  return std::string(reinterpret_cast<const char*>(&key), sizeof(key));
+WriteBackCache::Key WriteBackCache::Key::Int(int64_t key) {
+  Key k;
+  k.enc_.reserve(1 + sizeof(key));
+  k.enc_.push_back('i');
+  k.enc_.append(reinterpret_cast<const char*>(&key), sizeof(key));
+  k.hash_ = Hash(key);
+  return k;
 }
 
-Status WriteBackCache::Get(int64_t key, std::string* value) {
+WriteBackCache::Key WriteBackCache::Key::Str(std::string_view key) {
+  Key k;
+  k.enc_.reserve(1 + key.size());
+  k.enc_.push_back('s');
+  k.enc_.append(key.data(), key.size());
+  k.hash_ = std::hash<std::string_view>()(key);
+  return k;
+}
+
+WriteBackCache::Key WriteBackCache::Key::FromEncoded(const std::string& enc) {
+  return enc[0] == 'i' ? Int(ParseInt(enc)) : Str(std::string_view(enc).substr(1));
+}
+
+int64_t WriteBackCache::Key::ikey() const { return ParseInt(enc_); }
+
+int64_t WriteBackCache::Key::ParseInt(const std::string& enc) {
+  int64_t key;
+  std::memcpy(&key, enc.data() + 1, sizeof(key));
+  return key;
+}
+
+Status WriteBackCache::NotFound(const Key& key) {
+  return Status::NotFound(key.is_string() ? std::string("string key")
+                                          : "key " + std::to_string(key.ikey()));
+}
+
+Status WriteBackCache::StoreGet(const Key& key, std::string* value) const {
+  return key.is_string() ? store_->SGet(key.skey(), value) : store_->Get(key.ikey(), value);
+}
+
+Status WriteBackCache::StorePut(const Key& key, std::string_view value) {
+  return key.is_string() ? store_->SPut(key.skey(), value) : store_->Put(key.ikey(), value);
+}
+
+Status WriteBackCache::StoreRemove(const Key& key) {
+  return key.is_string() ? store_->SRemove(key.skey(), nullptr) : store_->Remove(key.ikey(), nullptr);
+}
+
+bool WriteBackCache::StoreHas(const Key& key) const {
+  if (!key.is_string()) return store_->Exists(key.ikey()).ok();
+  std::string ignored;
+  return store_->SGet(key.skey(), &ignored).ok();
+}
+
+Status WriteBackCache::Get(int64_t key, std::string* value) { return GetKey(Key::Int(key), value); }
+
+Status WriteBackCache::SGet(std::string_view key, std::string* value) {
+  return GetKey(Key::Str(key), value);
+}
+
+Status WriteBackCache::GetKey(const Key& key, std::string* value) {
   Shard& s = ShardOf(key);
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.dirty.find(key);
+    auto it = s.dirty.find(key.enc());
     if (it != s.dirty.end()) {
-      if (it->second.remove) return Status::NotFound("key " + std::to_string(key));
+      if (it->second.remove) return NotFound(key);
       *value = it->second.value;
       return Status::OK();
     }
-    if (s.policy->Lookup(PolicyKey(key), value)) return Status::OK();
+    if (s.policy->Lookup(key.enc(), value)) return Status::OK();
     seq = s.seq;
   }
   std::string v;
-  FLATKV_RETURN_IF_ERROR(store_->Get(key, &v));  // NotFound is never cached
+  FLATKV_RETURN_IF_ERROR(StoreGet(key, &v));  // NotFound is never cached
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (s.seq == seq) s.policy->Insert(PolicyKey(key), v);
+    if (s.seq == seq) s.policy->Insert(key.enc(), v);
   }
   *value = std::move(v);
   return Status::OK();
@@ -140,11 +197,12 @@ Status WriteBackCache::GetBatch(const std::vector<int64_t>& keys,
       std::lock_guard<std::mutex> lock(s.mu);
       for (uint32_t j = start[sh]; j < start[sh + 1]; ++j) {
         const uint32_t i = order[j];
-        auto it = s.dirty.find(keys[i]);
+        const Key key = Key::Int(keys[i]);
+        auto it = s.dirty.find(key.enc());
         if (it != s.dirty.end()) {
           (*found)[i] = !it->second.remove;
           if ((*found)[i]) (*values)[i] = it->second.value;
-        } else if (s.policy->Lookup(PolicyKey(keys[i]), &(*values)[i])) {
+        } else if (s.policy->Lookup(key.enc(), &(*values)[i])) {
           (*found)[i] = true;
         } else {
           misses.push_back(i);
@@ -162,14 +220,14 @@ Status WriteBackCache::GetBatch(const std::vector<int64_t>& keys,
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.seq != seq) continue;
     for (uint32_t i : misses) {
-      if ((*found)[i]) s.policy->Insert(PolicyKey(keys[i]), (*values)[i]);
+      if ((*found)[i]) s.policy->Insert(Key::Int(keys[i]).enc(), (*values)[i]);
     }
   }
   return Status::OK();
 }
 
-void WriteBackCache::DropDirtyLocked(Shard& s, int64_t key) {
-  auto it = s.dirty.find(key);
+void WriteBackCache::DropDirtyLocked(Shard& s, const Key& key) {
+  auto it = s.dirty.find(key.enc());
   if (it == s.dirty.end()) return;
   dirty_bytes_ -= DirtyCharge(it->second.value);
   --dirty_entries_;
@@ -177,10 +235,10 @@ void WriteBackCache::DropDirtyLocked(Shard& s, int64_t key) {
   drained_cv_.notify_all();
 }
 
-Status WriteBackCache::WriteSafe(int64_t key, const Dirty& op) {
+Status WriteBackCache::WriteSafe(const Key& key, const Dirty& op) {
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> stripe(StripeOf(key));
-  FLATKV_RETURN_IF_ERROR(op.remove ? store_->Remove(key, nullptr) : store_->Put(key, op.value));
+  FLATKV_RETURN_IF_ERROR(op.remove ? StoreRemove(key) : StorePut(key, op.value));
   if (!op.remove) {
     AfterSafePut(key, op.value);
     return Status::OK();
@@ -188,11 +246,11 @@ Status WriteBackCache::WriteSafe(int64_t key, const Dirty& op) {
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.seq;
   DropDirtyLocked(s, key);  // an older async write, superseded
-  s.policy->Erase(PolicyKey(key));
+  s.policy->Erase(key.enc());
   return Status::OK();
 }
 
-void WriteBackCache::AfterSafePut(int64_t key, std::string_view value) {
+void WriteBackCache::AfterSafePut(const Key& key, std::string_view value) {
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.seq;
@@ -200,7 +258,7 @@ void WriteBackCache::AfterSafePut(int64_t key, std::string_view value) {
   // Write-through without write-allocate: a cached key gets the new value,
   // an uncached one stays uncached (a fill must not churn the cache, and
   // reads bring hot keys in).
-  s.policy->Update(PolicyKey(key), value);
+  s.policy->Update(key.enc(), value);
 }
 
 // Holds the stripes of every key of the batch, taken in ascending order
@@ -217,13 +275,14 @@ Status WriteBackCache::WriteSafeBatch(const std::vector<KeyValueRef>& pairs) {
   // Pairs may have reached the Store even on an error: update the cache for
   // all of them (a later get then reads the Store, which is the truth).
   for (const KeyValueRef& p : pairs) {
+    const Key key = Key::Int(p.key);
     if (st.ok()) {
-      AfterSafePut(p.key, p.value);
+      AfterSafePut(key, p.value);
     } else {
-      Shard& s = ShardOf(p.key);
+      Shard& s = ShardOf(key);
       std::lock_guard<std::mutex> lock(s.mu);
       ++s.seq;
-      s.policy->Erase(PolicyKey(p.key));
+      s.policy->Erase(key.enc());
     }
   }
   for (size_t i : stripes) stripes_[i].unlock();
@@ -240,7 +299,8 @@ Status WriteBackCache::PutBatch(const std::vector<KeyValueRef>& pairs) {
     Dirty op;
     op.value.assign(p.value.data(), p.value.size());
     WaitForRoom();
-    if (!TryWriteAsync(p.key, &op)) FLATKV_RETURN_IF_ERROR(WriteSafe(p.key, op));
+    const Key key = Key::Int(p.key);
+    if (!TryWriteAsync(key, &op)) FLATKV_RETURN_IF_ERROR(WriteSafe(key, op));
   }
   return Status::OK();
 }
@@ -254,14 +314,14 @@ void WriteBackCache::WaitForRoom() {
   drained_cv_.wait(f, [&] { return dirty_bytes_.load() <= options_.max_dirty_bytes || stopping_; });
 }
 
-bool WriteBackCache::TryWriteAsync(int64_t key, Dirty* op) {
+bool WriteBackCache::TryWriteAsync(const Key& key, Dirty* op) {
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> lock(s.mu);
   if (mode_.load() != WriteMode::kAsync) return false;
   op->version = next_version_++;
   ++s.seq;
-  s.policy->Erase(PolicyKey(key));  // the dirty map holds the newest value
-  auto [it, inserted] = s.dirty.try_emplace(key);
+  s.policy->Erase(key.enc());  // the dirty map holds the newest value
+  auto [it, inserted] = s.dirty.try_emplace(key.enc());
   if (inserted) {
     ++dirty_entries_;
   } else {
@@ -277,6 +337,16 @@ Status WriteBackCache::Put(int64_t key, std::string_view value) {
   // Checked now: an async write is acknowledged before the Store sees it.
   FLATKV_RETURN_IF_ERROR(store_->CheckKey(key));
   FLATKV_RETURN_IF_ERROR(store_->CheckValue(value.size()));
+  return PutKey(Key::Int(key), value);
+}
+
+Status WriteBackCache::SPut(std::string_view key, std::string_view value) {
+  FLATKV_RETURN_IF_ERROR(store_->CheckStringKey(key));
+  FLATKV_RETURN_IF_ERROR(store_->CheckValue(value.size()));
+  return PutKey(Key::Str(key), value);
+}
+
+Status WriteBackCache::PutKey(const Key& key, std::string_view value) {
   Dirty op;
   op.value.assign(value.data(), value.size());
   if (mode_.load() == WriteMode::kAsync) {
@@ -288,36 +358,49 @@ Status WriteBackCache::Put(int64_t key, std::string_view value) {
 
 Status WriteBackCache::Remove(int64_t key, bool* existed) {
   FLATKV_RETURN_IF_ERROR(store_->CheckKey(key));
+  return RemoveKey(Key::Int(key), existed);
+}
+
+Status WriteBackCache::SRemove(std::string_view key, bool* existed) {
+  if (!store_->CheckStringKey(key).ok()) {  // too long to have been stored
+    if (existed != nullptr) *existed = false;
+    return Status::OK();
+  }
+  return RemoveKey(Key::Str(key), existed);
+}
+
+Status WriteBackCache::RemoveKey(const Key& key, bool* existed) {
   if (mode_.load() == WriteMode::kAsync) WaitForRoom();
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> stripe(StripeOf(key));
   bool present = false;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.dirty.find(key);
+    auto it = s.dirty.find(key.enc());
     if (it != s.dirty.end()) {
       present = !it->second.remove;
     } else {
       std::string ignored;
-      present = s.policy->Lookup(PolicyKey(key), &ignored) || store_->Exists(key).ok();
+      present = s.policy->Lookup(key.enc(), &ignored) || StoreHas(key);
     }
   }
   if (existed != nullptr) *existed = present;
   Dirty op;
   op.remove = true;
   if (mode_.load() == WriteMode::kAsync && TryWriteAsync(key, &op)) return Status::OK();
-  FLATKV_RETURN_IF_ERROR(store_->Remove(key, nullptr));
+  FLATKV_RETURN_IF_ERROR(StoreRemove(key));
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.seq;
   DropDirtyLocked(s, key);
-  s.policy->Erase(PolicyKey(key));
+  s.policy->Erase(key.enc());
   return Status::OK();
 }
 
-Status WriteBackCache::Append(int64_t key, std::string_view value) {
-  FLATKV_RETURN_IF_ERROR(store_->CheckKey(key));
+Status WriteBackCache::Append(int64_t ikey, std::string_view value) {
+  FLATKV_RETURN_IF_ERROR(store_->CheckKey(ikey));
   FLATKV_RETURN_IF_ERROR(store_->CheckValue(value.size()));
   if (mode_.load() == WriteMode::kAsync) WaitForRoom();
+  const Key key = Key::Int(ikey);
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> stripe(StripeOf(key));
   // The current value: dirty, cached, or in the Store.
@@ -326,7 +409,7 @@ Status WriteBackCache::Append(int64_t key, std::string_view value) {
   bool dirty_remove = false;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.dirty.find(key);
+    auto it = s.dirty.find(key.enc());
     if (it != s.dirty.end()) {
       dirty = true;
       dirty_remove = it->second.remove;
@@ -335,7 +418,7 @@ Status WriteBackCache::Append(int64_t key, std::string_view value) {
   }
   if (mode_.load() == WriteMode::kAsync) {
     if (!dirty) {
-      Status st = Get(key, &current);
+      Status st = GetKey(key, &current);
       if (!st.ok() && !st.IsNotFound()) return st;
     }
     Dirty op;
@@ -346,42 +429,42 @@ Status WriteBackCache::Append(int64_t key, std::string_view value) {
   }
   // Safe: land any older dirty value first, then append in the Store.
   if (dirty) {
-    FLATKV_RETURN_IF_ERROR(dirty_remove ? store_->Remove(key, nullptr) : store_->Put(key, current));
+    FLATKV_RETURN_IF_ERROR(dirty_remove ? StoreRemove(key) : StorePut(key, current));
   }
-  FLATKV_RETURN_IF_ERROR(store_->Append(key, value));
+  FLATKV_RETURN_IF_ERROR(store_->Append(ikey, value));
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.seq;
   DropDirtyLocked(s, key);
-  s.policy->Erase(PolicyKey(key));  // the whole value is in the Store only
+  s.policy->Erase(key.enc());  // the whole value is in the Store only
   return Status::OK();
 }
 
-Status WriteBackCache::FlushKey(Shard& s, int64_t key, uint64_t version, bool* wrote) {
+Status WriteBackCache::FlushKey(Shard& s, const Key& key, uint64_t version, bool* wrote) {
   *wrote = false;
   std::lock_guard<std::mutex> stripe(StripeOf(key));
   Dirty op;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.dirty.find(key);
+    auto it = s.dirty.find(key.enc());
     if (it == s.dirty.end() || it->second.version != version) return Status::OK();
     op = it->second;
   }
-  FLATKV_RETURN_IF_ERROR(op.remove ? store_->Remove(key, nullptr) : store_->Put(key, op.value));
+  FLATKV_RETURN_IF_ERROR(op.remove ? StoreRemove(key) : StorePut(key, op.value));
   ++flushes_;
   *wrote = true;
   std::lock_guard<std::mutex> lock(s.mu);
-  auto it = s.dirty.find(key);
+  auto it = s.dirty.find(key.enc());
   if (it != s.dirty.end() && it->second.version == version) {
     dirty_bytes_ -= DirtyCharge(it->second.value);
     --dirty_entries_;
     s.dirty.erase(it);
-    if (!op.remove) s.policy->Insert(PolicyKey(key), op.value);  // now clean
+    if (!op.remove) s.policy->Insert(key.enc(), op.value);  // now clean
   }
   return Status::OK();
 }
 
 Status WriteBackCache::FlushShard(Shard& s) {
-  std::vector<std::pair<int64_t, uint64_t>> todo;
+  std::vector<std::pair<std::string, uint64_t>> todo;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     todo.reserve(s.dirty.size());
@@ -390,7 +473,7 @@ Status WriteBackCache::FlushShard(Shard& s) {
   Status result;
   for (const auto& [key, version] : todo) {
     bool wrote;
-    Status st = FlushKey(s, key, version, &wrote);
+    Status st = FlushKey(s, Key::FromEncoded(key), version, &wrote);
     if (!st.ok() && result.ok()) result = st;
   }
   if (!todo.empty()) drained_cv_.notify_all();

@@ -12,7 +12,10 @@
 // Dirty entries live in a per-shard map outside the replacement policy, so
 // eviction never drops one; a flushed entry becomes a clean policy entry.
 // A get always returns the newest acknowledged value: dirty map, then
-// policy, then Store. Absent keys are never cached.
+// policy, then Store. Absent keys are never cached. Integer and string keys
+// share the shards, the policy and the dirty maps (tagged so they never
+// collide) and behave the same, except that Append and the batches take
+// integer keys only.
 //
 // Thread safety: all methods may be called from any thread. Locks: a
 // per-key stripe (orders a key's Store write against its cache update and
@@ -87,6 +90,13 @@ class WriteBackCache {
   // Store) and written as one dirty put.
   Status Append(int64_t key, std::string_view value);
 
+  // String keys (Store::SGet/SPut/SRemove) through the same cache, in the
+  // same write mode: cached, dirty and flushed like integer keys. A key over
+  // storage.max_key_bytes is InvalidArgument for SPut, absent for the others.
+  Status SGet(std::string_view key, std::string* value);
+  Status SPut(std::string_view key, std::string_view value);
+  Status SRemove(std::string_view key, bool* existed = nullptr);
+
   // Safe -> async takes effect at once; async -> safe returns once every
   // dirty entry is in the Store.
   Status SetMode(WriteMode mode);
@@ -100,6 +110,25 @@ class WriteBackCache {
   WriteBackCache& operator=(const WriteBackCache&) = delete;
 
  private:
+  // A key of either kind as the policy and the dirty maps hold it: 'i' and
+  // the 8 bytes of an integer key, or 's' and the bytes of a string key, so
+  // the two kinds never collide.
+  class Key {
+   public:
+    static Key Int(int64_t key);
+    static Key Str(std::string_view key);
+    static Key FromEncoded(const std::string& enc);
+    bool is_string() const { return enc_[0] == 's'; }
+    int64_t ikey() const;
+    std::string_view skey() const { return std::string_view(enc_).substr(1); }
+    const std::string& enc() const { return enc_; }
+    uint64_t hash() const { return hash_; }
+
+   private:
+    static int64_t ParseInt(const std::string& enc);
+    std::string enc_;
+    uint64_t hash_ = 0;
+  };
   struct Dirty {
     bool remove = false;
     std::string value;
@@ -108,30 +137,38 @@ class WriteBackCache {
   struct Shard {
     std::mutex mu;
     std::unique_ptr<Policy> policy;                 // GUARDED_BY(mu)
-    std::unordered_map<int64_t, Dirty> dirty;       // GUARDED_BY(mu)
+    std::unordered_map<std::string, Dirty> dirty;   // GUARDED_BY(mu), by Key::enc()
     uint64_t seq = 0;                               // GUARDED_BY(mu): bumped by each write
   };
   static constexpr size_t kShards = 16;
   static constexpr size_t kStripes = 256;
 
   WriteBackCache(Store* store, const CacheOptions& options);
-  Shard& ShardOf(int64_t key) { return shards_[Hash(key) % kShards]; }
-  std::mutex& StripeOf(int64_t key) { return stripes_[Hash(key) / kShards % kStripes]; }
+  Shard& ShardOf(const Key& key) { return shards_[key.hash() % kShards]; }
+  std::mutex& StripeOf(const Key& key) { return stripes_[key.hash() / kShards % kStripes]; }
   static uint64_t Hash(int64_t key);
-  static std::string PolicyKey(int64_t key);
-  Status WriteSafe(int64_t key, const Dirty& op);
+  static Status NotFound(const Key& key);
+  // The Store call for either kind of key.
+  Status StoreGet(const Key& key, std::string* value) const;
+  Status StorePut(const Key& key, std::string_view value);
+  Status StoreRemove(const Key& key);
+  bool StoreHas(const Key& key) const;
+  Status GetKey(const Key& key, std::string* value);
+  Status PutKey(const Key& key, std::string_view value);
+  Status RemoveKey(const Key& key, bool* existed);
+  Status WriteSafe(const Key& key, const Dirty& op);
   // The cache side of a safe put that reached the Store (stripe held).
-  void AfterSafePut(int64_t key, std::string_view value);
+  void AfterSafePut(const Key& key, std::string_view value);
   Status WriteSafeBatch(const std::vector<KeyValueRef>& pairs);
   // Waits (holding no lock) while dirty bytes exceed max_dirty_bytes.
   void WaitForRoom();
   // Adds a dirty entry if the mode is still async (checked under the shard
   // lock); false if it is safe now and the caller must write through.
-  bool TryWriteAsync(int64_t key, Dirty* op);
+  bool TryWriteAsync(const Key& key, Dirty* op);
   // Drops key's dirty entry (after a write-through superseded it).
-  void DropDirtyLocked(Shard& s, int64_t key);
+  void DropDirtyLocked(Shard& s, const Key& key);
   // Writes one dirty entry if it is still the one seen; true if it wrote.
-  Status FlushKey(Shard& shard, int64_t key, uint64_t version, bool* wrote);
+  Status FlushKey(Shard& shard, const Key& key, uint64_t version, bool* wrote);
   Status FlushShard(Shard& shard);
   void FlusherLoop(int index);
 

@@ -290,3 +290,40 @@ TEST_CASE("GetBatch returns dirty, cached, stored and absent keys in request ord
   std::vector<int64_t> bad = {5, -1};
   REQUIRE(f.cache->GetBatch(bad, &values, &found).IsKeyOutOfRange());
 }
+
+TEST_CASE("String keys go through the cache in both write modes and never collide with integer keys",
+          "[engine][cache]") {
+  Fixture f(Options(WriteMode::kAsync));
+  const std::string eight("\x01\x00\x00\x00\x00\x00\x00\x00", 8);  // the bytes of int key 1
+  REQUIRE(f.cache->Put(1, "int").ok());
+  REQUIRE(f.cache->SPut(eight, "string").ok());
+  std::string v;
+  REQUIRE(f.store->SGet(eight, &v).IsNotFound());  // async: acknowledged from the cache
+  REQUIRE(f.cache->SGet(eight, &v).ok());
+  REQUIRE(v == "string");
+  REQUIRE(f.cache->Get(1, &v).ok());
+  REQUIRE(v == "int");
+  bool existed = false;
+  REQUIRE(f.cache->SRemove("never", &existed).ok());
+  REQUIRE_FALSE(existed);
+  REQUIRE(f.cache->SPut("gone", "x").ok());
+  REQUIRE(f.cache->SRemove("gone", &existed).ok());
+  REQUIRE(existed);
+  REQUIRE(f.cache->SGet("gone", &v).IsNotFound());
+  REQUIRE(f.cache->SPut(std::string(5000, 'k'), "v").IsInvalidArgument());  // over max_key_bytes
+  REQUIRE(f.cache->Flush().ok());
+  REQUIRE(f.store->SGet(eight, &v).ok());
+  REQUIRE(v == "string");
+  REQUIRE(f.store->Get(1, &v).ok());
+  REQUIRE(v == "int");
+  REQUIRE(f.store->SGet("gone", &v).IsNotFound());
+
+  REQUIRE(f.cache->SetMode(WriteMode::kSafe).ok());
+  REQUIRE(f.cache->SPut("safe", "s1").ok());
+  REQUIRE(f.store->SGet("safe", &v).ok());  // safe: in the store before SPut returns
+  REQUIRE(v == "s1");
+  REQUIRE(f.cache->SGet("safe", &v).ok());  // now cached
+  REQUIRE(f.cache->SPut("safe", "s2").ok());
+  REQUIRE(f.cache->SGet("safe", &v).ok());
+  REQUIRE(v == "s2");  // the cached copy was updated, not left stale
+}
