@@ -167,6 +167,9 @@ for w in range(WRITERS):  # a last round acknowledged only from the cache
         v = b"final-%d" % k
         admin.put(w * 100000 + k, v)
         expected[w][w * 100000 + k] = v
+strings = {b"user:%d" % i: b"profile-%d" % i for i in range(200)}
+for k, v in strings.items():  # string keys, also acknowledged from the cache
+    admin.sput(k, v)
 at.close()
 proc.send_signal(signal.SIGTERM)
 check(proc.wait(timeout=60) == 0, "SIGTERM exits 0 in async mode")
@@ -174,6 +177,8 @@ check(proc.wait(timeout=60) == 0, "SIGTERM exits 0 in async mode")
 proc = start(port, data, *SEGMENTS)
 c, t = client(port)
 verify(c, "every acknowledged write survives the SIGTERM restart")
+check(all(c.sget(k).value == v for k, v in strings.items()),
+      "async string-key writes survive the SIGTERM restart")
 t.close()
 proc.send_signal(signal.SIGTERM)
 check(proc.wait(timeout=60) == 0, "the restarted server stops cleanly")
