@@ -1,19 +1,23 @@
 // Implementation notes.
 //
 // Each IoThread owns an event_base, a listener, a wake-up pipe and the
-// Connections it accepted. A Connection is a bufferevent with EV_READ
-// enabled and EV_WRITE normally disabled: OnRead answers every complete
-// frame into the bufferevent's output, then writes the output to the socket
-// itself (evbuffer_write). Only if the socket does not take it all is
-// EV_WRITE enabled, and OnWrite disables it again once the output drained,
-// so a connection whose answers fit the socket buffer never changes its
-// epoll registration. Libevent is used without evthread_use_pthreads():
+// Connections it accepted. A Connection is a bufferevent (its buffers, and
+// libevent's writing of answers the socket could not take at once) plus a
+// read event of our own: the bufferevent's reading would ask the kernel
+// for FIONREAD before each read, one system call more per call. OnReadable
+// reads with one recv() into the thread's scratch buffer, appends that to
+// the input, answers every complete frame into the output, then writes the
+// output to the socket itself (evbuffer_write). Only if the socket does not
+// take it all is the bufferevent's EV_WRITE enabled, and OnWrite disables
+// it again once the output drained, so a connection whose answers fit the
+// socket buffer never changes its epoll registration: a call costs an
+// epoll_wait (shared by the connections ready at once), a recv and a write. Libevent is used without evthread_use_pthreads():
 // nothing of a base is touched from another thread except through the
 // pipe, whose callback runs on the base's own thread (as in http.cc).
 //
 // Stop() order: every thread frees its listener and breaks its loop from
 // the wake-up callback, so no connection is accepted after Stop() began and
-// no call is half-answered (calls run inline in OnRead); then the threads
+// no call is half-answered (calls run inline in OnReadable); then the threads
 // are joined and the connections, listeners and bases freed on the caller's
 // thread, which is safe because their threads have ended.
 #include "server/event_server.h"
@@ -25,6 +29,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -51,7 +56,7 @@ namespace {
 
 constexpr int kBacklog = 1024;
 constexpr size_t kFrameHeader = 4;
-constexpr ev_ssize_t kMaxSingleRead = 64 << 10;
+constexpr size_t kMaxSingleRead = 64 << 10;  // the scratch buffer
 // The per-thread answer buffer is reused; one grown past this by a large
 // answer is replaced after that call, so memory follows the calls in flight.
 constexpr uint32_t kAnswerKeep = 64 << 10;
@@ -140,17 +145,19 @@ class EventServer::IoThread {
  private:
   struct Connection {
     IoThread* io;
-    bufferevent* bev;
+    bufferevent* bev;  // EV_READ never enabled: read_event reads
+    event* read_event;
     bool paused;  // input not read until the pending answers are written
   };
 
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
   static void OnWakeup(evutil_socket_t, short, void* arg);
-  static void OnRead(bufferevent*, void* arg);
+  static void OnReadable(evutil_socket_t fd, short, void* arg);
   static void OnWrite(bufferevent*, void* arg);
   static void OnEvent(bufferevent*, short what, void* arg);
 
   void Accept(evutil_socket_t fd);
+  void Read(Connection* conn, evutil_socket_t fd);
   void ServeFrames(Connection* conn);
   bool Answer(uint8_t* frame, uint32_t len, evbuffer* output);
   bool Flush(Connection* conn);
@@ -165,6 +172,7 @@ class EventServer::IoThread {
   int wake_fds_[2] = {-1, -1};
   std::thread thread_;
   std::unordered_set<Connection*> connections_;
+  std::unique_ptr<uint8_t[]> scratch_{new uint8_t[kMaxSingleRead]};
   std::shared_ptr<TMemoryBuffer> in_ = std::make_shared<TMemoryBuffer>();
   std::shared_ptr<TMemoryBuffer> out_ = std::make_shared<TMemoryBuffer>(kAnswerInitial);
   std::shared_ptr<TBinaryProtocol> in_protocol_ = std::make_shared<TBinaryProtocol>(in_);
@@ -242,8 +250,14 @@ void EventServer::IoThread::Accept(evutil_socket_t fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   bufferevent* bev = bufferevent_socket_new(base_, fd, BEV_OPT_CLOSE_ON_FREE);
-  Connection* conn = bev != nullptr ? new (std::nothrow) Connection{this, bev, false} : nullptr;
-  if (conn == nullptr) {
+  Connection* conn = bev != nullptr ? new (std::nothrow) Connection{this, bev, nullptr, false}
+                                    : nullptr;
+  if (conn != nullptr) {
+    conn->read_event = event_new(base_, fd, EV_READ | EV_PERSIST, &IoThread::OnReadable, conn);
+  }
+  if (conn == nullptr || conn->read_event == nullptr || event_add(conn->read_event, nullptr) != 0) {
+    if (conn != nullptr && conn->read_event != nullptr) event_free(conn->read_event);
+    delete conn;
     if (bev != nullptr) bufferevent_free(bev);
     else close(fd);
     server_->open_.fetch_sub(1, std::memory_order_relaxed);
@@ -252,17 +266,34 @@ void EventServer::IoThread::Accept(evutil_socket_t fd) {
   }
   connections_.insert(conn);
   server_->accepted_.fetch_add(1, std::memory_order_relaxed);
-  // Input stops being read at one largest frame plus its header.
-  bufferevent_setwatermark(bev, EV_READ, 0, max_frame_ + kFrameHeader);
-  bufferevent_set_max_single_read(bev, kMaxSingleRead);
-  bufferevent_setcb(bev, &IoThread::OnRead, &IoThread::OnWrite, &IoThread::OnEvent, conn);
-  bufferevent_disable(bev, EV_WRITE);
-  bufferevent_enable(bev, EV_READ);
+  bufferevent_setcb(bev, nullptr, &IoThread::OnWrite, &IoThread::OnEvent, conn);
+  bufferevent_disable(bev, EV_READ | EV_WRITE);
 }
 
-void EventServer::IoThread::OnRead(bufferevent*, void* arg) {
+void EventServer::IoThread::OnReadable(evutil_socket_t fd, short, void* arg) {
   auto* conn = static_cast<Connection*>(arg);
-  conn->io->ServeFrames(conn);
+  conn->io->Read(conn, fd);
+}
+
+// One recv(), at most up to one largest frame plus its header buffered;
+// end of stream or an error closes the connection.
+void EventServer::IoThread::Read(Connection* conn, evutil_socket_t fd) {
+  evbuffer* input = bufferevent_get_input(conn->bev);
+  const size_t room = max_frame_ + kFrameHeader - evbuffer_get_length(input);
+  // room is never 0 here: a full input holds a complete frame, answered
+  // (and drained) before the connection reads again.
+  const ssize_t got = recv(fd, scratch_.get(), std::min(room, kMaxSingleRead), 0);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  // A socket bufferevent keeps its input's end frozen outside its own read
+  // callback; thawed here for this one append on the same thread.
+  evbuffer_unfreeze(input, 0);
+  const bool ok = got > 0 && room > 0 && evbuffer_add(input, scratch_.get(), got) == 0;
+  evbuffer_freeze(input, 0);
+  if (!ok) {
+    Close(conn);  // end of stream, a reset, or out of memory
+    return;
+  }
+  ServeFrames(conn);
 }
 
 // Libevent wrote the last pending answer: back to reading only, and serve
@@ -272,13 +303,17 @@ void EventServer::IoThread::OnWrite(bufferevent* bev, void* arg) {
   bufferevent_disable(bev, EV_WRITE);
   if (conn->paused) {
     conn->paused = false;
-    bufferevent_enable(bev, EV_READ);
+    if (event_add(conn->read_event, nullptr) != 0) {
+      conn->io->Close(conn);
+      return;
+    }
     conn->io->ServeFrames(conn);
   }
 }
 
 void EventServer::IoThread::OnEvent(bufferevent*, short what, void* arg) {
-  // The client closed or reset: nothing to answer to.
+  // Libevent could not write pending answers (the client reset or went
+  // away); end of stream itself shows up in Read().
   if ((what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) != 0) {
     auto* conn = static_cast<Connection*>(arg);
     conn->io->Close(conn);
@@ -318,7 +353,7 @@ void EventServer::IoThread::ServeFrames(Connection* conn) {
       if (!Flush(conn)) return;
       if (evbuffer_get_length(output) > max_frame_) {
         conn->paused = true;
-        bufferevent_disable(conn->bev, EV_READ);
+        event_del(conn->read_event);
       }
     }
   }
@@ -392,6 +427,7 @@ void EventServer::IoThread::ProtocolError(Connection* conn, const std::string& w
 
 void EventServer::IoThread::Close(Connection* conn) {
   connections_.erase(conn);
+  event_free(conn->read_event);
   bufferevent_free(conn->bev);  // closes the socket
   delete conn;
   server_->open_.fetch_sub(1, std::memory_order_relaxed);
