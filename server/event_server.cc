@@ -135,7 +135,12 @@ class EventServer::IoThread {
   Status Init(int fd);
   Status Start();
   // From any thread: makes the loop free its listener and return.
-  void Wake();
+  void Wake() { Post(kStop); }
+  // From any thread: hands an accepted socket to this thread. False if
+  // the pipe is full (the caller serves it itself).
+  bool Post(int message);
+  // Connections served by this thread now (read by the other threads).
+  int load() const { return load_.load(std::memory_order_relaxed); }
   void Join() {
     if (thread_.joinable()) thread_.join();
   }
@@ -157,6 +162,8 @@ class EventServer::IoThread {
   static void OnEvent(bufferevent*, short what, void* arg);
 
   void Accept(evutil_socket_t fd);
+  void Adopt(evutil_socket_t fd);
+  void DrainPipe(bool stopped);
   void Read(Connection* conn, evutil_socket_t fd);
   void ServeFrames(Connection* conn);
   bool Answer(uint8_t* frame, uint32_t len, evbuffer* output);
@@ -169,7 +176,11 @@ class EventServer::IoThread {
   event_base* base_ = nullptr;
   evconnlistener* listener_ = nullptr;
   event* wakeup_ = nullptr;
+  // Wake-up pipe: ints, each an accepted socket handed over by another
+  // thread or kStop.
+  static constexpr int kStop = -1;
   int wake_fds_[2] = {-1, -1};
+  std::atomic<int> load_{0};
   std::thread thread_;
   std::unordered_set<Connection*> connections_;
   std::unique_ptr<uint8_t[]> scratch_{new uint8_t[kMaxSingleRead]};
@@ -204,13 +215,36 @@ Status EventServer::IoThread::Start() {
   return Status::OK();
 }
 
-void EventServer::IoThread::Wake() {
-  const char byte = 0;
-  while (write(wake_fds_[1], &byte, 1) < 0 && errno == EINTR) {
+// A write of 4 bytes to a pipe is atomic: messages from several threads
+// never interleave.
+bool EventServer::IoThread::Post(int message) {
+  ssize_t n;
+  while ((n = write(wake_fds_[1], &message, sizeof(message))) < 0 && errno == EINTR) {
+  }
+  return n == static_cast<ssize_t>(sizeof(message));
+}
+
+// Serves (or, once stopped, closes) the sockets handed over; kStop frees
+// the listener and breaks the loop.
+void EventServer::IoThread::DrainPipe(bool stopped) {
+  int message;
+  while (read(wake_fds_[0], &message, sizeof(message)) == static_cast<ssize_t>(sizeof(message))) {
+    if (message != kStop && !stopped) {
+      Adopt(message);
+    } else if (message != kStop) {
+      close(message);
+      server_->open_.fetch_sub(1, std::memory_order_relaxed);
+    } else {
+      if (listener_ != nullptr) evconnlistener_free(listener_);  // stop accepting first
+      listener_ = nullptr;
+      event_base_loopbreak(base_);
+      stopped = true;
+    }
   }
 }
 
 void EventServer::IoThread::Free() {
+  if (wake_fds_[0] >= 0) DrainPipe(true);  // sockets handed over too late
   while (!connections_.empty()) Close(*connections_.begin());
   if (listener_ != nullptr) evconnlistener_free(listener_);
   if (wakeup_ != nullptr) event_free(wakeup_);
@@ -225,10 +259,7 @@ void EventServer::IoThread::Free() {
 }
 
 void EventServer::IoThread::OnWakeup(evutil_socket_t, short, void* arg) {
-  auto* io = static_cast<IoThread*>(arg);
-  if (io->listener_ != nullptr) evconnlistener_free(io->listener_);  // stop accepting first
-  io->listener_ = nullptr;
-  event_base_loopbreak(io->base_);
+  static_cast<IoThread*>(arg)->DrainPipe(false);
 }
 
 void EventServer::IoThread::OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int,
@@ -237,7 +268,10 @@ void EventServer::IoThread::OnAccept(evconnlistener*, evutil_socket_t fd, sockad
 }
 
 // Counts the connection against server.max_connections over all threads
-// before serving it: past the limit it is closed at once.
+// before serving it: past the limit it is closed at once. The connection
+// goes to the thread serving the fewest: SO_REUSEPORT spreads connections
+// by a hash of their addresses, which left 50 connections split as unevenly
+// as 30/20 and the busier thread's clients waiting longer.
 void EventServer::IoThread::Accept(evutil_socket_t fd) {
   const int64_t limit = server_->config_.server.max_connections;
   if (server_->open_.fetch_add(1, std::memory_order_relaxed) >= limit) {
@@ -247,6 +281,14 @@ void EventServer::IoThread::Accept(evutil_socket_t fd) {
                     ") reached");
     return;
   }
+  IoThread* target = this;
+  for (auto& io : server_->threads_) {
+    if (io->load() < target->load()) target = io.get();
+  }
+  if (target == this || !target->Post(fd)) Adopt(fd);
+}
+
+void EventServer::IoThread::Adopt(evutil_socket_t fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   bufferevent* bev = bufferevent_socket_new(base_, fd, BEV_OPT_CLOSE_ON_FREE);
@@ -265,6 +307,7 @@ void EventServer::IoThread::Accept(evutil_socket_t fd) {
     return;
   }
   connections_.insert(conn);
+  load_.fetch_add(1, std::memory_order_relaxed);
   server_->accepted_.fetch_add(1, std::memory_order_relaxed);
   bufferevent_setcb(bev, nullptr, &IoThread::OnWrite, &IoThread::OnEvent, conn);
   bufferevent_disable(bev, EV_READ | EV_WRITE);
@@ -427,6 +470,7 @@ void EventServer::IoThread::ProtocolError(Connection* conn, const std::string& w
 
 void EventServer::IoThread::Close(Connection* conn) {
   connections_.erase(conn);
+  load_.fetch_sub(1, std::memory_order_relaxed);
   event_free(conn->read_event);
   bufferevent_free(conn->bev);  // closes the socket
   delete conn;

@@ -15,11 +15,15 @@
 //
 // Threads: server.io_threads I/O threads, each with its own event_base and
 // its own listening socket bound to host:port with SO_REUSEPORT, so the
-// kernel spreads new connections over them. A connection lives and dies on
-// the thread that accepted it, and every call runs inline on that thread
+// kernel spreads accepting over them; a thread that accepts a connection
+// hands it (through the serving thread's pipe) to the thread serving the
+// fewest, since the kernel's hash alone splits 50 connections as unevenly
+// as 30/20. A connection then lives and dies on the thread that serves it,
+// and every call runs inline on that thread
 // (FrontProcessor without a worker pool), so nothing about a connection is
 // shared between threads: bufferevents need no locks. Only the counters
-// (atomics) and Stop()'s wake-up pipes cross threads.
+// (atomics) and the wake-up pipes (handed-over sockets, Stop()) cross
+// threads.
 //
 // Limits: a frame length of 0, negative or over server.max_frame_bytes
 // closes the connection (server.protocol_errors); a connection buffers at
