@@ -124,8 +124,9 @@ Status BindSocket(const sockaddr_storage& addr, socklen_t len, bool serve, int* 
 
 // One I/O thread: its base, listener, wake-up pipe, connections, and the
 // reused buffers and protocols calls are decoded from and answered into.
-// Everything here is touched only by the thread itself, except in Start()
-// (before the thread runs), Wake() and Free() (after it was joined).
+// Everything here is touched only by the thread itself, except Init() and
+// Start() (before the thread runs), Free() (after it was joined), and
+// Post(), Wake() and load(), which any thread may call.
 class EventServer::IoThread {
  public:
   explicit IoThread(EventServer* server) : server_(server) {}

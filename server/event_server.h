@@ -7,11 +7,11 @@
 // Why: TNonblockingServer makes about 9 system calls per call (a 4-byte
 // read for the frame header, a read for the body, an ioctl, a send and four
 // epoll_ctl to switch the connection between reading and writing). Here a
-// wake-up costs one epoll_wait, one read (plus libevent's FIONREAD ioctl)
-// and one write: every complete frame in the input is answered (pipelined
-// calls included), the answers are written at once with the connection
-// staying registered for reading only, and only an answer the socket cannot
-// take at once registers the connection for writing.
+// wake-up costs one epoll_wait (shared by the connections ready at once),
+// one recv and one write: every complete frame in the input is answered
+// (pipelined calls included), the answers are written at once with the
+// connection staying registered for reading only, and only answers the
+// socket cannot take at once register it for writing.
 //
 // Threads: server.io_threads I/O threads, each with its own event_base and
 // its own listening socket bound to host:port with SO_REUSEPORT, so the
