@@ -1,6 +1,7 @@
 // flatkv-server: parses the configuration, opens the Store and the cache,
-// serves the FlatKV Thrift service (TNonblockingServer: libevent, binary
-// protocol, framed transport, a worker pool) and on SIGTERM/SIGINT stops
+// serves the FlatKV Thrift service (binary protocol, framed transport: our
+// EventServer when calls run on the I/O threads, server.workers = 0;
+// Thrift's TNonblockingServer with a worker pool) and on SIGTERM/SIGINT stops
 // accepting, finishes in-flight calls, flushes the cache and closes the
 // Store cleanly, exiting 0. A bad configuration exits 2 with one line.
 // With server.http_port it also serves /health, /metrics and an HTTP data
@@ -28,6 +29,7 @@
 
 #include "server/front_processor.h"
 #include "server/config.h"
+#include "server/event_server.h"
 #include "server/handler.h"
 #include "server/http.h"
 
@@ -133,15 +135,20 @@ int Serve(const flatkv::server::Config& config) {
   }
   auto processor = std::make_shared<flatkv::server::FrontProcessor>(
       handler, workers, static_cast<size_t>(config.server.max_queued_calls));
+  // Without a pool our own EventServer serves (fewer system calls per call);
+  // the pool mode keeps TNonblockingServer, which hands calls to workers.
+  std::unique_ptr<flatkv::server::EventServer> own;
+  if (!workers) own = std::make_unique<flatkv::server::EventServer>(processor, config);
   TNonblockingServer* raw = nullptr;
   auto events = std::make_shared<ServerEvents>(&raw);
   handler->SetServerStats([&](std::map<std::string, int64_t>* out) {
-    (*out)["server.connections"] = events->open();
-    (*out)["server.connections_accepted"] = events->accepted();
+    (*out)["server.connections"] = own ? own->connections() : events->open();
+    (*out)["server.connections_accepted"] = own ? own->accepted() : events->accepted();
     (*out)["server.queued_calls"] = workers ? static_cast<int64_t>(workers->pendingTaskCount()) : 0;
     (*out)["server.overloaded"] = processor->overloaded();
     (*out)["server.malformed_calls"] = processor->malformed();
-    (*out)["server.protocol_errors"] = g_protocol_errors.load(std::memory_order_relaxed);
+    (*out)["server.protocol_errors"] = g_protocol_errors.load(std::memory_order_relaxed) +
+                                       (own ? own->protocol_errors() : 0);
   });
   auto server = std::make_shared<TNonblockingServer>(
       processor, std::make_shared<TBinaryProtocolFactory>(), socket, workers);
@@ -183,7 +190,7 @@ int Serve(const flatkv::server::Config& config) {
     sigwait(&signals, &sig);
     spdlog::info("{}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     if (http) http->SetStopping();  // /health answers 503 from now on
-    server->stop();
+    if (!own) server->stop();
   });
   spdlog::info("store {} open, cache {} ({} mode), {} I/O threads, {}", config.storage.path,
                config.cache.policy, flatkv::engine::cache::WriteModeName(config.cache.mode),
@@ -191,14 +198,26 @@ int Serve(const flatkv::server::Config& config) {
                config.server.workers == 0 ? std::string("calls run on the I/O threads")
                                           : std::to_string(config.server.workers) + " workers");
   int code = 0;
-  try {
-    server->serve();
-  } catch (const std::exception& e) {
-    spdlog::critical("server failed: {}", e.what());
-    code = 1;
-    pthread_kill(waiter.native_handle(), SIGTERM);
+  if (own) {
+    st = own->Start();
+    if (st.ok()) {
+      spdlog::info("serving FlatKV on port {}", own->port());
+    } else {
+      spdlog::critical("server failed: {}", st.ToString());
+      code = 1;
+      pthread_kill(waiter.native_handle(), SIGTERM);
+    }
+  } else {
+    try {
+      server->serve();
+    } catch (const std::exception& e) {
+      spdlog::critical("server failed: {}", e.what());
+      code = 1;
+      pthread_kill(waiter.native_handle(), SIGTERM);
+    }
   }
   waiter.join();
+  if (own) own->Stop();  // answers the calls being read, closes every connection
   if (http) http->Stop();  // no HTTP call may reach the cache or store past here
   if (workers) workers->stop();  // in-flight calls finish
   st = cache->Close();  // writes everything dirty

@@ -221,6 +221,40 @@ answer = call_raw(port, b"\x80\x01\x00")
 mtype, x = decode_exception(answer) if answer else (None, None)
 check(x is not None and x.type == TApplicationException.PROTOCOL_ERROR,
       "a frame too short for a message header gets PROTOCOL_ERROR")
+check(closed_without_answer(port, struct.pack(">i", 0)),
+      "a frame of length 0 is disconnected")
+
+# Pipelining: two calls in one write on one connection are both answered,
+# in order (the second reads what the first wrote).
+s = socket.create_connection(("127.0.0.1", port))
+s.settimeout(5)
+first = message("put", TMessageType.CALL, 21, [(1, TType.I64, lambda p: p.writeI64(300)),
+                                               (2, TType.STRING, lambda p: p.writeBinary(b"p1"))])
+second = message("get", TMessageType.CALL, 22, [(1, TType.I64, lambda p: p.writeI64(300))])
+s.sendall(struct.pack(">i", len(first)) + first + struct.pack(">i", len(second)) + second)
+answers = []
+for _ in range(2):
+    head = recv_exact(s, 4)
+    answers.append(recv_exact(s, struct.unpack(">i", head)[0]) if head else None)
+s.close()
+seqids, got = [], None
+for payload, result in zip(answers, (FlatKV.put_result(), FlatKV.get_result())):
+    if payload is None:
+        break
+    p = TBinaryProtocol.TBinaryProtocol(TTransport.TMemoryBuffer(payload))
+    seqids.append(p.readMessageBegin()[2])
+    result.read(p)
+    got = result
+check(seqids == [21, 22] and got is not None and got.success is not None and
+      got.success.value == b"p1",
+      "two calls pipelined in one write both get their answers, in order")
+
+# A second server on a port already served is refused (SO_REUSEPORT must
+# not let it share the port).
+second_server = subprocess.run([server_bin, "--set", "server.port=%d" % port,
+                                "--set", "storage.path=" + os.path.join(work, "second")],
+                               capture_output=True, text=True, timeout=30, env=SERVER_ENV)
+check(second_server.returncode == 1, "a second server on the same port exits 1")
 
 try:
     c.setWriteMode("", 7)
@@ -266,6 +300,30 @@ for i in range(200):
 grown_mib = (rss_kib(proc) - rss_before) / 1024.0
 print("     rss grew by %.1f MiB" % grown_mib)
 check(grown_mib < 64, "memory does not jump after 40 frames of 3 MiB and 200 garbage connections")
+
+# A client that pipelines calls without reading the answers: the server
+# stops reading it while more than a frame of answers waits (memory stays
+# bounded), and every answer still arrives, in order, once it reads.
+c.put(400, b"w" * (1 << 20))
+s = socket.create_connection(("127.0.0.1", port))
+s.settimeout(20)
+get400 = [message("get", TMessageType.CALL, i, [(1, TType.I64, lambda p: p.writeI64(400))])
+          for i in range(40)]
+s.sendall(b"".join(struct.pack(">i", len(m)) + m for m in get400))
+time.sleep(0.5)
+in_order = 0
+for i in range(40):
+    head = recv_exact(s, 4)
+    payload = recv_exact(s, struct.unpack(">i", head)[0]) if head else None
+    if payload is None:
+        break
+    p = TBinaryProtocol.TBinaryProtocol(TTransport.TMemoryBuffer(payload))
+    seqid = p.readMessageBegin()[2]
+    result = FlatKV.get_result()
+    result.read(p)
+    in_order += seqid == i and result.success is not None and len(result.success.value) == 1 << 20
+s.close()
+check(in_order == 40, "40 pipelined gets of 1 MiB, read late, are all answered in order")
 
 t.close()
 stalled.close()

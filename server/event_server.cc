@@ -1,0 +1,529 @@
+// Implementation notes.
+//
+// Each IoThread owns an event_base, a listener, a wake-up pipe and the
+// Connections it accepted. A Connection is a bufferevent (its buffers, and
+// libevent's writing of answers the socket could not take at once) plus a
+// read event of our own: the bufferevent's reading would ask the kernel
+// for FIONREAD before each read, one system call more per call. OnReadable
+// reads with one recv() into the thread's scratch buffer, appends that to
+// the input, answers every complete frame into the output, then writes the
+// output to the socket itself (evbuffer_write). Only if the socket does not
+// take it all is the bufferevent's EV_WRITE enabled, and OnWrite disables
+// it again once the output drained, so a connection whose answers fit the
+// socket buffer never changes its epoll registration: a call costs an
+// epoll_wait (shared by the connections ready at once), a recv and a write. Libevent is used without evthread_use_pthreads():
+// nothing of a base is touched from another thread except through the
+// pipe, whose callback runs on the base's own thread (as in http.cc).
+//
+// Stop() order: every thread frees its listener and breaks its loop from
+// the wake-up callback, so no connection is accepted after Stop() began and
+// no call is half-answered (calls run inline in OnReadable); then the threads
+// are joined and the connections, listeners and bases freed on the caller's
+// thread, which is safe because their threads have ended.
+#include "server/event_server.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <unordered_set>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <spdlog/spdlog.h>
+#include <thrift/protocol/TBinaryProtocol.h>
+#include <thrift/transport/TBufferTransports.h>
+
+namespace flatkv::server {
+
+using apache::thrift::protocol::TBinaryProtocol;
+using apache::thrift::transport::TMemoryBuffer;
+
+namespace {
+
+constexpr int kBacklog = 1024;
+constexpr size_t kFrameHeader = 4;
+constexpr size_t kMaxSingleRead = 64 << 10;  // the scratch buffer
+// The per-thread answer buffer is reused; one grown past this by a large
+// answer is replaced after that call, so memory follows the calls in flight.
+constexpr uint32_t kAnswerKeep = 64 << 10;
+constexpr uint32_t kAnswerInitial = 4 << 10;
+
+// Bad input is logged at most once a second (all threads together).
+void WarnRateLimited(const std::string& what) {
+  static std::atomic<int64_t> last_log_second{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (last_log_second.exchange(now) != now) spdlog::warn("{}", what);
+}
+
+Status Resolve(const std::string& host, int port, sockaddr_storage* addr, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return Status::IOError(host + ": cannot resolve: " + gai_strerror(rc));
+  }
+  std::memcpy(addr, found->ai_addr, found->ai_addrlen);
+  *len = found->ai_addrlen;
+  freeaddrinfo(found);
+  return Status::OK();
+}
+
+void SetPort(sockaddr_storage* addr, int port) {
+  if (addr->ss_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(addr)->sin6_port = htons(static_cast<uint16_t>(port));
+  } else {
+    reinterpret_cast<sockaddr_in*>(addr)->sin_port = htons(static_cast<uint16_t>(port));
+  }
+}
+
+int BoundPort(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return 0;
+  return ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+// A socket bound to "addr": with SO_REUSEPORT and listening for a server
+// socket, without both for the probe that claims the port (see Listen()).
+Status BindSocket(const sockaddr_storage& addr, socklen_t len, bool serve, int* fd) {
+  *fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  if (*fd < 0 || setsockopt(*fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      (serve && setsockopt(*fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) ||
+      bind(*fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0 ||
+      (serve && listen(*fd, kBacklog) != 0)) {
+    const int err = errno;
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+    return Status::FromErrno("bind", err);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+// One I/O thread: its base, listener, wake-up pipe, connections, and the
+// reused buffers and protocols calls are decoded from and answered into.
+// Everything here is touched only by the thread itself, except Init() and
+// Start() (before the thread runs), Free() (after it was joined), and
+// Post(), Wake() and load(), which any thread may call.
+class EventServer::IoThread {
+ public:
+  explicit IoThread(EventServer* server) : server_(server) {}
+  ~IoThread() { Free(); }
+
+  // Creates the base, the wake-up pipe and a listener on "fd" (taken).
+  Status Init(int fd);
+  Status Start();
+  // From any thread: makes the loop free its listener and return.
+  void Wake() { Post(kStop); }
+  // From any thread: hands an accepted socket to this thread. False if
+  // the pipe is full (the caller serves it itself).
+  bool Post(int message);
+  // Connections served by this thread now (read by the other threads).
+  int load() const { return load_.load(std::memory_order_relaxed); }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  // Closes every connection and frees the base (thread not running).
+  void Free();
+
+ private:
+  struct Connection {
+    IoThread* io;
+    bufferevent* bev;  // EV_READ never enabled: read_event reads
+    event* read_event;
+    bool paused;  // input not read until the pending answers are written
+  };
+
+  static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
+  static void OnWakeup(evutil_socket_t, short, void* arg);
+  static void OnReadable(evutil_socket_t fd, short, void* arg);
+  static void OnWrite(bufferevent*, void* arg);
+  static void OnEvent(bufferevent*, short what, void* arg);
+
+  void Accept(evutil_socket_t fd);
+  void Adopt(evutil_socket_t fd);
+  void DrainPipe(bool stopped);
+  void Read(Connection* conn, evutil_socket_t fd);
+  void ServeFrames(Connection* conn);
+  bool Answer(uint8_t* frame, uint32_t len, evbuffer* output);
+  bool Flush(Connection* conn);
+  void ProtocolError(Connection* conn, const std::string& what);
+  void Close(Connection* conn);
+
+  EventServer* const server_;
+  const uint64_t max_frame_ = server_->config_.server.max_frame_bytes;
+  event_base* base_ = nullptr;
+  evconnlistener* listener_ = nullptr;
+  event* wakeup_ = nullptr;
+  // Wake-up pipe: ints, each an accepted socket handed over by another
+  // thread or kStop.
+  static constexpr int kStop = -1;
+  int wake_fds_[2] = {-1, -1};
+  std::atomic<int> load_{0};
+  std::thread thread_;
+  std::unordered_set<Connection*> connections_;
+  std::unique_ptr<uint8_t[]> scratch_{new uint8_t[kMaxSingleRead]};
+  std::shared_ptr<TMemoryBuffer> in_ = std::make_shared<TMemoryBuffer>();
+  std::shared_ptr<TMemoryBuffer> out_ = std::make_shared<TMemoryBuffer>(kAnswerInitial);
+  std::shared_ptr<TBinaryProtocol> in_protocol_ = std::make_shared<TBinaryProtocol>(in_);
+  std::shared_ptr<TBinaryProtocol> out_protocol_ = std::make_shared<TBinaryProtocol>(out_);
+};
+
+Status EventServer::IoThread::Init(int fd) {
+  base_ = event_base_new();
+  if (base_ == nullptr || pipe2(wake_fds_, O_NONBLOCK | O_CLOEXEC) != 0) {
+    close(fd);
+    return Status::IOError("cannot create an event loop");
+  }
+  wakeup_ = event_new(base_, wake_fds_[0], EV_READ | EV_PERSIST, &IoThread::OnWakeup, this);
+  // -1: the socket already listens.
+  listener_ = evconnlistener_new(base_, &IoThread::OnAccept, this, LEV_OPT_CLOSE_ON_FREE, -1, fd);
+  if (listener_ == nullptr) close(fd);
+  if (wakeup_ == nullptr || event_add(wakeup_, nullptr) != 0 || listener_ == nullptr) {
+    return Status::IOError("cannot create an event loop");
+  }
+  return Status::OK();
+}
+
+Status EventServer::IoThread::Start() {
+  try {
+    thread_ = std::thread([this] { event_base_dispatch(base_); });
+  } catch (const std::system_error& e) {
+    return Status::IOError(std::string("cannot start an I/O thread: ") + e.what());
+  }
+  return Status::OK();
+}
+
+// A write of 4 bytes to a pipe is atomic: messages from several threads
+// never interleave.
+bool EventServer::IoThread::Post(int message) {
+  ssize_t n;
+  while ((n = write(wake_fds_[1], &message, sizeof(message))) < 0 && errno == EINTR) {
+  }
+  return n == static_cast<ssize_t>(sizeof(message));
+}
+
+// Serves (or, once stopped, closes) the sockets handed over; kStop frees
+// the listener and breaks the loop.
+void EventServer::IoThread::DrainPipe(bool stopped) {
+  int message;
+  while (read(wake_fds_[0], &message, sizeof(message)) == static_cast<ssize_t>(sizeof(message))) {
+    if (message != kStop && !stopped) {
+      Adopt(message);
+    } else if (message != kStop) {
+      close(message);
+      server_->open_.fetch_sub(1, std::memory_order_relaxed);
+    } else {
+      if (listener_ != nullptr) evconnlistener_free(listener_);  // stop accepting first
+      listener_ = nullptr;
+      event_base_loopbreak(base_);
+      stopped = true;
+    }
+  }
+}
+
+void EventServer::IoThread::Free() {
+  if (wake_fds_[0] >= 0) DrainPipe(true);  // sockets handed over too late
+  while (!connections_.empty()) Close(*connections_.begin());
+  if (listener_ != nullptr) evconnlistener_free(listener_);
+  if (wakeup_ != nullptr) event_free(wakeup_);
+  if (base_ != nullptr) event_base_free(base_);
+  for (int& fd : wake_fds_) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  listener_ = nullptr;
+  wakeup_ = nullptr;
+  base_ = nullptr;
+}
+
+void EventServer::IoThread::OnWakeup(evutil_socket_t, short, void* arg) {
+  static_cast<IoThread*>(arg)->DrainPipe(false);
+}
+
+void EventServer::IoThread::OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int,
+                                     void* arg) {
+  static_cast<IoThread*>(arg)->Accept(fd);
+}
+
+// Counts the connection against server.max_connections over all threads
+// before serving it: past the limit it is closed at once. The connection
+// goes to the thread serving the fewest: SO_REUSEPORT spreads connections
+// by a hash of their addresses, which left 50 connections split as unevenly
+// as 30/20 and the busier thread's clients waiting longer.
+void EventServer::IoThread::Accept(evutil_socket_t fd) {
+  const int64_t limit = server_->config_.server.max_connections;
+  if (server_->open_.fetch_add(1, std::memory_order_relaxed) >= limit) {
+    server_->open_.fetch_sub(1, std::memory_order_relaxed);
+    close(fd);
+    WarnRateLimited("connection refused: server.max_connections (" + std::to_string(limit) +
+                    ") reached");
+    return;
+  }
+  IoThread* target = this;
+  for (auto& io : server_->threads_) {
+    if (io->load() < target->load()) target = io.get();
+  }
+  if (target == this || !target->Post(fd)) Adopt(fd);
+}
+
+void EventServer::IoThread::Adopt(evutil_socket_t fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  bufferevent* bev = bufferevent_socket_new(base_, fd, BEV_OPT_CLOSE_ON_FREE);
+  Connection* conn = bev != nullptr ? new (std::nothrow) Connection{this, bev, nullptr, false}
+                                    : nullptr;
+  if (conn != nullptr) {
+    conn->read_event = event_new(base_, fd, EV_READ | EV_PERSIST, &IoThread::OnReadable, conn);
+  }
+  if (conn == nullptr || conn->read_event == nullptr || event_add(conn->read_event, nullptr) != 0) {
+    if (conn != nullptr && conn->read_event != nullptr) event_free(conn->read_event);
+    delete conn;
+    if (bev != nullptr) bufferevent_free(bev);
+    else close(fd);
+    server_->open_.fetch_sub(1, std::memory_order_relaxed);
+    spdlog::error("cannot serve a connection: out of memory");
+    return;
+  }
+  connections_.insert(conn);
+  load_.fetch_add(1, std::memory_order_relaxed);
+  server_->accepted_.fetch_add(1, std::memory_order_relaxed);
+  bufferevent_setcb(bev, nullptr, &IoThread::OnWrite, &IoThread::OnEvent, conn);
+  bufferevent_disable(bev, EV_READ | EV_WRITE);
+}
+
+void EventServer::IoThread::OnReadable(evutil_socket_t fd, short, void* arg) {
+  auto* conn = static_cast<Connection*>(arg);
+  conn->io->Read(conn, fd);
+}
+
+// One recv(), at most up to one largest frame plus its header buffered;
+// end of stream or an error closes the connection.
+void EventServer::IoThread::Read(Connection* conn, evutil_socket_t fd) {
+  evbuffer* input = bufferevent_get_input(conn->bev);
+  const size_t room = max_frame_ + kFrameHeader - evbuffer_get_length(input);
+  // room is never 0 here: a full input holds a complete frame, answered
+  // (and drained) before the connection reads again.
+  const ssize_t got = recv(fd, scratch_.get(), std::min(room, kMaxSingleRead), 0);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  // A socket bufferevent keeps its input's end frozen outside its own read
+  // callback; thawed here for this one append on the same thread.
+  evbuffer_unfreeze(input, 0);
+  const bool ok = got > 0 && room > 0 && evbuffer_add(input, scratch_.get(), got) == 0;
+  evbuffer_freeze(input, 0);
+  if (!ok) {
+    Close(conn);  // end of stream, a reset, or out of memory
+    return;
+  }
+  ServeFrames(conn);
+}
+
+// Libevent wrote the last pending answer: back to reading only, and serve
+// the frames that arrived while the connection was paused.
+void EventServer::IoThread::OnWrite(bufferevent* bev, void* arg) {
+  auto* conn = static_cast<Connection*>(arg);
+  bufferevent_disable(bev, EV_WRITE);
+  if (conn->paused) {
+    conn->paused = false;
+    if (event_add(conn->read_event, nullptr) != 0) {
+      conn->io->Close(conn);
+      return;
+    }
+    conn->io->ServeFrames(conn);
+  }
+}
+
+void EventServer::IoThread::OnEvent(bufferevent*, short what, void* arg) {
+  // Libevent could not write pending answers (the client reset or went
+  // away); end of stream itself shows up in Read().
+  if ((what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) != 0) {
+    auto* conn = static_cast<Connection*>(arg);
+    conn->io->Close(conn);
+  }
+}
+
+// Answers every complete frame in the input, then writes the answers. A
+// frame length out of bounds or a call that cannot be answered closes the
+// connection (conn is gone when this returns then).
+void EventServer::IoThread::ServeFrames(Connection* conn) {
+  evbuffer* input = bufferevent_get_input(conn->bev);
+  evbuffer* output = bufferevent_get_output(conn->bev);
+  while (!conn->paused) {
+    const size_t have = evbuffer_get_length(input);
+    if (have < kFrameHeader) break;
+    uint8_t head[kFrameHeader];
+    evbuffer_copyout(input, head, kFrameHeader);
+    const int32_t len = static_cast<int32_t>(uint32_t{head[0]} << 24 | uint32_t{head[1]} << 16 |
+                                             uint32_t{head[2]} << 8 | uint32_t{head[3]});
+    if (len <= 0 || static_cast<uint64_t>(len) > max_frame_) {
+      ProtocolError(conn, "frame size " + std::to_string(len) + " out of range (1 to " +
+                              "server.max_frame_bytes = " + std::to_string(max_frame_) +
+                              "); client not using framed transport?");
+      return;
+    }
+    const size_t total = kFrameHeader + static_cast<size_t>(len);
+    if (have < total) break;  // a partial frame waits for the rest
+    uint8_t* frame = evbuffer_pullup(input, static_cast<ev_ssize_t>(total));
+    if (frame == nullptr || !Answer(frame + kFrameHeader, static_cast<uint32_t>(len), output)) {
+      ProtocolError(conn, "a call could not be answered; connection closed");
+      return;
+    }
+    evbuffer_drain(input, total);
+    // A client that sends calls without reading the answers: stop reading
+    // it until they are written.
+    if (evbuffer_get_length(output) > max_frame_) {
+      if (!Flush(conn)) return;
+      if (evbuffer_get_length(output) > max_frame_) {
+        conn->paused = true;
+        event_del(conn->read_event);
+      }
+    }
+  }
+  Flush(conn);
+}
+
+// Runs one call: "frame" holds the message, the answer (with its frame
+// header) goes to "output". False if the processor threw or gave up; the
+// connection must then be closed.
+bool EventServer::IoThread::Answer(uint8_t* frame, uint32_t len, evbuffer* output) {
+  bool ok = false;
+  try {
+    in_->resetBuffer(frame, len, TMemoryBuffer::OBSERVE);
+    out_->resetBuffer();
+    out_->getWritePtr(kFrameHeader);
+    out_->wroteBytes(kFrameHeader);  // the length, filled in below
+    ok = server_->processor_->process(in_protocol_, out_protocol_, nullptr);
+    in_->readEnd();  // resets the bytes counted against the message size limit
+    in_->resetBuffer();
+  } catch (const std::exception& e) {
+    WarnRateLimited(std::string("call failed: ") + e.what());
+    return false;
+  } catch (...) {
+    return false;
+  }
+  uint8_t* answer = nullptr;
+  uint32_t size = 0;
+  out_->getBuffer(&answer, &size);
+  if (ok && size > kFrameHeader) {  // a oneway call has no answer
+    const uint32_t body = size - kFrameHeader;
+    answer[0] = static_cast<uint8_t>(body >> 24);
+    answer[1] = static_cast<uint8_t>(body >> 16);
+    answer[2] = static_cast<uint8_t>(body >> 8);
+    answer[3] = static_cast<uint8_t>(body);
+    ok = evbuffer_add(output, answer, size) == 0;
+  }
+  if (out_->getBufferSize() > kAnswerKeep) {
+    try {
+      out_->resetBuffer(kAnswerInitial);
+    } catch (const std::exception&) {
+      // keeps the large buffer; a later call tries again
+    }
+  }
+  return ok;
+}
+
+// Writes what the socket takes now; the rest waits for EV_WRITE. False if
+// the connection failed (it is closed then).
+bool EventServer::IoThread::Flush(Connection* conn) {
+  evbuffer* output = bufferevent_get_output(conn->bev);
+  if (evbuffer_get_length(output) == 0) return true;
+  // A socket bufferevent keeps its output's start frozen outside its own
+  // write callback; thawed here for this one write on the same thread.
+  evbuffer_unfreeze(output, 1);
+  const int written = evbuffer_write(output, bufferevent_getfd(conn->bev));
+  const int err = errno;
+  evbuffer_freeze(output, 1);
+  if (written < 0 && err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
+    Close(conn);
+    return false;
+  }
+  if (evbuffer_get_length(output) > 0) bufferevent_enable(conn->bev, EV_WRITE);
+  return true;
+}
+
+void EventServer::IoThread::ProtocolError(Connection* conn, const std::string& what) {
+  server_->protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+  WarnRateLimited(what);
+  Close(conn);
+}
+
+void EventServer::IoThread::Close(Connection* conn) {
+  connections_.erase(conn);
+  load_.fetch_sub(1, std::memory_order_relaxed);
+  event_free(conn->read_event);
+  bufferevent_free(conn->bev);  // closes the socket
+  delete conn;
+  server_->open_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+EventServer::EventServer(std::shared_ptr<apache::thrift::TProcessor> processor,
+                         const Config& config)
+    : processor_(std::move(processor)), config_(config) {}
+
+EventServer::~EventServer() { Stop(); }
+
+Status EventServer::Start() {
+  event_set_log_callback([](int severity, const char* message) {
+    if (severity == EVENT_LOG_ERR) spdlog::error("libevent: {}", message);
+  });
+  Status st = Listen();
+  for (size_t i = 0; st.ok() && i < threads_.size(); ++i) st = threads_[i]->Start();
+  if (!st.ok()) Stop();
+  return st;
+}
+
+// A probe socket without SO_REUSEPORT claims the port first: it fails if
+// anything listens there (another server with SO_REUSEPORT would otherwise
+// silently share the port), and picks the port when server.port is 0. It
+// is closed just before the serving sockets bind the same port.
+Status EventServer::Listen() {
+  const std::string address = config_.server.host + ":" + std::to_string(config_.server.port);
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  FLATKV_RETURN_IF_ERROR(Resolve(config_.server.host, config_.server.port, &addr, &len));
+  int probe = -1;
+  Status st = BindSocket(addr, len, false, &probe);
+  if (!st.ok()) return Status::IOError(address + ": " + st.message());
+  port_ = BoundPort(probe);
+  SetPort(&addr, port_);
+  close(probe);
+  for (int i = 0; i < config_.server.io_threads; ++i) {
+    int fd = -1;
+    st = BindSocket(addr, len, true, &fd);
+    if (!st.ok()) return Status::IOError(address + ": " + st.message());
+    threads_.push_back(std::make_unique<IoThread>(this));
+    st = threads_.back()->Init(fd);
+    if (!st.ok()) return Status::IOError(address + ": " + st.message());
+  }
+  return Status::OK();
+}
+
+void EventServer::Stop() {
+  for (auto& io : threads_) io->Wake();
+  for (auto& io : threads_) io->Join();
+  threads_.clear();  // frees connections, listeners and bases
+}
+
+}  // namespace flatkv::server
