@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 namespace flatkv::server {
 namespace {
@@ -114,9 +115,15 @@ const std::vector<Key>& Schema() {
          return Int<int>([](Config* c2) { return &c2->server.workers; }, 0, 1024,
                          "server.workers")(text, c);
        }},
-      {"server.io_threads", "2", "libevent I/O threads",
-       Int<int>([](Config* c) { return &c->server.io_threads; }, 1, 64,
-                "server.io_threads")},
+      {"server.io_threads", "auto", "I/O threads; auto = half the CPU cores, at least 1",
+       [](const std::string& text, Config* c) -> Status {
+         if (text == "auto") {
+           c->server.io_threads = -1;
+           return Status::OK();
+         }
+         return Int<int>([](Config* c2) { return &c2->server.io_threads; }, 1, 64,
+                         "server.io_threads")(text, c);
+       }},
       {"server.max_frame_bytes", "16Mi", "largest request frame; a larger one closes the connection",
        Int<uint64_t>([](Config* c) { return &c->server.max_frame_bytes; }, 1024,
                      int64_t{1} << 30, "server.max_frame_bytes")},
@@ -280,6 +287,13 @@ Status LoadConfig(const std::string& path, const std::vector<std::string>& overr
   // Calls that take microseconds are fastest on the I/O threads; a call
   // that waits for fdatasync would stall every connection of its thread
   // there, and group commit needs many such calls at once.
+  // Half the cores leaves the other half to the handlers' disk work, the
+  // cache flushers and, on a shared machine, the clients (measured on 2
+  // cores: 1 I/O thread answers more calls, with a lower p99, than 2).
+  if (config->server.io_threads < 0) {
+    config->server.io_threads =
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency() / 2));
+  }
   if (config->server.workers < 0) {
     config->server.workers = config->storage.sync == engine::SyncMode::kAlways ? 16 : 0;
   }

@@ -22,7 +22,9 @@ struct ServerOptions {
   int workers = -1;                        // handler threads; 0 = on the I/O
                                            // threads; -1 (auto) is resolved
                                            // by LoadConfig
-  int io_threads = 2;                      // libevent I/O threads
+  int io_threads = -1;                     // I/O threads; -1 (auto: half
+                                           // the cores) is resolved by
+                                           // LoadConfig
   uint64_t max_frame_bytes = 16u << 20;    // larger frames close the connection
   int max_connections = 1024;
   int max_queued_calls = 256;              // more waiting: answer OVERLOADED

@@ -164,8 +164,9 @@ def stat(c, name):
 
 data = os.path.join(work, "data")
 port = free_port()
+# Two I/O threads, whatever the machine: connections handed between them.
 proc = start(port, data, "--set", "storage.max_value_bytes=1Mi",
-             "--set", "server.max_frame_bytes=4Mi")
+             "--set", "server.max_frame_bytes=4Mi", "--set", "server.io_threads=2")
 c, t = client(port)
 for k in range(100):
     c.put(k, b"v%d" % k)

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <sstream>
+#include <thread>
 
 #include "server/config.h"
 #include "tests/engine/test_util.h"
@@ -156,4 +157,13 @@ TEST_CASE("The README's configuration reference lists every key", "[server][conf
     INFO(key);
     REQUIRE(readme.find("| `" + key + "` |") != std::string::npos);
   }
+}
+
+TEST_CASE("server.io_threads auto uses half the cores, at least one", "[server][config]") {
+  Config c;
+  REQUIRE(LoadConfig("", {}, &c).ok());
+  REQUIRE(c.server.io_threads == std::max(1, static_cast<int>(std::thread::hardware_concurrency() / 2)));
+  REQUIRE(LoadConfig("", {"server.io_threads=3"}, &c).ok());
+  REQUIRE(c.server.io_threads == 3);
+  REQUIRE(LoadConfig("", {"server.io_threads=0"}, &c).IsInvalidArgument());
 }
