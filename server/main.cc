@@ -10,10 +10,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,16 +103,135 @@ void ThriftOutput(const char* message) {
   if (last_log_second.exchange(now) != now) spdlog::warn("thrift: {}", message);
 }
 
-int Serve(const flatkv::server::Config& config) {
-  // Signals go to one thread that stops the server; block them everywhere
-  // else before any thread starts.
+// The Thrift port. Run() serves until Stop() (called from another thread)
+// and returns once no call is being answered; it returns IOError at once if
+// the port cannot be served.
+class ThriftPort {
+ public:
+  virtual ~ThriftPort() = default;
+  virtual flatkv::Status Run() = 0;
+  virtual void Stop() = 0;
+  // Sets server.connections and server.connections_accepted and adds to
+  // server.protocol_errors.
+  virtual void AddStats(std::map<std::string, int64_t>* out) const = 0;
+};
+
+// Calls on the I/O threads: FlatKV's own EventServer (fewer system calls
+// per call than TNonblockingServer, see server/event_server.h).
+class EventPort final : public ThriftPort {
+ public:
+  EventPort(std::shared_ptr<flatkv::server::FrontProcessor> processor,
+            const flatkv::server::Config& config)
+      : server_(std::move(processor), config) {}
+
+  flatkv::Status Run() override {
+    FLATKV_RETURN_IF_ERROR(server_.Start());
+    spdlog::info("serving FlatKV on port {}", server_.port());
+    std::unique_lock<std::mutex> lock(mu_);
+    stop_cv_.wait(lock, [&] { return stopping_; });
+    lock.unlock();
+    server_.Stop();  // answers the calls being read, closes every connection
+    return flatkv::Status::OK();
+  }
+  void Stop() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    stop_cv_.notify_all();
+  }
+  void AddStats(std::map<std::string, int64_t>* out) const override {
+    (*out)["server.connections"] = server_.connections();
+    (*out)["server.connections_accepted"] = server_.accepted();
+    (*out)["server.protocol_errors"] += server_.protocol_errors();
+  }
+
+ private:
+  flatkv::server::EventServer server_;
+  std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;  // GUARDED_BY(mu_)
+};
+
+// A worker pool: Thrift's TNonblockingServer hands each call to a worker.
+class PoolPort final : public ThriftPort {
+ public:
+  PoolPort(std::shared_ptr<flatkv::server::FrontProcessor> processor,
+           std::shared_ptr<ThreadManager> workers, const flatkv::server::Config& config)
+      : events_(std::make_shared<ServerEvents>(&raw_)) {
+    auto socket =
+        std::make_shared<TNonblockingServerSocket>(config.server.host, config.server.port);
+    server_ = std::make_shared<TNonblockingServer>(
+        std::move(processor), std::make_shared<TBinaryProtocolFactory>(), socket,
+        std::move(workers));
+    raw_ = server_.get();
+    server_->setNumIOThreads(static_cast<size_t>(config.server.io_threads));
+    server_->setMaxFrameSize(config.server.max_frame_bytes);
+    // Thrift checks the limit before counting the connection it accepts (so
+    // it would allow one more) and without an overload action only logs it;
+    // with these settings exactly max_connections are served and a new one
+    // is closed at once until one of them goes.
+    server_->setMaxConnections(static_cast<size_t>(config.server.max_connections - 1));
+    server_->setOverloadAction(apache::thrift::server::T_OVERLOAD_CLOSE_ON_ACCEPT);
+    server_->setOverloadHysteresis(1.0);
+    server_->setServerEventHandler(events_);
+    // A connection keeps its largest frame's buffers (up to max_frame_bytes)
+    // until Thrift checks them; check after every call so memory follows
+    // the calls in flight, not the largest value each connection ever sent.
+    server_->setResizeBufferEveryN(1);
+    server_->setIdleReadBufferLimit(64 << 10);
+    server_->setIdleWriteBufferLimit(64 << 10);
+  }
+
+  flatkv::Status Run() override {
+    try {
+      server_->serve();
+    } catch (const std::exception& e) {
+      return flatkv::Status::IOError(e.what());
+    }
+    return flatkv::Status::OK();
+  }
+  void Stop() override { server_->stop(); }
+  void AddStats(std::map<std::string, int64_t>* out) const override {
+    (*out)["server.connections"] = events_->open();
+    (*out)["server.connections_accepted"] = events_->accepted();
+  }
+
+ private:
+  TNonblockingServer* raw_ = nullptr;
+  std::shared_ptr<ServerEvents> events_;
+  std::shared_ptr<TNonblockingServer> server_;
+};
+
+// Blocks SIGTERM and SIGINT in this thread and every thread started after
+// it: one waiter thread takes them with sigwait().
+sigset_t BlockStopSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
 
+// Closes the cache (writing everything dirty) and then the store; false if
+// either failed (logged).
+bool CloseEngine(flatkv::engine::cache::WriteBackCache* cache, flatkv::engine::Store* store) {
+  bool ok = true;
+  flatkv::Status st = cache->Close();
+  if (!st.ok()) {
+    spdlog::error("flushing the cache: {}", st.ToString());
+    ok = false;
+  }
+  st = store->Close();
+  if (!st.ok()) {
+    spdlog::error("closing the store: {}", st.ToString());
+    ok = false;
+  }
+  return ok;
+}
+
+int Serve(const flatkv::server::Config& config) {
+  sigset_t signals = BlockStopSignals();
   std::unique_ptr<flatkv::engine::Store> store;
   flatkv::Status st = flatkv::engine::Store::Open(config.storage, &store);
   if (!st.ok()) {
@@ -124,7 +245,6 @@ int Serve(const flatkv::server::Config& config) {
     return 1;
   }
   auto handler = std::make_shared<flatkv::server::Handler>(store.get(), cache.get(), config);
-  auto socket = std::make_shared<TNonblockingServerSocket>(config.server.host, config.server.port);
   // server.workers = 0: no pool; each call runs on the I/O thread that read
   // it (no hand-off between threads, no queue to overflow).
   std::shared_ptr<ThreadManager> workers;
@@ -135,40 +255,21 @@ int Serve(const flatkv::server::Config& config) {
   }
   auto processor = std::make_shared<flatkv::server::FrontProcessor>(
       handler, workers, static_cast<size_t>(config.server.max_queued_calls));
-  // Without a pool our own EventServer serves (fewer system calls per call);
-  // the pool mode keeps TNonblockingServer, which hands calls to workers.
-  std::unique_ptr<flatkv::server::EventServer> own;
-  if (!workers) own = std::make_unique<flatkv::server::EventServer>(processor, config);
-  TNonblockingServer* raw = nullptr;
-  auto events = std::make_shared<ServerEvents>(&raw);
+  std::unique_ptr<ThriftPort> port;
+  if (workers) {
+    port = std::make_unique<PoolPort>(processor, workers, config);
+  } else {
+    port = std::make_unique<EventPort>(processor, config);
+  }
+  // Reads objects that live until Serve() returns; the HTTP thread, the
+  // only caller once the Thrift port stops, is stopped before that.
   handler->SetServerStats([&](std::map<std::string, int64_t>* out) {
-    (*out)["server.connections"] = own ? own->connections() : events->open();
-    (*out)["server.connections_accepted"] = own ? own->accepted() : events->accepted();
     (*out)["server.queued_calls"] = workers ? static_cast<int64_t>(workers->pendingTaskCount()) : 0;
     (*out)["server.overloaded"] = processor->overloaded();
     (*out)["server.malformed_calls"] = processor->malformed();
-    (*out)["server.protocol_errors"] = g_protocol_errors.load(std::memory_order_relaxed) +
-                                       (own ? own->protocol_errors() : 0);
+    (*out)["server.protocol_errors"] = g_protocol_errors.load(std::memory_order_relaxed);
+    port->AddStats(out);
   });
-  auto server = std::make_shared<TNonblockingServer>(
-      processor, std::make_shared<TBinaryProtocolFactory>(), socket, workers);
-  raw = server.get();
-  server->setNumIOThreads(static_cast<size_t>(config.server.io_threads));
-  server->setMaxFrameSize(config.server.max_frame_bytes);
-  // Thrift checks the limit before counting the connection it accepts (so
-  // it would allow one more) and without an overload action only logs it;
-  // with these settings exactly max_connections are served and a new one is
-  // closed at once until one of them goes.
-  server->setMaxConnections(static_cast<size_t>(config.server.max_connections - 1));
-  server->setOverloadAction(apache::thrift::server::T_OVERLOAD_CLOSE_ON_ACCEPT);
-  server->setOverloadHysteresis(1.0);
-  server->setServerEventHandler(events);
-  // A connection keeps its largest frame's buffers (up to max_frame_bytes)
-  // until Thrift checks them; check after every call so memory follows the
-  // calls in flight, not the largest value each connection ever sent.
-  server->setResizeBufferEveryN(1);
-  server->setIdleReadBufferLimit(64 << 10);
-  server->setIdleWriteBufferLimit(64 << 10);
 
   // The HTTP port (server.http_port) calls the handler from its own thread:
   // it starts once the handler exists and stops before the cache and the
@@ -180,7 +281,7 @@ int Serve(const flatkv::server::Config& config) {
     if (!st.ok()) {
       spdlog::critical("cannot serve HTTP: {}", st.ToString());
       if (workers) workers->stop();
-      if (!cache->Close().ok() || !store->Close().ok()) spdlog::error("closing after a failed start");
+      CloseEngine(cache.get(), store.get());
       return 1;
     }
   }
@@ -190,46 +291,24 @@ int Serve(const flatkv::server::Config& config) {
     sigwait(&signals, &sig);
     spdlog::info("{}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     if (http) http->SetStopping();  // /health answers 503 from now on
-    if (!own) server->stop();
+    port->Stop();
   });
   spdlog::info("store {} open, cache {} ({} mode), {} I/O threads, {}", config.storage.path,
                config.cache.policy, flatkv::engine::cache::WriteModeName(config.cache.mode),
                config.server.io_threads,
-               config.server.workers == 0 ? std::string("calls run on the I/O threads")
-                                          : std::to_string(config.server.workers) + " workers");
+               workers ? std::to_string(config.server.workers) + " workers"
+                       : std::string("calls run on the I/O threads"));
   int code = 0;
-  if (own) {
-    st = own->Start();
-    if (st.ok()) {
-      spdlog::info("serving FlatKV on port {}", own->port());
-    } else {
-      spdlog::critical("server failed: {}", st.ToString());
-      code = 1;
-      pthread_kill(waiter.native_handle(), SIGTERM);
-    }
-  } else {
-    try {
-      server->serve();
-    } catch (const std::exception& e) {
-      spdlog::critical("server failed: {}", e.what());
-      code = 1;
-      pthread_kill(waiter.native_handle(), SIGTERM);
-    }
+  st = port->Run();
+  if (!st.ok()) {
+    spdlog::critical("server failed: {}", st.ToString());
+    code = 1;
+    pthread_kill(waiter.native_handle(), SIGTERM);
   }
   waiter.join();
-  if (own) own->Stop();  // answers the calls being read, closes every connection
   if (http) http->Stop();  // no HTTP call may reach the cache or store past here
   if (workers) workers->stop();  // in-flight calls finish
-  st = cache->Close();  // writes everything dirty
-  if (!st.ok()) {
-    spdlog::error("flushing the cache: {}", st.ToString());
-    code = 1;
-  }
-  st = store->Close();
-  if (!st.ok()) {
-    spdlog::error("closing the store: {}", st.ToString());
-    code = 1;
-  }
+  if (!CloseEngine(cache.get(), store.get())) code = 1;
   spdlog::info("stopped cleanly");
   return code;
 }
