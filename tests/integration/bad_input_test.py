@@ -4,55 +4,23 @@ request gets its precise answer (or closes only its own connection), the
 server keeps serving, and its memory does not jump. Also overload: with the
 worker queue full, calls are answered OVERLOADED instead of queuing.
 Usage: bad_input_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
-import atexit
 import os
-import shutil
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
+import harness
+from harness import check, client, free_port, stop
+
 server_bin, thrift_bin, idl = sys.argv[1:4]
-work = tempfile.mkdtemp(prefix="flatkv-bad-")
-subprocess.run([thrift_bin, "--gen", "py", "-out", work, idl], check=True)
-sys.path.insert(0, work)
+work = harness.workdir("flatkv-bad-", thrift_bin, idl)
 from thrift.Thrift import TApplicationException, TMessageType, TType  # noqa: E402
 from thrift.protocol import TBinaryProtocol  # noqa: E402
-from thrift.transport import TSocket, TTransport  # noqa: E402
+from thrift.transport import TTransport  # noqa: E402
 from flatkv import FlatKV  # noqa: E402
 from flatkv.ttypes import ErrorCode, KvError, KvPair  # noqa: E402
-
-failures = []
-passes = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    (passes if cond else failures).append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-servers = []
-
-
-def kill_servers():
-    for p in servers:
-        if p.poll() is None:
-            p.kill()
-
-
-atexit.register(kill_servers)
-
 
 # In a sanitizer build, freed memory waits in ASan's quarantine (256 MiB)
 # and would read as growth; without it RSS shows what the server keeps.
@@ -60,28 +28,7 @@ SERVER_ENV = dict(os.environ, ASAN_OPTIONS="quarantine_size_mb=0")
 
 
 def start(port, data, *extra):
-    proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % port,
-                             "--set", "storage.path=" + data, *extra],
-                            stderr=subprocess.DEVNULL, env=SERVER_ENV)
-    servers.append(proc)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("flatkv-server did not start")
-
-
-def client(port):
-    t = TTransport.TFramedTransport(TSocket.TSocket("127.0.0.1", port))
-    t.open()
-    return FlatKV.Client(TBinaryProtocol.TBinaryProtocol(t)), t
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    return proc.wait(timeout=30)
+    return harness.start(server_bin, port, data, *extra, env=SERVER_ENV)
 
 
 def rss_kib(proc):
@@ -403,6 +350,4 @@ check(stat(c, "server.overloaded") == len(overloaded), "stats counts server.over
 t.close()
 check(stop(proc) == 0, "the overloaded server stops cleanly")
 
-shutil.rmtree(work, ignore_errors=True)
-print("%d passed, %d failed" % (len(passes), len(failures)))
-sys.exit(1 if failures else 0)
+harness.finish(work)

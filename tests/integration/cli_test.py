@@ -4,76 +4,21 @@ loopback port: exit codes 0-4, values from stdin (binary), --raw, --hex,
 scan output, admin commands and the compaction progress on a pipe and on a
 terminal.
 Usage: cli_test.py FLATKV_SERVER FLATKV_CLI"""
-import atexit
-import ctypes
 import os
 import pty
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
+
+import harness
+from harness import check, free_port, stop
 
 server_bin, cli_bin = sys.argv[1:3]
-work = tempfile.mkdtemp(prefix="flatkv-cli-it-")
-
-failures = []
-passes = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    (passes if cond else failures).append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-servers = []
-libc = ctypes.CDLL("libc.so.6", use_errno=True)
-
-
-def die_with_parent():
-    """Runs in the server's child: SIGKILL it when this script dies, even by
-    ctest's timeout kill, which skips atexit."""
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@atexit.register
-def kill_servers():
-    """A failing check must not leave a server holding ctest's pipe open."""
-    for p in servers:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+work = harness.workdir("flatkv-cli-it-")
 
 
 def start(port, data, *extra):
-    proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % port,
-                             "--set", "storage.path=" + data, *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=die_with_parent)
-    servers.append(proc)
-    for _ in range(600):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("flatkv-server did not start")
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    return proc.wait(timeout=60)
+    return harness.start(server_bin, port, data, *extra)
 
 
 port = free_port()
@@ -255,6 +200,4 @@ proc = start(port, os.path.join(work, "data"), "--set", "admin.token=secret",
 check(kv("--raw", "get", "5")[1] == blob, "values survive a restart")
 check(stop(proc) == 0, "second stop is clean")
 
-shutil.rmtree(work, ignore_errors=True)
-print("%d passed, %d failed" % (len(passes), len(failures)))
-sys.exit(1 if failures else 0)
+harness.finish(work)

@@ -8,64 +8,28 @@ import http.client
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import time
+
+import harness
+from harness import check, free_port
 
 server_bin, thrift_bin, idl = sys.argv[1:4]
-work = tempfile.mkdtemp(prefix="flatkv-http-")
-subprocess.run([thrift_bin, "--gen", "py", "-out", work, idl], check=True)
-sys.path.insert(0, work)
-from thrift.protocol import TBinaryProtocol  # noqa: E402
-from thrift.transport import TSocket, TTransport  # noqa: E402
-from flatkv import FlatKV  # noqa: E402
+work = harness.workdir("flatkv-http-", thrift_bin, idl)
 from flatkv.ttypes import WriteMode  # noqa: E402
-
-failures = []
-passes = []
 
 KEY_MAX = 1000000
 MAX_VALUE = 4096
 TOKEN = "secret"
 
 
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    (passes if cond else failures).append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def wait_port(port, proc):
-    for _ in range(200):
-        if proc.poll() is not None:
-            raise RuntimeError("flatkv-server exited with %d" % proc.returncode)
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("flatkv-server did not listen on %d" % port)
-
-
 def start(port, http_port, data, *extra):
     log = open(os.path.join(work, "server.log"), "w")
-    proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % port,
-                             "--set", "server.http_port=%d" % http_port,
-                             "--set", "storage.path=" + data, *extra],
-                            stderr=log)
-    wait_port(port, proc)
-    wait_port(http_port, proc)
+    proc = harness.start(server_bin, port, data, "--set", "server.http_port=%d" % http_port,
+                         *extra, stderr=log)
+    harness.wait_port(http_port, proc)
     return proc
 
 
@@ -161,9 +125,7 @@ port, http_port = free_port(), free_port()
 proc = start(port, http_port, data, "--set", "admin.token=" + TOKEN,
              "--set", "storage.key_max=%d" % KEY_MAX,
              "--set", "storage.max_value_bytes=%d" % MAX_VALUE)
-transport = TTransport.TFramedTransport(TSocket.TSocket("127.0.0.1", port))
-transport.open()
-kv = FlatKV.Client(TBinaryProtocol.TBinaryProtocol(transport))
+kv, transport = harness.client(port)
 
 status, headers, body = request("GET", "/health")
 check(status == 200 and body == b"ok\n", "GET /health is 200 ok")
@@ -321,6 +283,4 @@ bad = subprocess.run([server_bin, "--set", "server.port=9901", "--set", "server.
                      capture_output=True, text=True, timeout=30)
 check(bad.returncode == 2 and "server.http_port" in bad.stderr, "http_port equal to port is a bad config (exit 2)")
 
-shutil.rmtree(work, ignore_errors=True)
-print("%d passed, %d failed" % (len(passes), len(failures)))
-sys.exit(1 if failures else 0)
+harness.finish(work)

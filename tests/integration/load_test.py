@@ -5,73 +5,22 @@ the write mode is switched back and forth and compactions run; afterwards,
 and again after a SIGTERM restart, every acknowledged write is there with
 its newest value.
 Usage: load_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
-import atexit
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+import harness
+from harness import check, client, free_port
+
 server_bin, thrift_bin, idl = sys.argv[1:4]
-work = tempfile.mkdtemp(prefix="flatkv-load-")
-subprocess.run([thrift_bin, "--gen", "py", "-out", work, idl], check=True)
-sys.path.insert(0, work)
-from thrift.protocol import TBinaryProtocol  # noqa: E402
-from thrift.transport import TSocket, TTransport  # noqa: E402
-from flatkv import FlatKV  # noqa: E402
+work = harness.workdir("flatkv-load-", thrift_bin, idl)
 from flatkv.ttypes import KvPair, WriteMode  # noqa: E402
-
-failures = []
-passes = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    (passes if cond else failures).append(what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-servers = []
-
-
-def kill_servers():
-    for p in servers:
-        if p.poll() is None:
-            p.kill()
-
-
-atexit.register(kill_servers)
 
 
 def start(port, data, *extra):
-    proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % port,
-                             "--set", "storage.path=" + data, "--set", "admin.token=t",
-                             *extra], stderr=subprocess.DEVNULL)
-    servers.append(proc)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("flatkv-server did not start")
-
-
-def client(port):
-    t = TTransport.TFramedTransport(TSocket.TSocket("127.0.0.1", port))
-    t.open()
-    return FlatKV.Client(TBinaryProtocol.TBinaryProtocol(t)), t
+    return harness.start(server_bin, port, data, "--set", "admin.token=t", *extra)
 
 
 KEYS_PER_WRITER = 400
@@ -183,6 +132,4 @@ t.close()
 proc.send_signal(signal.SIGTERM)
 check(proc.wait(timeout=60) == 0, "the restarted server stops cleanly")
 
-shutil.rmtree(work, ignore_errors=True)
-print("%d passed, %d failed" % (len(passes), len(failures)))
-sys.exit(1 if failures else 0)
+harness.finish(work)
