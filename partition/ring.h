@@ -1,0 +1,154 @@
+// Ring: the cluster as one immutable, versioned value (shared/DESIGN.md,
+// "Cluster"). It is built from what ZooKeeper holds under the service path
+// (the recorded marks and the registered member nodes with their creation
+// zxids) and answers, without any I/O: which mark owns a hash, the hash of
+// an integer or string key, each mark's chain in registration order, each
+// member's role, and the key ranges each mark owns in key order (for scans).
+//
+//   marks N0 < N1 < ... < Np
+//   owner(h) = smallest Ni > h, or N0 if there is none
+//
+//       -inf ......... N0 ......... N1 ... N(p-1) ......... Np ......... +inf
+//       |---- N0 -----|---- N1 ----|  ...  |----- Np -------|---- N0 ----|
+//
+// So mark Ni owns [N(i-1), Ni) and N0 owns h >= Np and h < N0.
+// hash(k) = k for an integer key; hash(s) = XXH64(s, seed 0) mod hash_bound
+// for a string key.
+//
+// Thread safety: a Ring is immutable once built; share it as
+// std::shared_ptr<const Ring> and swap the pointer atomically to publish a
+// new one (registry.h does).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/status.h"
+
+namespace flatkv::partition {
+
+inline constexpr int64_t kDefaultHashBound = INT64_MAX;  // 9223372036854775807
+inline constexpr const char* kMemberPrefix = "thriftbinary";
+
+// The ring-wide settings kept as JSON in <service_path>/.cluster. Every
+// instance of a ring must agree on them.
+struct RingSettings {
+  int64_t hash_bound = kDefaultHashBound;  // cluster.hash_bound
+  std::string replication = "sync";        // cluster.replication: sync | async
+
+  // {"hash_bound": 9223372036854775807, "replication": "sync"}
+  std::string ToJson() const;
+  // Parses ToJson()'s output (keys in any order, whitespace allowed).
+  // InvalidArgument naming what is wrong for anything else.
+  static Status FromJson(std::string_view json, RingSettings* out);
+  // OK if "other" equals this; otherwise InvalidArgument naming the first
+  // key that differs with both values ("cluster.hash_bound: this instance
+  // has 100, the ring has 9223372036854775807").
+  Status CheckSame(const RingSettings& ring) const;
+};
+
+// One registered instance.
+struct Member {
+  std::string host;
+  int port = 0;
+  int64_t czxid = 0;  // creation zxid of its member node: chain order
+
+  std::string address() const { return host + ":" + std::to_string(port); }
+  bool operator==(const Member& o) const { return host == o.host && port == o.port; }
+};
+
+// The instances of one mark, ordered into a chain: head (oldest
+// registration) first, tail (newest) last. Empty when no member serves.
+struct Partition {
+  int64_t mark = 0;
+  std::vector<Member> chain;
+
+  const Member* head() const { return chain.empty() ? nullptr : &chain.front(); }
+  const Member* tail() const { return chain.empty() ? nullptr : &chain.back(); }
+};
+
+// An inclusive range of hash values [lo, hi] and the index (in
+// Ring::partitions()) of the partition that owns it.
+struct HashRange {
+  int64_t lo = 0;
+  int64_t hi = 0;
+  size_t partition = 0;
+};
+
+class Ring {
+ public:
+  // A member node as read from ZooKeeper: its mark and its Member.
+  struct Registration {
+    int64_t mark = 0;
+    Member member;
+  };
+
+  // Builds a ring. "marks" are the recorded marks (.cluster/marks, any order,
+  // duplicates allowed); the mark of every registration is included too.
+  // Each partition's chain is its registrations sorted by czxid (ties by
+  // address, so the order is the same on every instance).
+  static std::shared_ptr<const Ring> Make(int64_t version, RingSettings settings,
+                                          std::vector<int64_t> marks,
+                                          std::vector<Registration> registrations);
+  // What a standalone instance answers: one partition of mark 0 holding
+  // itself.
+  static std::shared_ptr<const Ring> Standalone(const std::string& host, int port);
+
+  int64_t version() const { return version_; }
+  const RingSettings& settings() const { return settings_; }
+  // Sorted by mark, ascending; empty only for a ring with no marks at all.
+  const std::vector<Partition>& partitions() const { return partitions_; }
+  bool empty() const { return partitions_.empty(); }
+
+  // Index in partitions() of the owner of hash "h" (the smallest mark
+  // greater than h, or the first if there is none). The ring must not be
+  // empty. O(log marks).
+  size_t OwnerIndex(int64_t h) const;
+  const Partition& Owner(int64_t h) const { return partitions_[OwnerIndex(h)]; }
+  // The partition of "mark", or nullptr if the mark is not in the ring.
+  const Partition* Find(int64_t mark) const;
+
+  // hash(k) = k.
+  static int64_t HashKey(int64_t key) { return key; }
+  // XXH64(s, seed 0) mod hash_bound (hash_bound > 0).
+  static int64_t HashString(std::string_view key, int64_t hash_bound);
+  int64_t HashString(std::string_view key) const {
+    return HashString(key, settings_.hash_bound);
+  }
+
+  // The hash ranges of the whole i64 space in ascending order, adjacent
+  // ranges of one owner merged: with marks {10, 20} that is
+  // [INT64_MIN, 9] -> 10, [10, 19] -> 20, [20, INT64_MAX] -> 10.
+  // A ring-wide key-order scan walks these. Empty for an empty ring.
+  std::vector<HashRange> KeyOrder() const;
+  // The range of KeyOrder() that holds "h".
+  HashRange RangeOf(int64_t h) const;
+
+  // "single", "head", "middle" or "tail" for the member at "address" in
+  // mark's chain; empty if it is not there.
+  std::string RoleOf(int64_t mark, std::string_view address) const;
+
+  // Every member of every mark, for logs: "10=[a:1,b:2] 20=[]".
+  std::string ToString() const;
+
+ private:
+  Ring() = default;
+
+  int64_t version_ = 0;
+  RingSettings settings_;
+  std::vector<Partition> partitions_;
+};
+
+// The member node's name and data: "thriftbinary<mark>:<host>:<port>".
+std::string MemberNodeName(int64_t mark, std::string_view address);
+// Parses a member node name. False for a name that does not start with
+// "thriftbinary" or is malformed (not a member: callers skip it).
+bool ParseMemberNode(std::string_view name, int64_t* mark, std::string* host, int* port);
+// Parses "host:port" (port 1..65535, host non-empty). InvalidArgument
+// naming "what" otherwise.
+Status ParseHostPort(std::string_view text, std::string_view what, std::string* host, int* port);
+
+}  // namespace flatkv::partition
