@@ -1,0 +1,248 @@
+#include "partition/ring.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+
+namespace flatkv::partition {
+namespace {
+
+// Parses a decimal i64 covering all of "text".
+bool ParseI64(std::string_view text, int64_t* out) {
+  if (text.empty()) return false;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  return ec == std::errc() && ptr == end;
+}
+
+// Skips spaces, tabs and newlines.
+void SkipSpace(std::string_view* s) {
+  while (!s->empty() && (s->front() == ' ' || s->front() == '\t' || s->front() == '\n' ||
+                         s->front() == '\r')) {
+    s->remove_prefix(1);
+  }
+}
+
+bool Consume(std::string_view* s, char c) {
+  SkipSpace(s);
+  if (s->empty() || s->front() != c) return false;
+  s->remove_prefix(1);
+  return true;
+}
+
+// A JSON string without escapes (our keys and values never need them).
+bool ReadString(std::string_view* s, std::string* out) {
+  if (!Consume(s, '"')) return false;
+  const size_t end = s->find('"');
+  if (end == std::string_view::npos || s->substr(0, end).find('\\') != std::string_view::npos) {
+    return false;
+  }
+  out->assign(s->substr(0, end));
+  s->remove_prefix(end + 1);
+  return true;
+}
+
+bool ReadInteger(std::string_view* s, int64_t* out) {
+  SkipSpace(s);
+  size_t n = 0;
+  while (n < s->size() && ((*s)[n] == '-' || ((*s)[n] >= '0' && (*s)[n] <= '9'))) ++n;
+  if (!ParseI64(s->substr(0, n), out)) return false;
+  s->remove_prefix(n);
+  return true;
+}
+
+}  // namespace
+
+std::string RingSettings::ToJson() const {
+  return "{\"hash_bound\": " + std::to_string(hash_bound) + ", \"replication\": \"" +
+         replication + "\"}";
+}
+
+Status RingSettings::FromJson(std::string_view json, RingSettings* out) {
+  // A flat object of known keys; a key we do not know is an error, since it
+  // would be a ring-wide setting this instance ignores.
+  RingSettings result;
+  bool have_bound = false, have_replication = false;
+  std::string_view s = json;
+  const auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument("ring settings '" + std::string(json) + "': " +
+                                   std::string(why));
+  };
+  if (!Consume(&s, '{')) return bad("not a JSON object");
+  SkipSpace(&s);
+  if (!s.empty() && s.front() == '}') return bad("empty");
+  while (true) {
+    std::string key;
+    if (!ReadString(&s, &key) || !Consume(&s, ':')) return bad("expected \"key\": value");
+    if (key == "hash_bound") {
+      if (!ReadInteger(&s, &result.hash_bound) || result.hash_bound <= 0) {
+        return bad("hash_bound must be a positive integer");
+      }
+      have_bound = true;
+    } else if (key == "replication") {
+      if (!ReadString(&s, &result.replication) ||
+          (result.replication != "sync" && result.replication != "async")) {
+        return bad("replication must be \"sync\" or \"async\"");
+      }
+      have_replication = true;
+    } else {
+      return bad("unknown key '" + key + "'");
+    }
+    if (Consume(&s, '}')) break;
+    if (!Consume(&s, ',')) return bad("expected ',' or '}'");
+  }
+  SkipSpace(&s);
+  if (!s.empty()) return bad("trailing characters");
+  if (!have_bound || !have_replication) return bad("needs hash_bound and replication");
+  *out = result;
+  return Status::OK();
+}
+
+Status RingSettings::CheckSame(const RingSettings& ring) const {
+  if (hash_bound != ring.hash_bound) {
+    return Status::InvalidArgument("cluster.hash_bound: this instance has " +
+                                   std::to_string(hash_bound) + ", the ring has " +
+                                   std::to_string(ring.hash_bound));
+  }
+  if (replication != ring.replication) {
+    return Status::InvalidArgument("cluster.replication: this instance has " + replication +
+                                   ", the ring has " + ring.replication);
+  }
+  return Status::OK();
+}
+
+std::shared_ptr<const Ring> Ring::Make(int64_t version, RingSettings settings,
+                                       std::vector<int64_t> marks,
+                                       std::vector<Registration> registrations) {
+  for (const Registration& r : registrations) marks.push_back(r.mark);
+  std::sort(marks.begin(), marks.end());
+  marks.erase(std::unique(marks.begin(), marks.end()), marks.end());
+  // Chain order: registration order, so a member that registers again
+  // (larger czxid) rejoins at the tail. The address breaks ties only to keep
+  // every instance's view identical.
+  std::sort(registrations.begin(), registrations.end(),
+            [](const Registration& a, const Registration& b) {
+              if (a.member.czxid != b.member.czxid) return a.member.czxid < b.member.czxid;
+              return a.member.address() < b.member.address();
+            });
+  std::shared_ptr<Ring> ring(new Ring());
+  ring->version_ = version;
+  ring->settings_ = std::move(settings);
+  ring->partitions_.reserve(marks.size());
+  for (int64_t m : marks) ring->partitions_.push_back(Partition{m, {}});
+  for (Registration& r : registrations) {
+    Partition* p = const_cast<Partition*>(ring->Find(r.mark));
+    // The same address registered twice (a stale node not yet expired)
+    // serves once, at its oldest position.
+    if (std::find(p->chain.begin(), p->chain.end(), r.member) == p->chain.end()) {
+      p->chain.push_back(std::move(r.member));
+    }
+  }
+  return ring;
+}
+
+std::shared_ptr<const Ring> Ring::Standalone(const std::string& host, int port) {
+  return Make(0, RingSettings{}, {0}, {Registration{0, Member{host, port, 0}}});
+}
+
+size_t Ring::OwnerIndex(int64_t h) const {
+  // The first mark greater than h; past the last mark the ring wraps to N0.
+  auto it = std::upper_bound(partitions_.begin(), partitions_.end(), h,
+                             [](int64_t v, const Partition& p) { return v < p.mark; });
+  return it == partitions_.end() ? 0 : static_cast<size_t>(it - partitions_.begin());
+}
+
+const Partition* Ring::Find(int64_t mark) const {
+  auto it = std::lower_bound(partitions_.begin(), partitions_.end(), mark,
+                             [](const Partition& p, int64_t v) { return p.mark < v; });
+  return it != partitions_.end() && it->mark == mark ? &*it : nullptr;
+}
+
+int64_t Ring::HashString(std::string_view key, int64_t hash_bound) {
+  const uint64_t h = XXH64(key.data(), key.size(), 0);
+  return static_cast<int64_t>(h % static_cast<uint64_t>(hash_bound));
+}
+
+std::vector<HashRange> Ring::KeyOrder() const {
+  std::vector<HashRange> out;
+  if (partitions_.empty()) return out;
+  const auto add = [&out](int64_t lo, int64_t hi, size_t owner) {
+    if (!out.empty() && out.back().partition == owner && out.back().hi + 1 == lo) {
+      out.back().hi = hi;
+    } else {
+      out.push_back(HashRange{lo, hi, owner});
+    }
+  };
+  // Below N0 belongs to N0; [N(i-1), Ni - 1] to Ni; from Np up to N0 again.
+  if (partitions_[0].mark > INT64_MIN) add(INT64_MIN, partitions_[0].mark - 1, 0);
+  for (size_t i = 1; i < partitions_.size(); ++i) {
+    add(partitions_[i - 1].mark, partitions_[i].mark - 1, i);
+  }
+  add(partitions_.back().mark, INT64_MAX, 0);
+  return out;
+}
+
+HashRange Ring::RangeOf(int64_t h) const {
+  // The pieces are few (marks + 1); a linear walk keeps this obviously right.
+  for (const HashRange& r : KeyOrder()) {
+    if (h >= r.lo && h <= r.hi) return r;
+  }
+  return HashRange{INT64_MIN, INT64_MAX, 0};  // unreachable for a non-empty ring
+}
+
+std::string Ring::RoleOf(int64_t mark, std::string_view address) const {
+  const Partition* p = Find(mark);
+  if (p == nullptr) return "";
+  for (size_t i = 0; i < p->chain.size(); ++i) {
+    if (p->chain[i].address() != address) continue;
+    if (p->chain.size() == 1) return "single";
+    if (i == 0) return "head";
+    return i + 1 == p->chain.size() ? "tail" : "middle";
+  }
+  return "";
+}
+
+std::string Ring::ToString() const {
+  std::string out;
+  for (const Partition& p : partitions_) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string(p.mark) + "=[";
+    for (size_t i = 0; i < p.chain.size(); ++i) {
+      if (i > 0) out += ',';
+      out += p.chain[i].address();
+    }
+    out += ']';
+  }
+  return out;
+}
+
+std::string MemberNodeName(int64_t mark, std::string_view address) {
+  return std::string(kMemberPrefix) + std::to_string(mark) + ":" + std::string(address);
+}
+
+bool ParseMemberNode(std::string_view name, int64_t* mark, std::string* host, int* port) {
+  const std::string_view prefix = kMemberPrefix;
+  if (name.substr(0, prefix.size()) != prefix) return false;
+  name.remove_prefix(prefix.size());
+  const size_t colon = name.find(':');
+  if (colon == std::string_view::npos || !ParseI64(name.substr(0, colon), mark)) return false;
+  return ParseHostPort(name.substr(colon + 1), "member", host, port).ok();
+}
+
+Status ParseHostPort(std::string_view text, std::string_view what, std::string* host, int* port) {
+  // The port follows the last ':' so an IPv6 address in brackets works too.
+  const size_t colon = text.rfind(':');
+  int64_t p = 0;
+  if (colon == std::string_view::npos || colon == 0 ||
+      !ParseI64(text.substr(colon + 1), &p) || p < 1 || p > 65535) {
+    return Status::InvalidArgument(std::string(what) + ": '" + std::string(text) +
+                                   "' is not host:port (port 1-65535)");
+  }
+  host->assign(text.substr(0, colon));
+  *port = static_cast<int>(p);
+  return Status::OK();
+}
+
+}  // namespace flatkv::partition
