@@ -185,11 +185,13 @@ std::vector<HashRange> Ring::KeyOrder() const {
 }
 
 HashRange Ring::RangeOf(int64_t h) const {
-  // The pieces are few (marks + 1); a linear walk keeps this obviously right.
-  for (const HashRange& r : KeyOrder()) {
-    if (h >= r.lo && h <= r.hi) return r;
-  }
-  return HashRange{INT64_MIN, INT64_MAX, 0};  // unreachable for a non-empty ring
+  // The same ranges as KeyOrder(), without building them (this runs for
+  // every key a peer call carries).
+  const size_t i = OwnerIndex(h);
+  if (partitions_.size() == 1) return HashRange{INT64_MIN, INT64_MAX, 0};
+  if (i > 0) return HashRange{partitions_[i - 1].mark, partitions_[i].mark - 1, i};
+  if (h < partitions_[0].mark) return HashRange{INT64_MIN, partitions_[0].mark - 1, 0};
+  return HashRange{partitions_.back().mark, INT64_MAX, 0};
 }
 
 std::string Ring::RoleOf(int64_t mark, std::string_view address) const {

@@ -124,7 +124,8 @@ class Ring {
   // [INT64_MIN, 9] -> 10, [10, 19] -> 20, [20, INT64_MAX] -> 10.
   // A ring-wide key-order scan walks these. Empty for an empty ring.
   std::vector<HashRange> KeyOrder() const;
-  // The range of KeyOrder() that holds "h".
+  // The range of KeyOrder() that holds "h" (the ring must not be empty).
+  // O(log marks).
   HashRange RangeOf(int64_t h) const;
 
   // "single", "head", "middle" or "tail" for the member at "address" in

@@ -232,3 +232,26 @@ TEST_CASE("Ring settings round-trip through JSON and a difference names the key"
     CHECK(RingSettings::FromJson(bad, &parsed).IsInvalidArgument());
   }
 }
+
+TEST_CASE("RangeOf gives the key-order range holding a hash, for random rings", "[partition][ring]") {
+  std::mt19937_64 rng(3);
+  for (int round = 0; round < 200; ++round) {
+    std::set<int64_t> marks;
+    const size_t n = 1 + rng() % 6;
+    while (marks.size() < n) {
+      const int64_t pick[] = {INT64_MIN, INT64_MAX, 0, static_cast<int64_t>(rng() % 100) - 50,
+                              static_cast<int64_t>(rng())};
+      marks.insert(pick[rng() % 5]);
+    }
+    auto ring = Marks(std::vector<int64_t>(marks.begin(), marks.end()));
+    const auto ranges = ring->KeyOrder();
+    for (const HashRange& r : ranges) {
+      for (int64_t h : {r.lo, r.hi}) {
+        const HashRange got = ring->RangeOf(h);
+        REQUIRE(got.lo == r.lo);
+        REQUIRE(got.hi == r.hi);
+        REQUIRE(got.partition == r.partition);
+      }
+    }
+  }
+}
