@@ -202,4 +202,13 @@ Status Client::Stats(std::map<std::string, int64_t>* stats) {
   return Invoke("stats", true, [&](rpc::FlatKVClient& c) { c.stats(*stats); });
 }
 
+Status Client::Ring(rpc::RingInfo* ring) {
+  return Invoke("ring", true, [&](rpc::FlatKVClient& c) { c.ring(*ring); });
+}
+
+Status Client::Call(const char* method, bool idempotent,
+                    const std::function<void(rpc::FlatKVClient&)>& call) {
+  return Invoke(method, idempotent, call);
+}
+
 }  // namespace flatkv::client

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -93,6 +94,17 @@ class Client {
   Status GetCompactionStatus(rpc::CompactionStatus* status);
   Status Info(rpc::NodeInfo* info);
   Status Stats(std::map<std::string, int64_t>* stats);
+  // The ring as the server sees it (one partition of mark 0 standalone).
+  Status Ring(rpc::RingInfo* ring);
+
+  // Runs "call" with the generated client of this connection, with the same
+  // connection handling and Status mapping as the calls above; retried once
+  // on a fresh connection only if "idempotent" (see the file comment). For
+  // the methods this class does not wrap, such as the calls between
+  // instances, and for sending several calls before reading their answers
+  // (send_x here, recv_x in a second Call with idempotent = false).
+  Status Call(const char* method, bool idempotent,
+              const std::function<void(rpc::FlatKVClient&)>& call);
 
  private:
   struct Connection;

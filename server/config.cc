@@ -7,6 +7,8 @@
 // a default in place.
 #include "server/config.h"
 
+#include "partition/ring.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -214,14 +216,34 @@ const std::vector<Key>& Schema() {
        Str([](Config* c) { return &c->cluster.zookeeper; }, {}, "cluster.zookeeper")},
       {"cluster.service_path", "/flatkv", "ZooKeeper path instances register under",
        Str([](Config* c) { return &c->cluster.service_path; }, {}, "cluster.service_path")},
-      {"cluster.mark", "0", "this instance's ring position",
-       Int<int64_t>([](Config* c) { return &c->cluster.mark; }, 0, kI64Max,
+      {"cluster.mark", "0",
+       "this instance's ring position (any i64): it owns hashes from the next lower mark up to "
+       "this one, exclusive",
+       Int<int64_t>([](Config* c) { return &c->cluster.mark; }, kI64Min, kI64Max,
                     "cluster.mark")},
-      {"cluster.advertise", "", "host:port other instances and clients reach this one at",
+      {"cluster.advertise", "",
+       "host:port other instances and clients reach this one at; empty = server.host:server.port "
+       "(a wildcard host is refused)",
        Str([](Config* c) { return &c->cluster.advertise; }, {}, "cluster.advertise")},
-      {"cluster.replication", "async", "async | sync (chain replication)",
+      {"cluster.replication", "sync",
+       "sync (chain replication: the tail acknowledges) | async (the head acknowledges); "
+       "ring-wide",
        Str([](Config* c) { return &c->cluster.replication; }, {"async", "sync"},
            "cluster.replication")},
+      {"cluster.hash_bound", "9223372036854775807",
+       "string keys hash to XXH64(key, seed 0) mod this; ring-wide",
+       Int<int64_t>([](Config* c) { return &c->cluster.hash_bound; }, 1, kI64Max,
+                    "cluster.hash_bound")},
+      {"cluster.session_timeout_ms", "6000",
+       "ZooKeeper session timeout: a member that dies leaves the ring after about this long",
+       Int<int>([](Config* c) { return &c->cluster.session_timeout_ms; }, 100, 3600000,
+                "cluster.session_timeout_ms")},
+      {"cluster.peer_token", "", "token every call between instances carries; empty = none",
+       Str([](Config* c) { return &c->cluster.peer_token; }, {}, "cluster.peer_token")},
+      {"cluster.peer_timeout_ms", "2000",
+       "connect and I/O timeout of a call forwarded to another instance",
+       Int<int>([](Config* c) { return &c->cluster.peer_timeout_ms; }, 10, 600000,
+                "cluster.peer_timeout_ms")},
   };
   return keys;
 }
@@ -255,6 +277,41 @@ Status Flatten(const YAML::Node& node, const std::string& prefix,
     } else {
       return Status::InvalidArgument(name + ": expected a single value");
     }
+  }
+  return Status::OK();
+}
+
+// The cluster keys that need more than a range check; fills in the
+// default advertise address.
+Status CheckCluster(Config* config) {
+  ClusterOptions& cl = config->cluster;
+  std::string host;
+  int port = 0;
+  size_t start = 0;
+  while (start <= cl.zookeeper.size()) {  // host:port,host:port
+    const size_t comma = std::min(cl.zookeeper.find(',', start), cl.zookeeper.size());
+    FLATKV_RETURN_IF_ERROR(partition::ParseHostPort(
+        std::string_view(cl.zookeeper).substr(start, comma - start), "cluster.zookeeper", &host,
+        &port));
+    start = comma + 1;
+  }
+  if (cl.service_path.empty() || cl.service_path[0] != '/' ||
+      (cl.service_path.size() > 1 && cl.service_path.back() == '/') ||
+      cl.service_path.find("//") != std::string::npos) {
+    return Bad("cluster.service_path",
+               "'" + cl.service_path + "' is not an absolute ZooKeeper path such as /flatkv");
+  }
+  if (cl.advertise.empty()) {
+    if (config->server.port == 0) {
+      return Bad("cluster.advertise", "server.port is 0 (any): set a port or cluster.advertise");
+    }
+    cl.advertise = config->server.host + ":" + std::to_string(config->server.port);
+  }
+  FLATKV_RETURN_IF_ERROR(partition::ParseHostPort(cl.advertise, "cluster.advertise", &host, &port));
+  if (host == "0.0.0.0" || host == "::" || host == "[::]" || host == "*") {
+    return Bad("cluster.advertise",
+               "'" + cl.advertise + "' has a wildcard host that other instances cannot reach; "
+               "set cluster.advertise to this machine's address");
   }
   return Status::OK();
 }
@@ -294,8 +351,11 @@ Status LoadConfig(const std::string& path, const std::vector<std::string>& overr
     config->server.io_threads =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency() / 2));
   }
+  // A ring member forwards calls for other partitions with a blocking call
+  // to the owner: a worker pool keeps that off the I/O threads.
   if (config->server.workers < 0) {
-    config->server.workers = config->storage.sync == engine::SyncMode::kAlways ? 16 : 0;
+    config->server.workers =
+        config->storage.sync == engine::SyncMode::kAlways || config->cluster.enabled() ? 16 : 0;
   }
   if (config->storage.key_min >= config->storage.key_max) {
     return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");
@@ -303,6 +363,7 @@ Status LoadConfig(const std::string& path, const std::vector<std::string>& overr
   if (config->server.http_port != 0 && config->server.http_port == config->server.port) {
     return Status::InvalidArgument("server.http_port: must differ from server.port");
   }
+  if (config->cluster.enabled()) FLATKV_RETURN_IF_ERROR(CheckCluster(config));
   return Status::OK();
 }
 

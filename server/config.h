@@ -31,12 +31,22 @@ struct ServerOptions {
   int http_port = 0;                       // /metrics, /health, /kv; 0 = off
 };
 
+// The cluster.* keys (shared/DESIGN.md, "Cluster"). With zookeeper empty
+// the instance is standalone and none of the rest is used.
 struct ClusterOptions {
-  std::string zookeeper;                   // empty = standalone
+  std::string zookeeper;                   // "host:port,..."; empty = standalone
   std::string service_path = "/flatkv";
-  int64_t mark = 0;
-  std::string advertise;                   // host:port others reach us at
-  std::string replication = "async";       // async | sync
+  int64_t mark = 0;                        // any i64
+  std::string advertise;                   // host:port others reach us at;
+                                           // LoadConfig fills in
+                                           // server.host:server.port
+  std::string replication = "sync";        // sync (chain replication) | async
+  int64_t hash_bound = INT64_MAX;          // string key hash = XXH64 mod this
+  int session_timeout_ms = 6000;           // ZooKeeper session timeout
+  std::string peer_token;                  // carried by calls between instances
+  int peer_timeout_ms = 2000;              // connect and I/O timeout of a forwarded call
+
+  bool enabled() const { return !zookeeper.empty(); }
 };
 
 struct Config {

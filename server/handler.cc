@@ -7,29 +7,12 @@ namespace {
 
 constexpr const char* kMethodNames[] = {
     "get", "put", "remove", "append", "multiGet", "multiPut", "scan", "scanLog", "sget", "sput",
-    "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats"};
+    "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats",
+    "ring", "peerGet", "peerPut", "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
+    "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove"};
 
 // Room a frame needs beside the value: the call's name, sequence id, fields.
 constexpr uint64_t kFrameOverhead = 4096;
-
-rpc::KvError MakeError(rpc::ErrorCode::type code, const std::string& message) {
-  rpc::KvError e;
-  e.code = code;
-  e.message = message;
-  return e;
-}
-
-// Constant-time comparison, so the token cannot be guessed byte by byte.
-bool SameToken(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
 
 // Moves engine pairs into the wire's.
 void ToPairs(std::vector<engine::KeyValue>* in, std::vector<rpc::KvPair>* out) {
@@ -42,12 +25,22 @@ void ToPairs(std::vector<engine::KeyValue>* in, std::vector<rpc::KvPair>* out) {
 
 }  // namespace
 
+rpc::KvError MakeError(rpc::ErrorCode::type code, const std::string& message) {
+  rpc::KvError e;
+  e.code = code;
+  e.message = message;
+  return e;
+}
+
 void ThrowKvError(const Status& status) {
   rpc::ErrorCode::type code = rpc::ErrorCode::STORAGE_ERROR;
   if (status.IsKeyOutOfRange()) code = rpc::ErrorCode::KEY_OUT_OF_RANGE;
   if (status.IsValueTooLarge()) code = rpc::ErrorCode::VALUE_TOO_LARGE;
   if (status.IsInvalidArgument()) code = rpc::ErrorCode::INVALID_ARGUMENT;
   if (status.IsBusy()) code = rpc::ErrorCode::OVERLOADED;
+  if (status.IsNotOwner()) code = rpc::ErrorCode::NOT_OWNER;
+  if (status.IsUnauthorized()) code = rpc::ErrorCode::UNAUTHORIZED;
+  if (status.IsUnavailable()) code = rpc::ErrorCode::UNAVAILABLE;
   // The code travels as ErrorCode: the message is the reason alone.
   throw MakeError(code, status.message());
 }
@@ -60,24 +53,14 @@ Handler::Handler(engine::Store* store, engine::cache::WriteBackCache* cache, con
                                           config.server.max_frame_bytes - kFrameOverhead)),
       started_(std::chrono::steady_clock::now()) {}
 
-template <typename Body>
-void Handler::Run(Method method, Body&& body) {
-  calls_[method].fetch_add(1, std::memory_order_relaxed);
-  ScopedLatency timer(&latency_[method]);  // records on every exit, error or not
-  try {
-    body();
-  } catch (const rpc::KvError&) {
-    errors_[method].fetch_add(1, std::memory_order_relaxed);
-    throw;
-  } catch (const std::exception& e) {
-    errors_[method].fetch_add(1, std::memory_order_relaxed);
-    spdlog::error("{}: {}", kMethodNames[method], e.what());
-    throw MakeError(rpc::ErrorCode::STORAGE_ERROR, std::string(kMethodNames[method]) + ": " + e.what());
-  } catch (...) {
-    errors_[method].fetch_add(1, std::memory_order_relaxed);
-    throw MakeError(rpc::ErrorCode::STORAGE_ERROR,
-                    std::string(kMethodNames[method]) + ": unexpected failure");
+rpc::KvError Handler::Unexpected(Method method, const char* what) {
+  errors_[method].fetch_add(1, std::memory_order_relaxed);
+  if (what == nullptr) {
+    return MakeError(rpc::ErrorCode::STORAGE_ERROR,
+                     std::string(kMethodNames[method]) + ": unexpected failure");
   }
+  spdlog::error("{}: {}", kMethodNames[method], what);
+  return MakeError(rpc::ErrorCode::STORAGE_ERROR, std::string(kMethodNames[method]) + ": " + what);
 }
 
 void Handler::CheckValue(size_t size) const {
@@ -95,27 +78,134 @@ void Handler::CheckAdmin(const std::string& token) const {
   }
 }
 
+void Handler::LocalGet(rpc::GetResult& result, int64_t key) {
+  Status st = cache_->Get(key, &result.value);
+  if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+  result.found = st.ok();
+}
+
+void Handler::LocalPut(int64_t key, const std::string& value) {
+  CheckValue(value.size());
+  Status st = cache_->Put(key, value);
+  if (!st.ok()) ThrowKvError(st);
+}
+
+bool Handler::LocalRemove(int64_t key) {
+  bool existed = false;
+  Status st = cache_->Remove(key, &existed);
+  if (!st.ok()) ThrowKvError(st);
+  return existed;
+}
+
+void Handler::LocalAppend(int64_t key, const std::string& value) {
+  CheckValue(value.size());
+  Status st = cache_->Append(key, value);
+  if (!st.ok()) ThrowKvError(st);
+}
+
+void Handler::LocalMultiGet(std::vector<rpc::GetResult>& result,
+                            const std::vector<int64_t>& keys) {
+  // One pass through the cache: each shard locked once, misses read from
+  // the Store.
+  std::vector<std::string> values;
+  std::vector<bool> found;
+  Status st = cache_->GetBatch(keys, &values, &found);
+  if (!st.ok()) ThrowKvError(st);
+  result.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    result[i].found = found[i];
+    result[i].value = std::move(values[i]);
+  }
+}
+
+void Handler::LocalMultiPut(const std::vector<rpc::KvPair>& pairs) {
+  // One pass: every pair is checked first (all or nothing), then the
+  // cache writes them as one batch (one engine write per data file).
+  std::vector<engine::KeyValueRef> batch(pairs.size());
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    CheckValue(pairs[i].value.size());
+    batch[i] = {pairs[i].key, pairs[i].value};
+  }
+  Status st = cache_->PutBatch(batch);
+  if (!st.ok()) ThrowKvError(st);
+}
+
+void Handler::LocalScan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse,
+                        int64_t lo, int64_t hi) {
+  if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
+  // Async writes still in the cache must be visible to scans too.
+  Status st = cache_->Flush();
+  if (!st.ok()) ThrowKvError(st);
+  std::vector<engine::KeyValue> out;
+  int64_t next = 0;
+  bool done = false;
+  st = store_->Scan(from, reverse, static_cast<size_t>(limit), lo, hi, &out, &next, &done);
+  if (!st.ok()) ThrowKvError(st);
+  ToPairs(&out, &result.pairs);
+  result.done = done;
+  result.nextKey = next;
+}
+
+void Handler::LocalScanLog(rpc::LogScanResult& result, const std::string& cursor,
+                           int32_t limit) {
+  if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
+  Status st = cache_->Flush();
+  if (!st.ok()) ThrowKvError(st);
+  std::vector<engine::KeyValue> out;
+  bool done = false;
+  st = store_->ScanLog(cursor, static_cast<size_t>(limit), &out, &result.cursor, &done);
+  if (!st.ok()) ThrowKvError(st);
+  ToPairs(&out, &result.pairs);
+  result.done = done;
+}
+
+// String keys go through the cache too, in the same write mode.
+void Handler::LocalSGet(rpc::GetResult& result, const std::string& key) {
+  Status st = cache_->SGet(key, &result.value);
+  if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+  result.found = st.ok();
+}
+
+void Handler::LocalSPut(const std::string& key, const std::string& value) {
+  CheckValue(value.size());
+  Status st = cache_->SPut(key, value);
+  if (!st.ok()) ThrowKvError(st);
+}
+
+bool Handler::LocalSRemove(const std::string& key) {
+  bool existed = false;
+  Status st = cache_->SRemove(key, &existed);
+  if (!st.ok()) ThrowKvError(st);
+  return existed;
+}
+
+// The client methods: served here standalone, routed in a ring
+// (handler_cluster.cc).
 void Handler::get(rpc::GetResult& result, int64_t key) {
   Run(kGet, [&] {
-    Status st = cache_->Get(key, &result.value);
-    if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
-    result.found = st.ok();
+    Routed(
+        key, false, "peerGet", true, [&] { LocalGet(result, key); },
+        [&](rpc::FlatKVClient& c, const rpc::PeerContext& ctx) { c.peerGet(result, ctx, key); });
   });
 }
 
 void Handler::put(int64_t key, const std::string& value) {
   Run(kPut, [&] {
     CheckValue(value.size());
-    Status st = cache_->Put(key, value);
-    if (!st.ok()) ThrowKvError(st);
+    Routed(
+        key, true, "peerPut", true, [&] { LocalPut(key, value); },
+        [&](rpc::FlatKVClient& c, const rpc::PeerContext& ctx) { c.peerPut(ctx, key, value); });
   });
 }
 
 bool Handler::remove(int64_t key) {
   bool existed = false;
   Run(kRemove, [&] {
-    Status st = cache_->Remove(key, &existed);
-    if (!st.ok()) ThrowKvError(st);
+    Routed(
+        key, true, "peerRemove", true, [&] { existed = LocalRemove(key); },
+        [&](rpc::FlatKVClient& c, const rpc::PeerContext& ctx) {
+          existed = c.peerRemove(ctx, key);
+        });
   });
   return existed;
 }
@@ -123,94 +213,67 @@ bool Handler::remove(int64_t key) {
 void Handler::append(int64_t key, const std::string& value) {
   Run(kAppend, [&] {
     CheckValue(value.size());
-    Status st = cache_->Append(key, value);
-    if (!st.ok()) ThrowKvError(st);
+    // Never retried on a fresh connection: it is not idempotent.
+    Routed(
+        key, true, "peerAppend", false, [&] { LocalAppend(key, value); },
+        [&](rpc::FlatKVClient& c, const rpc::PeerContext& ctx) { c.peerAppend(ctx, key, value); });
   });
 }
 
 void Handler::multiGet(std::vector<rpc::GetResult>& result, const std::vector<int64_t>& keys) {
   Run(kMultiGet, [&] {
-    // One pass through the cache: each shard locked once, misses read from
-    // the Store.
-    std::vector<std::string> values;
-    std::vector<bool> found;
-    Status st = cache_->GetBatch(keys, &values, &found);
-    if (!st.ok()) ThrowKvError(st);
-    result.resize(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) {
-      result[i].found = found[i];
-      result[i].value = std::move(values[i]);
-    }
+    if (cluster_ == nullptr) return LocalMultiGet(result, keys);
+    RingMultiGet(result, keys);
   });
 }
 
 void Handler::multiPut(const std::vector<rpc::KvPair>& pairs) {
   Run(kMultiPut, [&] {
-    // One pass: every pair is checked first (all or nothing), then the
-    // cache writes them as one batch (one engine write per data file).
-    std::vector<engine::KeyValueRef> batch(pairs.size());
-    for (size_t i = 0; i < pairs.size(); ++i) {
-      CheckValue(pairs[i].value.size());
-      batch[i] = {pairs[i].key, pairs[i].value};
-    }
-    Status st = cache_->PutBatch(batch);
-    if (!st.ok()) ThrowKvError(st);
+    for (const rpc::KvPair& p : pairs) CheckValue(p.value.size());
+    if (cluster_ == nullptr) return LocalMultiPut(pairs);
+    RingMultiPut(pairs);
   });
 }
 
 void Handler::scan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse) {
   Run(kScan, [&] {
-    if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
-    // Async writes still in the cache must be visible to scans too.
-    Status st = cache_->Flush();
-    if (!st.ok()) ThrowKvError(st);
-    std::vector<engine::KeyValue> out;
-    int64_t next = 0;
-    bool done = false;
-    st = store_->Scan(from, reverse, static_cast<size_t>(limit), &out, &next, &done);
-    if (!st.ok()) ThrowKvError(st);
-    ToPairs(&out, &result.pairs);
-    result.done = done;
-    result.nextKey = next;
+    if (cluster_ == nullptr) return LocalScan(result, from, limit, reverse, INT64_MIN, INT64_MAX);
+    RingScan(result, from, limit, reverse);
   });
 }
 
 void Handler::scanLog(rpc::LogScanResult& result, const std::string& cursor, int32_t limit) {
   Run(kScanLog, [&] {
-    if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
-    Status st = cache_->Flush();
-    if (!st.ok()) ThrowKvError(st);
-    std::vector<engine::KeyValue> out;
-    bool done = false;
-    st = store_->ScanLog(cursor, static_cast<size_t>(limit), &out, &result.cursor, &done);
-    if (!st.ok()) ThrowKvError(st);
-    ToPairs(&out, &result.pairs);
-    result.done = done;
+    if (cluster_ == nullptr) return LocalScanLog(result, cursor, limit);
+    RingScanLog(result, cursor, limit);
   });
 }
 
-// String keys go through the cache too, in the same write mode.
 void Handler::sget(rpc::GetResult& result, const std::string& key) {
   Run(kSGet, [&] {
-    Status st = cache_->SGet(key, &result.value);
-    if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
-    result.found = st.ok();
+    Routed(
+        StringHash(key), false, "peerSGet", true, [&] { LocalSGet(result, key); },
+        [&](rpc::FlatKVClient& c, const rpc::PeerContext& ctx) { c.peerSGet(result, ctx, key); });
   });
 }
 
 void Handler::sput(const std::string& key, const std::string& value) {
   Run(kSPut, [&] {
     CheckValue(value.size());
-    Status st = cache_->SPut(key, value);
-    if (!st.ok()) ThrowKvError(st);
+    Routed(
+        StringHash(key), true, "peerSPut", true, [&] { LocalSPut(key, value); },
+        [&](rpc::FlatKVClient& c, const rpc::PeerContext& ctx) { c.peerSPut(ctx, key, value); });
   });
 }
 
 bool Handler::sremove(const std::string& key) {
   bool existed = false;
   Run(kSRemove, [&] {
-    Status st = cache_->SRemove(key, &existed);
-    if (!st.ok()) ThrowKvError(st);
+    Routed(
+        StringHash(key), true, "peerSRemove", true, [&] { existed = LocalSRemove(key); },
+        [&](rpc::FlatKVClient& c, const rpc::PeerContext& ctx) {
+          existed = c.peerSRemove(ctx, key);
+        });
   });
   return existed;
 }
@@ -265,7 +328,7 @@ void Handler::info(rpc::NodeInfo& result) {
     result.mark = config_.cluster.mark;
     result.keyMin = config_.storage.key_min;
     result.keyMax = config_.storage.key_max;
-    result.role = "standalone";
+    result.role = cluster_ != nullptr ? cluster_->role() : "standalone";
     result.writeMode = cache_->mode() == engine::cache::WriteMode::kSafe ? rpc::WriteMode::SAFE
                                                                           : rpc::WriteMode::ASYNC;
     result.uptimeSeconds = std::chrono::duration_cast<std::chrono::seconds>(
@@ -296,6 +359,7 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["engine.bytes_appended"] = static_cast<int64_t>(e.bytes_appended);
   result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
   result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
+  if (cluster_ != nullptr) cluster_->AddStats(&result);
   if (server_stats_) server_stats_(&result);
 }
 

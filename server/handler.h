@@ -5,6 +5,11 @@
 // TApplicationException). Counters per method feed stats(); latency
 // histograms per method feed GET /metrics.
 //
+// In a ring (SetCluster) every data method is served here only for the keys
+// this instance's mark owns and forwarded to the owner otherwise
+// (handler_cluster.cc: Routed(), the Ring* methods); the peer* methods are
+// the forwarded calls, served only when this mark owns the key.
+//
 // Thread safety: called from the server's worker threads concurrently; the
 // Store and the cache are thread-safe, counters are atomics.
 #pragma once
@@ -19,6 +24,7 @@
 #include "FlatKV.h"
 #include "engine/cache/write_back.h"
 #include "engine/store.h"
+#include "server/cluster.h"
 #include "server/config.h"
 #include "server/metrics.h"
 
@@ -45,6 +51,32 @@ class Handler : public rpc::FlatKVIf {
   void compactionStatus(rpc::CompactionStatus& result) override;
   void info(rpc::NodeInfo& result) override;
   void stats(std::map<std::string, int64_t>& result) override;
+  void ring(rpc::RingInfo& result) override;
+
+  void peerGet(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) override;
+  void peerPut(const rpc::PeerContext& ctx, int64_t key, const std::string& value) override;
+  bool peerRemove(const rpc::PeerContext& ctx, int64_t key) override;
+  void peerAppend(const rpc::PeerContext& ctx, int64_t key, const std::string& value) override;
+  void peerMultiGet(std::vector<rpc::GetResult>& result, const rpc::PeerContext& ctx,
+                    const std::vector<int64_t>& keys) override;
+  void peerMultiPut(const rpc::PeerContext& ctx, const std::vector<rpc::KvPair>& pairs) override;
+  void peerScan(rpc::ScanResult& result, const rpc::PeerContext& ctx, int64_t from, int32_t limit,
+                bool reverse, int64_t lo, int64_t hi) override;
+  void peerScanLog(rpc::LogScanResult& result, const rpc::PeerContext& ctx,
+                   const std::string& cursor, int32_t limit) override;
+  void peerSGet(rpc::GetResult& result, const rpc::PeerContext& ctx,
+                const std::string& key) override;
+  void peerSPut(const rpc::PeerContext& ctx, const std::string& key,
+                const std::string& value) override;
+  bool peerSRemove(const rpc::PeerContext& ctx, const std::string& key) override;
+
+  // Empty when data calls can be served; else why not (a ring member that
+  // has not reached ZooKeeper yet), for /health.
+  std::string NotReady() const;
+
+  // Makes this handler a member of a ring: set once before serving; null
+  // (the default) is standalone. The Cluster outlives the handler's calls.
+  void SetCluster(Cluster* cluster) { cluster_ = cluster; }
 
   // Adds the server's own counters (connections, overload) to stats();
   // set once before serving.
@@ -68,15 +100,49 @@ class Handler : public rpc::FlatKVIf {
   enum Method {
     kGet, kPut, kRemove, kAppend, kMultiGet, kMultiPut, kScan, kScanLog, kSGet, kSPut,
     kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
-    kMethods
+    kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
+    kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kMethods
   };
   // Runs "body" for "method": counts and times the call, turns a non-OK
   // Status into a KvError, and anything thrown other than KvError into
   // STORAGE_ERROR.
   template <typename Body>
   void Run(Method method, Body&& body);
+  // Counts and logs a failure other than KvError; the KvError to throw.
+  rpc::KvError Unexpected(Method method, const char* what);
   void CheckValue(size_t size) const;
   void CheckAdmin(const std::string& token) const;
+
+  // This instance's own data, whatever the ring says; each throws KvError.
+  void LocalGet(rpc::GetResult& result, int64_t key);
+  void LocalPut(int64_t key, const std::string& value);
+  bool LocalRemove(int64_t key);
+  void LocalAppend(int64_t key, const std::string& value);
+  void LocalMultiGet(std::vector<rpc::GetResult>& result, const std::vector<int64_t>& keys);
+  void LocalMultiPut(const std::vector<rpc::KvPair>& pairs);
+  // Keys in [lo, hi] only.
+  void LocalScan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse, int64_t lo,
+                 int64_t hi);
+  void LocalScanLog(rpc::LogScanResult& result, const std::string& cursor, int32_t limit);
+  void LocalSGet(rpc::GetResult& result, const std::string& key);
+  void LocalSPut(const std::string& key, const std::string& value);
+  bool LocalSRemove(const std::string& key);
+
+  // In a ring (handler_cluster.cc). Routed() runs "local" if this instance
+  // serves "hash", else "remote" on a connection to the member that does;
+  // a NOT_OWNER answer re-reads the ring and routes once more. Standalone
+  // it runs "local".
+  void Routed(int64_t hash, bool write, const char* peer_method, bool idempotent,
+              const std::function<void()>& local,
+              const std::function<void(rpc::FlatKVClient&, const rpc::PeerContext&)>& remote);
+  int64_t StringHash(const std::string& key) const;
+  void RingMultiGet(std::vector<rpc::GetResult>& result, const std::vector<int64_t>& keys);
+  void RingMultiPut(const std::vector<rpc::KvPair>& pairs);
+  void RingScan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse);
+  void RingScanLog(rpc::LogScanResult& result, const std::string& cursor, int32_t limit);
+  // Throws NOT_OWNER/UNAUTHORIZED unless this mark owns every hash of
+  // [lo, hi] (a peer call's keys).
+  void CheckPeer(const rpc::PeerContext& ctx, int64_t lo, int64_t hi);
 
   engine::Store* const store_;
   engine::cache::WriteBackCache* const cache_;
@@ -87,7 +153,27 @@ class Handler : public rpc::FlatKVIf {
   std::array<std::atomic<int64_t>, kMethods> errors_{};
   std::array<LatencyHistogram, kMethods> latency_;
   std::function<void(std::map<std::string, int64_t>*)> server_stats_;
+  Cluster* cluster_ = nullptr;
 };
+
+template <typename Body>
+void Handler::Run(Method method, Body&& body) {
+  calls_[method].fetch_add(1, std::memory_order_relaxed);
+  ScopedLatency timer(&latency_[method]);  // records on every exit, error or not
+  try {
+    body();
+  } catch (const rpc::KvError&) {
+    errors_[method].fetch_add(1, std::memory_order_relaxed);
+    throw;
+  } catch (const std::exception& e) {
+    throw Unexpected(method, e.what());
+  } catch (...) {
+    throw Unexpected(method, nullptr);
+  }
+}
+
+// A KvError with "code" and "message".
+rpc::KvError MakeError(rpc::ErrorCode::type code, const std::string& message);
 
 // Throws the KvError for a non-OK status (used at the Thrift boundary only).
 [[noreturn]] void ThrowKvError(const Status& status);

@@ -466,7 +466,9 @@ void HttpServer::Route(evhttp_request* req, const std::string& path) {
   std::string rest;
   if (path == "/health") {
     if (!IsRead(cmd)) return SendMethodNotAllowed(req, "GET, HEAD");
+    const std::string unready = handler_->NotReady();
     if (stopping_.load(std::memory_order_relaxed)) SendText(req, 503, "stopping");
+    else if (!unready.empty()) SendText(req, 503, unready);
     else SendText(req, 200, "ok");
   } else if (path == "/metrics") {
     if (!IsRead(cmd)) return SendMethodNotAllowed(req, "GET, HEAD");

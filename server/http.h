@@ -1,7 +1,9 @@
 // HttpServer: the optional HTTP port of flatkv-server (server.http_port),
 // served by libevent's evhttp on one thread with its own event_base.
 //
-//   GET  /health                  200 "ok"; 503 "stopping" once shutdown began
+//   GET  /health                  200 "ok"; 503 "stopping" once shutdown began,
+//                                 503 and the reason while a ring member knows
+//                                 no ring yet (ZooKeeper not reached)
 //   GET  /metrics                 Prometheus text format 0.0.4 (flatkv_*)
 //   GET|PUT|POST|DELETE /kv/<int64>          get, put, append, remove
 //   GET|PUT|POST|DELETE /skv/<url-encoded>   the same for string keys

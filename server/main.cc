@@ -7,6 +7,7 @@
 // With server.http_port it also serves /health, /metrics and an HTTP data
 // API (server/http.h) on a thread of its own.
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <map>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +32,7 @@
 #include <thrift/transport/TNonblockingServerSocket.h>
 
 #include "server/front_processor.h"
+#include "server/cluster.h"
 #include "server/config.h"
 #include "server/event_server.h"
 #include "server/handler.h"
@@ -57,9 +60,11 @@ void Usage(FILE* out) {
 // 0 picks one). TNonblockingServer calls these from its I/O threads.
 class ServerEvents : public apache::thrift::server::TServerEventHandler {
  public:
-  explicit ServerEvents(TNonblockingServer** server) : server_(server) {}
+  ServerEvents(TNonblockingServer** server, std::function<void()> serving)
+      : server_(server), serving_(std::move(serving)) {}
   void preServe() override {
     spdlog::info("serving FlatKV on port {}", (*server_)->getListenPort());
+    serving_();
   }
   void* createContext(std::shared_ptr<apache::thrift::protocol::TProtocol>,
                       std::shared_ptr<apache::thrift::protocol::TProtocol>) override {
@@ -76,6 +81,7 @@ class ServerEvents : public apache::thrift::server::TServerEventHandler {
 
  private:
   TNonblockingServer** server_;
+  std::function<void()> serving_;
   std::atomic<int64_t> open_{0};
   std::atomic<int64_t> accepted_{0};
 };
@@ -109,11 +115,21 @@ void ThriftOutput(const char* message) {
 class ThriftPort {
  public:
   virtual ~ThriftPort() = default;
+  // Called once the port serves (a ring member registers then).
+  void OnServing(std::function<void()> fn) { on_serving_ = std::move(fn); }
   virtual flatkv::Status Run() = 0;
   virtual void Stop() = 0;
   // Sets server.connections and server.connections_accepted and adds to
   // server.protocol_errors.
   virtual void AddStats(std::map<std::string, int64_t>* out) const = 0;
+
+ protected:
+  void Serving() {
+    if (on_serving_) on_serving_();
+  }
+
+ private:
+  std::function<void()> on_serving_;
 };
 
 // Calls on the I/O threads: FlatKV's own EventServer (fewer system calls
@@ -127,6 +143,7 @@ class EventPort final : public ThriftPort {
   flatkv::Status Run() override {
     FLATKV_RETURN_IF_ERROR(server_.Start());
     spdlog::info("serving FlatKV on port {}", server_.port());
+    Serving();
     std::unique_lock<std::mutex> lock(mu_);
     stop_cv_.wait(lock, [&] { return stopping_; });
     lock.unlock();
@@ -156,7 +173,7 @@ class PoolPort final : public ThriftPort {
  public:
   PoolPort(std::shared_ptr<flatkv::server::FrontProcessor> processor,
            std::shared_ptr<ThreadManager> workers, const flatkv::server::Config& config)
-      : events_(std::make_shared<ServerEvents>(&raw_)) {
+      : events_(std::make_shared<ServerEvents>(&raw_, [this] { Serving(); })) {
     auto socket =
         std::make_shared<TNonblockingServerSocket>(config.server.host, config.server.port);
     server_ = std::make_shared<TNonblockingServer>(
@@ -245,6 +262,30 @@ int Serve(const flatkv::server::Config& config) {
     return 1;
   }
   auto handler = std::make_shared<flatkv::server::Handler>(store.get(), cache.get(), config);
+  // A ring member: the registry connects to ZooKeeper in the background;
+  // data calls answer UNAVAILABLE until a ring is known, and the member node
+  // is created once the port serves. Settings that differ from the ring's
+  // stop the server with exit code 2 (fatal_ set from the registry thread).
+  std::unique_ptr<flatkv::server::Cluster> cluster;
+  std::atomic<bool> fatal{false};
+  if (config.cluster.enabled()) {
+    st = flatkv::server::Cluster::Start(
+        config,
+        [&fatal](const flatkv::Status& why) {
+          spdlog::critical("refusing to join the ring: {}", why.message());
+          fatal.store(true);
+          kill(getpid(), SIGTERM);  // the waiter thread stops the server
+        },
+        &cluster);
+    if (!st.ok()) {
+      spdlog::critical("cannot join the ring: {}", st.ToString());
+      CloseEngine(cache.get(), store.get());
+      return kExitBadConfig;
+    }
+    handler->SetCluster(cluster.get());
+    spdlog::info("ring member: mark {} at {}, ZooKeeper {}{}", config.cluster.mark,
+                 config.cluster.advertise, config.cluster.zookeeper, config.cluster.service_path);
+  }
   // server.workers = 0: no pool; each call runs on the I/O thread that read
   // it (no hand-off between threads, no queue to overflow).
   std::shared_ptr<ThreadManager> workers;
@@ -261,6 +302,7 @@ int Serve(const flatkv::server::Config& config) {
   } else {
     port = std::make_unique<EventPort>(processor, config);
   }
+  if (cluster) port->OnServing([&cluster] { cluster->Register(); });
   // Reads objects that live until Serve() returns; the HTTP thread, the
   // only caller once the Thrift port stops, is stopped before that.
   handler->SetServerStats([&](std::map<std::string, int64_t>* out) {
@@ -291,6 +333,9 @@ int Serve(const flatkv::server::Config& config) {
     sigwait(&signals, &sig);
     spdlog::info("{}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     if (http) http->SetStopping();  // /health answers 503 from now on
+    // Leave the ring first: the member node goes at once, so the others
+    // stop routing here while this instance still answers.
+    if (cluster) cluster->Close();
     port->Stop();
   });
   spdlog::info("store {} open, cache {} ({} mode), {} I/O threads, {}", config.storage.path,
@@ -308,7 +353,9 @@ int Serve(const flatkv::server::Config& config) {
   waiter.join();
   if (http) http->Stop();  // no HTTP call may reach the cache or store past here
   if (workers) workers->stop();  // in-flight calls finish
+  if (cluster) cluster->Close();
   if (!CloseEngine(cache.get(), store.get())) code = 1;
+  if (fatal.load()) code = kExitBadConfig;
   spdlog::info("stopped cleanly");
   return code;
 }

@@ -65,9 +65,40 @@ struct NodeInfo {
   2: i64 mark,           // ring position (cluster mode; 0 standalone)
   3: i64 keyMin,
   4: i64 keyMax,
-  5: string role,        // "standalone", "head", "middle", "tail"
+  5: string role,        // standalone | single | head | middle | tail | syncing | fenced
   6: WriteMode writeMode,
   7: i64 uptimeSeconds,
+}
+
+// One instance of a ring.
+struct Member {
+  1: string host,
+  2: i32 port,
+}
+
+// The instances of one mark, ordered into a chain: head first. Empty when
+// no member serves the mark.
+struct Partition {
+  1: i64 mark,
+  2: list<Member> chain,
+}
+
+// The ring as the instance called sees it (shared/DESIGN.md, "Cluster").
+// mark Ni owns hashes [N(i-1), Ni); the first mark also owns hashes >= the
+// last mark and < itself. A standalone instance answers one partition of
+// mark 0 holding itself.
+struct RingInfo {
+  1: i64 version,        // grows with every change of the ring or a chain
+  2: i64 hashBound,      // string key hash = XXH64(key, seed 0) mod hashBound
+  3: string replication, // sync | async
+  4: list<Partition> partitions,  // by mark, ascending
+}
+
+// Carried by every call between instances (never by a client).
+struct PeerContext {
+  1: required string token,     // cluster.peer_token ("" when none is set)
+  2: required i64 ringVersion,  // the sender's ring version
+  3: required i64 mark,         // the mark the sender routed the call to
 }
 
 // Every argument is "required": a call whose argument is missing or of the
@@ -102,4 +133,26 @@ service FlatKV {
 
   NodeInfo info() throws (1: KvError err),
   map<string, i64> stats() throws (1: KvError err),
+  RingInfo ring() throws (1: KvError err),
+
+  // Calls between instances: a call forwarded by the instance a client
+  // called to the partition that owns the key. They are served only by a
+  // member of ctx.mark that owns the key in its own ring, and never
+  // forwarded again: anything else is NOT_OWNER (the sender re-reads the
+  // ring and retries once). A wrong ctx.token is UNAUTHORIZED.
+  GetResult peerGet(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
+  void peerPut(1: required PeerContext ctx, 2: required i64 key, 3: required binary value) throws (1: KvError err),
+  bool peerRemove(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
+  void peerAppend(1: required PeerContext ctx, 2: required i64 key, 3: required binary value) throws (1: KvError err),
+  list<GetResult> peerMultiGet(1: required PeerContext ctx, 2: required list<i64> keys) throws (1: KvError err),
+  void peerMultiPut(1: required PeerContext ctx, 2: required list<KvPair> pairs) throws (1: KvError err),
+  // Key order within the hash range [lo, hi] (inclusive), which ctx.mark
+  // owns whole; otherwise as scan.
+  ScanResult peerScan(1: required PeerContext ctx, 2: required i64 fromKey, 3: required i32 limit, 4: required bool reverse, 5: required i64 lo, 6: required i64 hi) throws (1: KvError err),
+  // Insertion order over this partition's store (a cursor of scanLog's
+  // standalone form).
+  LogScanResult peerScanLog(1: required PeerContext ctx, 2: required binary cursor, 3: required i32 limit) throws (1: KvError err),
+  GetResult peerSGet(1: required PeerContext ctx, 2: required binary key) throws (1: KvError err),
+  void peerSPut(1: required PeerContext ctx, 2: required binary key, 3: required binary value) throws (1: KvError err),
+  bool peerSRemove(1: required PeerContext ctx, 2: required binary key) throws (1: KvError err),
 }

@@ -1,0 +1,250 @@
+// Implementation notes
+//
+// The pool keeps idle connections per member address; a call borrows one
+// (or opens a new one), and gives it back only if the call got an answer:
+// after a network failure the connection's state is unknown. There is no cap
+// on connections per peer beyond the callers in flight (one per handler
+// thread), so the pool never makes a call wait for another.
+#include "server/cluster.h"
+
+#include <spdlog/spdlog.h>
+
+namespace flatkv::server {
+namespace {
+
+constexpr size_t kMaxIdlePerPeer = 64;
+
+}  // namespace
+
+bool SameToken(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+Status Cluster::Start(const Config& config, std::function<void(const Status&)> on_fatal,
+                      std::unique_ptr<Cluster>* result) {
+  partition::RegistryOptions options;
+  options.zookeeper = config.cluster.zookeeper;
+  options.service_path = config.cluster.service_path;
+  options.mark = config.cluster.mark;
+  options.advertise = config.cluster.advertise;
+  options.settings.hash_bound = config.cluster.hash_bound;
+  options.settings.replication = config.cluster.replication;
+  options.session_timeout_ms = config.cluster.session_timeout_ms;
+  options.on_fatal = std::move(on_fatal);
+  options.on_ring = [](std::shared_ptr<const partition::Ring> ring) {
+    spdlog::info("ring version {}: {}", ring->version(), ring->ToString());
+  };
+  std::unique_ptr<partition::Registry> registry;
+  FLATKV_RETURN_IF_ERROR(partition::Registry::Start(std::move(options), &registry));
+  result->reset(new Cluster(config, std::move(registry)));
+  return Status::OK();
+}
+
+Cluster::Cluster(const Config& config, std::unique_ptr<partition::Registry> registry)
+    : options_(config.cluster),
+      router_(config.cluster.mark),
+      advertise_(config.cluster.advertise),
+      registry_(std::move(registry)) {}
+
+Cluster::~Cluster() { Close(); }
+
+void Cluster::Register() { registry_->Register(); }
+
+void Cluster::Close() { registry_->Close(); }
+
+std::string Cluster::role() const {
+  const auto ring = registry_->ring();
+  const std::string role = ring ? ring->RoleOf(mark(), advertise_) : "";
+  return role.empty() ? "syncing" : role;
+}
+
+Status Cluster::Route(int64_t hash, bool write, Target* target) {
+  const auto ring = registry_->ring();
+  if (!ring) {
+    return Status::Unavailable("no ring known yet: ZooKeeper (" + options_.zookeeper +
+                               ") has not been reached since this instance started");
+  }
+  return RouteTo(*ring, ring->OwnerIndex(hash), write, target);
+}
+
+Status Cluster::RouteTo(const partition::Ring& ring, size_t partition, bool write,
+                        Target* target) {
+  const partition::Partition& p = ring.partitions()[partition];
+  // Until chain replication (issue 10) only the head holds a mark's data, so
+  // reads go there too.
+  (void)write;
+  const partition::Member* member = partition::Router::Target(
+      p, /*write=*/true, ring.settings().replication, spread_.fetch_add(1));
+  if (member == nullptr) {
+    return Status::Unavailable("mark " + std::to_string(p.mark) +
+                               " has no serving member (ring version " +
+                               std::to_string(ring.version()) + ")");
+  }
+  target->mark = p.mark;
+  target->address = member->address();
+  target->local = p.mark == mark() && target->address == advertise_;
+  target->context.token = options_.peer_token;
+  target->context.ringVersion = ring.version();
+  target->context.mark = p.mark;
+  return Status::OK();
+}
+
+void Cluster::Refresh() {
+  not_owner_retries_.fetch_add(1, std::memory_order_relaxed);
+  std::shared_ptr<const partition::Ring> ring;
+  Status st = registry_->Refresh(&ring);
+  if (!st.ok()) spdlog::warn("re-reading the ring: {}", st.ToString());
+}
+
+std::unique_ptr<client::Client> Cluster::Borrow(const std::string& address) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = idle_.find(address);
+    if (it != idle_.end() && !it->second.empty()) {
+      auto conn = std::move(it->second.back());
+      it->second.pop_back();
+      return conn;
+    }
+  }
+  client::ClientOptions o;
+  std::string host;
+  int port = 0;
+  if (partition::ParseHostPort(address, "member", &host, &port).ok()) {
+    o.host = host;
+    o.port = port;
+  }
+  o.connect_timeout_ms = options_.peer_timeout_ms;
+  o.timeout_ms = options_.peer_timeout_ms;
+  return std::make_unique<client::Client>(o);
+}
+
+void Cluster::Return(std::unique_ptr<client::Client> connection) {
+  if (connection->network_failed()) return;  // its state is unknown: closed
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& idle = idle_[connection->address()];
+  if (idle.size() < kMaxIdlePerPeer) idle.push_back(std::move(connection));
+}
+
+Status Cluster::PeerFailure(const Target& target, const client::Client& connection,
+                            Status st) const {
+  if (!connection.network_failed()) return st;  // the peer answered: keep its code
+  return Status::Unavailable("mark " + std::to_string(target.mark) + ": member " +
+                             target.address + " did not answer: " + st.message());
+}
+
+Status Cluster::Forward(const Target& target, const char* method, bool idempotent,
+                        const std::function<void(rpc::FlatKVClient&)>& call) {
+  CountForward(target.address);
+  auto conn = Borrow(target.address);
+  Status st = conn->Call(method, idempotent, call);
+  if (!st.ok()) {
+    if (conn->network_failed()) peer_failures_.fetch_add(1, std::memory_order_relaxed);
+    st = PeerFailure(target, *conn, st);
+  }
+  Return(std::move(conn));
+  return st;
+}
+
+void Cluster::CountForward(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++forwarded_[address];
+}
+
+Status Cluster::CheckToken(const rpc::PeerContext& context) {
+  if (options_.peer_token.empty() || SameToken(context.token, options_.peer_token)) {
+    return Status::OK();
+  }
+  unauthorized_.fetch_add(1, std::memory_order_relaxed);
+  return Status::Unauthorized("wrong cluster.peer_token on a call between instances");
+}
+
+Status Cluster::RefuseNotOwner(const rpc::PeerContext& context, const partition::Ring* ring,
+                               const std::string& why) {
+  not_owner_sent_.fetch_add(1, std::memory_order_relaxed);
+  return Status::NotOwner(why + " (this instance is mark " + std::to_string(mark()) +
+                          ", ring version " + std::to_string(ring ? ring->version() : -1) +
+                          "; the sender's ring version " + std::to_string(context.ringVersion) +
+                          ")");
+}
+
+Status Cluster::CheckPeerRange(const rpc::PeerContext& context, int64_t lo, int64_t hi) {
+  FLATKV_RETURN_IF_ERROR(CheckPeerMark(context));
+  const auto ring = registry_->ring();
+  const partition::HashRange range = ring->RangeOf(lo);
+  const int64_t owner = ring->partitions()[range.partition].mark;
+  if (owner != mark() || hi > range.hi) {
+    return RefuseNotOwner(context, ring.get(),
+                          "hash " + std::to_string(lo) + " belongs to mark " + std::to_string(owner));
+  }
+  return Status::OK();
+}
+
+Status Cluster::CheckPeerMark(const rpc::PeerContext& context) {
+  FLATKV_RETURN_IF_ERROR(CheckToken(context));
+  const auto ring = registry_->ring();
+  if (!ring) return RefuseNotOwner(context, nullptr, "no ring known yet");
+  if (context.mark != mark()) {
+    return RefuseNotOwner(context, ring.get(),
+                          "the call was routed to mark " + std::to_string(context.mark));
+  }
+  if (ring->Find(mark()) == nullptr) {
+    return RefuseNotOwner(context, ring.get(), "this mark is not in the ring yet");
+  }
+  return Status::OK();
+}
+
+void Cluster::Describe(rpc::RingInfo* info) const {
+  const auto ring = registry_->ring();
+  info->partitions.clear();
+  if (!ring) {
+    info->version = -1;
+    info->hashBound = options_.hash_bound;
+    info->replication = options_.replication;
+    return;
+  }
+  info->version = ring->version();
+  info->hashBound = ring->settings().hash_bound;
+  info->replication = ring->settings().replication;
+  for (const partition::Partition& p : ring->partitions()) {
+    rpc::Partition out;
+    out.mark = p.mark;
+    for (const partition::Member& m : p.chain) {
+      rpc::Member member;
+      member.host = m.host;
+      member.port = m.port;
+      out.chain.push_back(std::move(member));
+    }
+    info->partitions.push_back(std::move(out));
+  }
+}
+
+void Cluster::AddStats(std::map<std::string, int64_t>* out) const {
+  const partition::RegistryStats r = registry_->stats();
+  (*out)["cluster.mark"] = mark();
+  (*out)["cluster.ring_version"] = r.ring_version;
+  (*out)["cluster.members_seen"] = r.members_seen;
+  (*out)["cluster.zk_connected"] = r.connected;
+  (*out)["cluster.zk_sessions"] = r.sessions;
+  (*out)["cluster.registrations"] = r.registrations;
+  (*out)["cluster.ring_reads"] = r.ring_reads;
+  (*out)["cluster.not_owner_sent"] = not_owner_sent_.load(std::memory_order_relaxed);
+  (*out)["cluster.not_owner_retries"] = not_owner_retries_.load(std::memory_order_relaxed);
+  (*out)["cluster.peer_failures"] = peer_failures_.load(std::memory_order_relaxed);
+  (*out)["cluster.peer_unauthorized"] = unauthorized_.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t total = 0;
+  for (const auto& [address, n] : forwarded_) {
+    (*out)["cluster.forwarded." + address] = n;
+    total += n;
+  }
+  (*out)["cluster.forwarded"] = total;
+}
+
+}  // namespace flatkv::server

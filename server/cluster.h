@@ -1,0 +1,134 @@
+// Cluster: what an instance of a ring adds to the standalone server
+// (shared/DESIGN.md, "Cluster" and "Requests"). It owns the ZooKeeper
+// registry (partition/registry.h) and the connections to the other
+// instances, and tells the handler, for each key, whether this instance
+// serves it or which member of which mark does:
+//
+//   client call --> Handler --> Cluster::Route(hash) --> local: cache/Store
+//                                                  \--> remote: a peer* call
+//                                                       on a pooled connection
+//
+// A forwarded call is a peer* method of the IDL carrying a PeerContext
+// (cluster.peer_token, the sender's ring version, the mark it routed to);
+// the receiver serves it only if its own ring says its mark owns the key
+// (CheckPeer), else NOT_OWNER, and the sender re-reads the ring and retries
+// once. Until chain replication exists (issue 10), every call for a mark goes
+// to the head of its chain; the other members hold no data yet.
+//
+// Thread safety: every method may be called from any thread concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "FlatKV.h"
+#include "client/client.h"
+#include "engine/status.h"
+#include "partition/registry.h"
+#include "partition/ring.h"
+#include "partition/router.h"
+#include "server/config.h"
+
+namespace flatkv::server {
+
+// Constant-time comparison of two tokens (admin.token, cluster.peer_token),
+// so a token cannot be guessed byte by byte.
+bool SameToken(const std::string& a, const std::string& b);
+
+class Cluster {
+ public:
+  // Where one call goes.
+  struct Target {
+    bool local = false;
+    int64_t mark = 0;           // the owning mark
+    std::string address;        // the member to call when !local
+    rpc::PeerContext context;   // what that call carries
+  };
+
+  // Validates config.cluster and starts the registry, which connects in the
+  // background (not registered yet: call Register() once serving).
+  // "on_fatal" is called (from the registry's thread) when the ring's
+  // settings differ from ours: the instance must stop with exit code 2.
+  static Status Start(const Config& config, std::function<void(const Status&)> on_fatal,
+                      std::unique_ptr<Cluster>* result);
+  ~Cluster();
+
+  // Registers this instance's member node (now or once ZooKeeper answers).
+  void Register();
+  // Closes the ZooKeeper session (the member node goes at once). Idempotent.
+  void Close();
+
+  int64_t mark() const { return router_.self_mark(); }
+  const std::string& advertise() const { return advertise_; }
+  // The newest ring, or nullptr while ZooKeeper has not been reached.
+  std::shared_ptr<const partition::Ring> ring() const { return registry_->ring(); }
+  // This instance's role: single | head | middle | tail, or syncing while
+  // it is not (yet) a registered member of the ring it sees.
+  std::string role() const;
+
+  // Routes a call for "hash": a write goes to the head of the owner's chain,
+  // a read to the member the replication mode names. Unavailable when no
+  // ring is known yet or the owning mark has no serving member (naming it).
+  Status Route(int64_t hash, bool write, Target* target);
+  // The same for a partition already chosen (batches, scans).
+  Status RouteTo(const partition::Ring& ring, size_t partition, bool write, Target* target);
+  // Re-reads the ring from ZooKeeper (after a NOT_OWNER answer).
+  void Refresh();
+
+  // Runs "call" on a pooled connection to target.address. A network failure
+  // is Unavailable naming the member and the mark; a KvError keeps its code.
+  Status Forward(const Target& target, const char* method, bool idempotent,
+                 const std::function<void(rpc::FlatKVClient&)>& call);
+  // For calls sent to several members before any answer is read: a
+  // connection of the pool, and its return (kept only if it is healthy).
+  std::unique_ptr<client::Client> Borrow(const std::string& address);
+  void Return(std::unique_ptr<client::Client> connection);
+  // The Status Forward() gives for a failure of "connection".
+  Status PeerFailure(const Target& target, const client::Client& connection, Status st) const;
+
+  // Checks a call from another instance: the token, and that this
+  // instance's mark owns its keys in its own ring (NOT_OWNER otherwise,
+  // naming the owner and both ring versions). Counts refusals.
+  // A hash range [lo, hi] (one key: lo = hi; peerScan: a range) must lie
+  // within one range this mark owns. CheckPeerMark checks only the token
+  // and the mark (peerScanLog covers the whole partition).
+  Status CheckPeerRange(const rpc::PeerContext& context, int64_t lo, int64_t hi);
+  Status CheckPeerMark(const rpc::PeerContext& context);
+
+  // The ring as the IDL's RingInfo.
+  void Describe(rpc::RingInfo* info) const;
+  // cluster.* counters for stats() and /metrics.
+  void AddStats(std::map<std::string, int64_t>* out) const;
+
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+ private:
+  Cluster(const Config& config, std::unique_ptr<partition::Registry> registry);
+  Status CheckToken(const rpc::PeerContext& context);
+  Status RefuseNotOwner(const rpc::PeerContext& context, const partition::Ring* ring,
+                        const std::string& why);
+  void CountForward(const std::string& address);
+
+  const ClusterOptions options_;
+  const partition::Router router_;
+  const std::string advertise_;
+  std::unique_ptr<partition::Registry> registry_;
+  std::atomic<uint64_t> spread_{0};  // picks a member for async reads
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<std::unique_ptr<client::Client>>> idle_;  // GUARDED_BY(mu_)
+  std::map<std::string, int64_t> forwarded_;                                 // GUARDED_BY(mu_)
+  std::atomic<int64_t> not_owner_sent_{0};     // NOT_OWNER answers this instance gave
+  std::atomic<int64_t> not_owner_retries_{0};  // re-reads after a NOT_OWNER it got
+  std::atomic<int64_t> peer_failures_{0};      // forwarded calls without an answer
+  std::atomic<int64_t> unauthorized_{0};       // peer calls with a wrong token
+};
+
+}  // namespace flatkv::server

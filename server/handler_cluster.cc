@@ -1,0 +1,366 @@
+// Implementation notes
+//
+// The Handler's ring half: routing the client methods (Routed, the Ring*
+// batch and scan methods), the peer* methods other instances forward, and
+// ring(). Each forwarded call goes to one member on a pooled connection
+// (Cluster::Forward). Batches are split by owner; the calls to the other
+// partitions are all sent before any answer is read, and the local part is
+// served meanwhile, so a batch over P partitions costs about one round trip,
+// not P. A NOT_OWNER answer means the two instances' rings differ: the
+// ring is re-read from ZooKeeper and the call routed once more.
+#include <spdlog/spdlog.h>
+
+#include "server/handler.h"
+
+namespace flatkv::server {
+namespace {
+
+using partition::OwnerGroup;
+using partition::Router;
+using partition::ScanStep;
+
+// A scan call visits at most this many partitions before it returns
+// done = false with nextKey (a ring of many empty marks must not make one
+// call last long).
+constexpr int kMaxScanSteps = 16;
+
+// A part of a batch that goes to one partition.
+struct Part {
+  size_t group = 0;  // index in the batch's OwnerGroups
+  Cluster::Target target;
+  std::vector<size_t> positions;
+  std::unique_ptr<client::Client> connection;
+  Status status;
+};
+
+}  // namespace
+
+std::string Handler::NotReady() const {
+  if (cluster_ == nullptr || cluster_->ring() != nullptr) return "";
+  return "no ring known yet: ZooKeeper (" + config_.cluster.zookeeper + ") not reached";
+}
+
+int64_t Handler::StringHash(const std::string& key) const {
+  if (cluster_ == nullptr) return 0;
+  const auto ring = cluster_->ring();
+  return partition::Ring::HashString(key, ring ? ring->settings().hash_bound
+                                               : config_.cluster.hash_bound);
+}
+
+void Handler::Routed(
+    int64_t hash, bool write, const char* peer_method, bool idempotent,
+    const std::function<void()>& local,
+    const std::function<void(rpc::FlatKVClient&, const rpc::PeerContext&)>& remote) {
+  if (cluster_ == nullptr) return local();
+  for (int attempt = 0;; ++attempt) {
+    Cluster::Target target;
+    Status st = cluster_->Route(hash, write, &target);
+    if (!st.ok()) ThrowKvError(st);
+    if (target.local) return local();
+    st = cluster_->Forward(target, peer_method, idempotent,
+                           [&](rpc::FlatKVClient& c) { remote(c, target.context); });
+    if (st.IsNotOwner() && attempt == 0) {
+      cluster_->Refresh();
+      continue;
+    }
+    if (!st.ok()) ThrowKvError(st);
+    return;
+  }
+}
+
+// Runs a batch split by owner: "send" starts a part's call on its
+// connection, "receive" reads its answer, "local" serves this instance's
+// part. A part answered NOT_OWNER is routed again once, on its own.
+template <typename Send, typename Receive, typename Local, typename Single>
+static void RunParts(Cluster* cluster, const partition::Ring& ring,
+                     const std::vector<OwnerGroup>& groups, bool write, Send&& send,
+                     Receive&& receive, Local&& local, Single&& single) {
+  std::vector<Part> parts(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    parts[i].group = i;
+    parts[i].positions = groups[i].positions;
+    Status st = cluster->RouteTo(ring, groups[i].partition, write, &parts[i].target);
+    if (!st.ok()) ThrowKvError(st);  // a mark with no serving member: nothing sent yet
+  }
+  for (Part& p : parts) {
+    if (p.target.local) continue;
+    p.connection = cluster->Borrow(p.target.address);
+    p.status = p.connection->Call("send", false, [&](rpc::FlatKVClient& c) { send(c, p); });
+  }
+  for (Part& p : parts) {
+    if (p.target.local) local(p);
+  }
+  Status first;  // the first failure, after every part was read
+  for (Part& p : parts) {
+    if (p.target.local) continue;
+    if (p.status.ok()) {
+      p.status = p.connection->Call("receive", false, [&](rpc::FlatKVClient& c) { receive(c, p); });
+    }
+    if (!p.status.ok()) p.status = cluster->PeerFailure(p.target, *p.connection, p.status);
+    cluster->Return(std::move(p.connection));
+    if (p.status.IsNotOwner()) {
+      cluster->Refresh();
+      single(p);  // routed afresh, one call per key
+      p.status = Status::OK();
+    }
+    if (!p.status.ok() && first.ok()) first = p.status;
+  }
+  if (!first.ok()) ThrowKvError(first);
+}
+
+void Handler::RingMultiGet(std::vector<rpc::GetResult>& result,
+                           const std::vector<int64_t>& keys) {
+  const auto ring = cluster_->ring();
+  if (!ring) ThrowKvError(Status::Unavailable("no ring known yet: ZooKeeper not reached"));
+  result.assign(keys.size(), rpc::GetResult());
+  const auto groups = Router::SplitByOwner(*ring, keys);
+  std::vector<std::vector<int64_t>> part_keys;
+  for (const OwnerGroup& g : groups) {
+    part_keys.emplace_back();
+    for (size_t pos : g.positions) part_keys.back().push_back(keys[pos]);
+  }
+  const auto place = [&](const Part& p, std::vector<rpc::GetResult>& got) {
+    for (size_t i = 0; i < p.positions.size() && i < got.size(); ++i) {
+      result[p.positions[i]] = std::move(got[i]);
+    }
+  };
+  RunParts(
+      cluster_, *ring, groups, false,
+      [&](rpc::FlatKVClient& c, Part& p) { c.send_peerMultiGet(p.target.context, part_keys[p.group]); },
+      [&](rpc::FlatKVClient& c, Part& p) {
+        std::vector<rpc::GetResult> got;
+        c.recv_peerMultiGet(got);
+        place(p, got);
+      },
+      [&](Part& p) {
+        std::vector<rpc::GetResult> got;
+        LocalMultiGet(got, part_keys[p.group]);
+        place(p, got);
+      },
+      [&](Part& p) {
+        for (size_t pos : p.positions) get(result[pos], keys[pos]);
+      });
+}
+
+void Handler::RingMultiPut(const std::vector<rpc::KvPair>& pairs) {
+  const auto ring = cluster_->ring();
+  if (!ring) ThrowKvError(Status::Unavailable("no ring known yet: ZooKeeper not reached"));
+  std::vector<int64_t> hashes(pairs.size());
+  for (size_t i = 0; i < pairs.size(); ++i) hashes[i] = pairs[i].key;
+  const auto groups = Router::SplitByOwner(*ring, hashes);
+  std::vector<std::vector<rpc::KvPair>> part_pairs;
+  for (const OwnerGroup& g : groups) {
+    part_pairs.emplace_back();
+    for (size_t pos : g.positions) part_pairs.back().push_back(pairs[pos]);
+  }
+  RunParts(
+      cluster_, *ring, groups, true,
+      [&](rpc::FlatKVClient& c, Part& p) { c.send_peerMultiPut(p.target.context, part_pairs[p.group]); },
+      [&](rpc::FlatKVClient& c, Part&) { c.recv_peerMultiPut(); },
+      [&](Part& p) { LocalMultiPut(part_pairs[p.group]); },
+      [&](Part& p) {
+        for (size_t pos : p.positions) put(pairs[pos].key, pairs[pos].value);
+      });
+}
+
+void Handler::RingScan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse) {
+  if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
+  result.pairs.clear();
+  result.done = false;
+  int64_t cursor = from;
+  for (int steps = 0; steps < kMaxScanSteps; ++steps) {
+    const auto ring = cluster_->ring();
+    if (!ring) ThrowKvError(Status::Unavailable("no ring known yet: ZooKeeper not reached"));
+    const ScanStep step = Router::Step(*ring, cursor, reverse);
+    const int32_t want = limit - static_cast<int32_t>(result.pairs.size());
+    rpc::ScanResult part;
+    Cluster::Target target;
+    Status st = cluster_->RouteTo(*ring, step.partition, false, &target);
+    if (!st.ok()) ThrowKvError(st);
+    if (target.local) {
+      LocalScan(part, step.from, want, reverse, step.lo, step.hi);
+    } else {
+      st = cluster_->Forward(target, "peerScan", true, [&](rpc::FlatKVClient& c) {
+        c.peerScan(part, target.context, step.from, want, reverse, step.lo, step.hi);
+      });
+      if (st.IsNotOwner()) {  // rings differ: re-read and redo this step
+        cluster_->Refresh();
+        continue;
+      }
+      if (!st.ok()) ThrowKvError(st);
+    }
+    for (rpc::KvPair& p : part.pairs) result.pairs.push_back(std::move(p));
+    if (!part.done) {  // the partition stopped early: resume there
+      result.nextKey = part.nextKey;
+      return;
+    }
+    if (!Router::After(step, reverse, &cursor)) {
+      result.done = true;
+      return;
+    }
+    if (static_cast<int32_t>(result.pairs.size()) >= limit) break;
+  }
+  result.nextKey = cursor;
+}
+
+void Handler::RingScanLog(rpc::LogScanResult& result, const std::string& cursor,
+                          int32_t limit) {
+  if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
+  const auto ring = cluster_->ring();
+  if (!ring) ThrowKvError(Status::Unavailable("no ring known yet: ZooKeeper not reached"));
+  int64_t mark = INT64_MIN;
+  std::string inner;
+  if (!cursor.empty()) {
+    Status st = Router::DecodeLogCursor(cursor, &mark, &inner);
+    if (!st.ok()) ThrowKvError(st);
+  }
+  size_t partition = 0;
+  if (!Router::LogPartition(*ring, mark, &partition)) {
+    result.pairs.clear();
+    result.done = true;
+    result.cursor.clear();
+    return;
+  }
+  const int64_t at = ring->partitions()[partition].mark;
+  if (at != mark) inner.clear();  // that mark left the ring: start the next afresh
+  Cluster::Target target;
+  Status st = cluster_->RouteTo(*ring, partition, false, &target);
+  if (!st.ok()) ThrowKvError(st);
+  rpc::LogScanResult part;
+  if (target.local) {
+    LocalScanLog(part, inner, limit);
+  } else {
+    st = cluster_->Forward(target, "peerScanLog", true, [&](rpc::FlatKVClient& c) {
+      c.peerScanLog(part, target.context, inner, limit);
+    });
+    if (!st.ok()) ThrowKvError(st);
+  }
+  result.pairs = std::move(part.pairs);
+  result.done = false;
+  if (!part.done) {
+    result.cursor = Router::EncodeLogCursor(at, part.cursor);
+  } else if (partition + 1 < ring->partitions().size()) {
+    result.cursor = Router::EncodeLogCursor(ring->partitions()[partition + 1].mark, "");
+  } else {
+    result.done = true;
+    result.cursor.clear();
+  }
+}
+
+void Handler::CheckPeer(const rpc::PeerContext& ctx, int64_t lo, int64_t hi) {
+  if (cluster_ == nullptr) {
+    ThrowKvError(Status::NotOwner("this instance is standalone, not a member of a ring"));
+  }
+  Status st = cluster_->CheckPeerRange(ctx, lo, hi);
+  if (!st.ok()) ThrowKvError(st);
+}
+
+void Handler::ring(rpc::RingInfo& result) {
+  Run(kRing, [&] {
+    if (cluster_ != nullptr) return cluster_->Describe(&result);
+    result.version = 0;
+    result.hashBound = config_.cluster.hash_bound;
+    result.replication = config_.cluster.replication;
+    rpc::Member self;
+    self.host = config_.server.host;
+    self.port = config_.server.port;
+    rpc::Partition p;
+    p.mark = 0;
+    p.chain.push_back(self);
+    result.partitions = {p};
+  });
+}
+
+void Handler::peerGet(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) {
+  Run(kPeerGet, [&] {
+    CheckPeer(ctx, key, key);
+    LocalGet(result, key);
+  });
+}
+
+void Handler::peerPut(const rpc::PeerContext& ctx, int64_t key, const std::string& value) {
+  Run(kPeerPut, [&] {
+    CheckPeer(ctx, key, key);
+    LocalPut(key, value);
+  });
+}
+
+bool Handler::peerRemove(const rpc::PeerContext& ctx, int64_t key) {
+  bool existed = false;
+  Run(kPeerRemove, [&] {
+    CheckPeer(ctx, key, key);
+    existed = LocalRemove(key);
+  });
+  return existed;
+}
+
+void Handler::peerAppend(const rpc::PeerContext& ctx, int64_t key, const std::string& value) {
+  Run(kPeerAppend, [&] {
+    CheckPeer(ctx, key, key);
+    LocalAppend(key, value);
+  });
+}
+
+void Handler::peerMultiGet(std::vector<rpc::GetResult>& result, const rpc::PeerContext& ctx,
+                           const std::vector<int64_t>& keys) {
+  Run(kPeerMultiGet, [&] {
+    for (int64_t k : keys) CheckPeer(ctx, k, k);
+    LocalMultiGet(result, keys);
+  });
+}
+
+void Handler::peerMultiPut(const rpc::PeerContext& ctx, const std::vector<rpc::KvPair>& pairs) {
+  Run(kPeerMultiPut, [&] {
+    for (const rpc::KvPair& p : pairs) CheckPeer(ctx, p.key, p.key);
+    LocalMultiPut(pairs);
+  });
+}
+
+void Handler::peerScan(rpc::ScanResult& result, const rpc::PeerContext& ctx, int64_t from,
+                       int32_t limit, bool reverse, int64_t lo, int64_t hi) {
+  Run(kPeerScan, [&] {
+    if (lo > hi || from < lo || from > hi) {
+      throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "peerScan: from must lie in [lo, hi]");
+    }
+    CheckPeer(ctx, lo, hi);
+    LocalScan(result, from, limit, reverse, lo, hi);
+  });
+}
+
+void Handler::peerScanLog(rpc::LogScanResult& result, const rpc::PeerContext& ctx,
+                          const std::string& cursor, int32_t limit) {
+  Run(kPeerScanLog, [&] {
+    // Insertion order covers the whole partition: only the mark is checked.
+    if (cluster_ == nullptr) CheckPeer(ctx, 0, 0);  // NOT_OWNER
+    Status st = cluster_->CheckPeerMark(ctx);
+    if (!st.ok()) ThrowKvError(st);
+    LocalScanLog(result, cursor, limit);
+  });
+}
+
+void Handler::peerSGet(rpc::GetResult& result, const rpc::PeerContext& ctx,
+                       const std::string& key) {
+  Run(kPeerSGet, [&] {
+    CheckPeer(ctx, StringHash(key), StringHash(key));
+    LocalSGet(result, key);
+  });
+}
+
+void Handler::peerSPut(const rpc::PeerContext& ctx, const std::string& key,
+                       const std::string& value) {
+  Run(kPeerSPut, [&] {
+    CheckPeer(ctx, StringHash(key), StringHash(key));
+    LocalSPut(key, value);
+  });
+}
+
+bool Handler::peerSRemove(const rpc::PeerContext& ctx, const std::string& key) {
+  bool existed = false;
+  Run(kPeerSRemove, [&] {
+    CheckPeer(ctx, StringHash(key), StringHash(key));
+    existed = LocalSRemove(key);
+  });
+  return existed;
+}
+
+}  // namespace flatkv::server
