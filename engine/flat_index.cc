@@ -1,3 +1,11 @@
+// Implementation notes: the live-slot summary.
+//
+// Counts only ever describe slot values, so they are exact whenever no
+// Store() is in flight. While one is, a reader may see a count that already
+// includes a slot about to become nonzero (harmless: the walk then reads the
+// slot and finds it absent), but never one that has lost a slot still
+// nonzero: Store() raises the counts before it writes a nonzero value over
+// zero and lowers them only after it writes zero over a nonzero value.
 #include "engine/flat_index.h"
 
 #include <fcntl.h>
@@ -5,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -17,6 +26,9 @@ constexpr char kMagic[8] = {'F', 'L', 'A', 'T', 'K', 'V', 'I', 'X'};
 constexpr uint32_t kVersion = 3;  // 2: 8-bit size hints for W >= 6; 3: dead_bytes
 constexpr size_t kPage = 4096;
 constexpr size_t kCrcOffset = 40;
+constexpr uint64_t kGroupsPerChunk = FlatIndex::kChunkSlots / FlatIndex::kGroupSlots;
+static_assert(FlatIndex::kGroupSlots <= UINT16_MAX, "group counts are 16-bit");
+static_assert(FlatIndex::kChunkSlots <= UINT32_MAX, "chunk counts are 32-bit");
 
 template <typename T>
 void PutAt(char* base, size_t off, T v) {
@@ -109,19 +121,24 @@ Status FlatIndex::Open(const std::string& path, const IndexParams& params, bool 
   std::unique_ptr<FlatIndex> index(
       new FlatIndex(path, fd, params, static_cast<char*>(base), want));
   FLATKV_RETURN_IF_ERROR(index->ReadHeader());
+  FLATKV_RETURN_IF_ERROR(index->CountLiveSlots());
   *result = std::move(index);
   return Status::OK();
 }
 
 FlatIndex::FlatIndex(std::string path, int fd, const IndexParams& params, char* base, size_t len)
     : path_(std::move(path)), fd_(fd), params_(params), base_(base), len_(len),
-      slots_(base + kHeaderBytes) {
+      slots_(base + kHeaderBytes),
+      chunks_((params.slots + kChunkSlots - 1) / kChunkSlots) {
   const uint64_t pages = (len - kHeaderBytes + kPage - 1) / kPage;
   const uint64_t words = (pages + 63) / 64;
   reserved_.reset(new std::atomic<uint64_t>[words]());
+  chunk_live_.reset(new std::atomic<uint32_t>[chunks_]());
+  group_live_.reset(new std::atomic<std::atomic<uint16_t>*>[chunks_]());
 }
 
 FlatIndex::~FlatIndex() {
+  for (uint64_t c = 0; c < chunks_; ++c) delete[] group_live_[c].load();
   munmap(base_, len_);
   ::close(fd_);
 }
@@ -183,11 +200,99 @@ Status FlatIndex::ReservePage(uint64_t page) {
   return Status::OK();
 }
 
+void FlatIndex::AddLive(uint64_t slot) {
+  const uint64_t chunk = slot / kChunkSlots;
+  std::atomic<uint16_t>* groups = group_live_[chunk].load(std::memory_order_acquire);
+  if (groups == nullptr) {
+    // Writers of different data files may race to allocate: one wins.
+    auto* fresh = new std::atomic<uint16_t>[kGroupsPerChunk]();
+    if (group_live_[chunk].compare_exchange_strong(groups, fresh, std::memory_order_acq_rel)) {
+      groups = fresh;
+    } else {
+      delete[] fresh;
+    }
+  }
+  groups[(slot % kChunkSlots) / kGroupSlots].fetch_add(1, std::memory_order_relaxed);
+  chunk_live_[chunk].fetch_add(1, std::memory_order_relaxed);
+  live_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void FlatIndex::DropLive(uint64_t slot) {
+  // Only after AddLive of the same slot, so the group array exists.
+  const uint64_t chunk = slot / kChunkSlots;
+  std::atomic<uint16_t>* groups = group_live_[chunk].load(std::memory_order_acquire);
+  live_.fetch_sub(1, std::memory_order_relaxed);
+  chunk_live_[chunk].fetch_sub(1, std::memory_order_relaxed);
+  groups[(slot % kChunkSlots) / kGroupSlots].fetch_sub(1, std::memory_order_relaxed);
+}
+
+void FlatIndex::ResetLive() {
+  live_.store(0);
+  for (uint64_t c = 0; c < chunks_; ++c) {
+    chunk_live_[c].store(0);
+    if (std::atomic<uint16_t>* groups = group_live_[c].load()) {
+      for (uint64_t g = 0; g < kGroupsPerChunk; ++g) groups[g].store(0);
+    }
+  }
+}
+
+uint64_t FlatIndex::EmptySpan(uint64_t slot) const {
+  if (live_.load(std::memory_order_relaxed) == 0) return params_.slots;
+  const uint64_t chunk = slot / kChunkSlots;
+  if (chunk_live_[chunk].load(std::memory_order_relaxed) == 0) return kChunkSlots;
+  const std::atomic<uint16_t>* groups = group_live_[chunk].load(std::memory_order_acquire);
+  if (groups == nullptr) return kChunkSlots;  // not reachable with a nonzero chunk count
+  if (groups[(slot % kChunkSlots) / kGroupSlots].load(std::memory_order_relaxed) == 0) {
+    return kGroupSlots;
+  }
+  return 0;
+}
+
+Status FlatIndex::CountLiveSlots() {
+  ResetLive();
+  const off_t area_end = static_cast<off_t>(len_);
+  off_t pos = static_cast<off_t>(kHeaderBytes);
+  const auto w = static_cast<uint64_t>(params_.item_bytes);
+  while (pos < area_end) {
+    // Holes read as zeros: only the allocated ranges can hold a live slot.
+    // A file system without SEEK_DATA support reports the file as all data.
+    off_t data = lseek(fd_, pos, SEEK_DATA);
+    if (data < 0) {
+      if (errno == ENXIO) break;  // nothing allocated past pos
+      return Status::FromErrno("seeking data in " + path_, errno);
+    }
+    if (data >= area_end) break;
+    off_t hole = lseek(fd_, data, SEEK_HOLE);
+    if (hole < 0) return Status::FromErrno("seeking a hole in " + path_, errno);
+    hole = std::min(hole, area_end);
+    // Slots overlapping [data, hole). Holes are page-aligned and wider than
+    // a slot, so no slot overlaps two data ranges and none is counted twice.
+    const uint64_t first = (static_cast<uint64_t>(data) - kHeaderBytes) / w;
+    const uint64_t end = std::min<uint64_t>(
+        params_.slots, (static_cast<uint64_t>(hole) - kHeaderBytes + w - 1) / w);
+    for (uint64_t s = first; s < end; ++s) {
+      if (Load(s) != 0) AddLive(s);
+    }
+    pos = hole;
+  }
+  return Status::OK();
+}
+
 Status FlatIndex::Store(uint64_t slot, uint64_t value) {
   const uint64_t first = slot * params_.item_bytes;
   FLATKV_RETURN_IF_ERROR(ReservePage(first / kPage));
   const uint64_t last = first + params_.item_bytes - 1;
   if (last / kPage != first / kPage) FLATKV_RETURN_IF_ERROR(ReservePage(last / kPage));
+  // See the notes at the top: raise before, lower after.
+  const bool was_live = Load(slot) != 0;
+  if (!was_live && value != 0) AddLive(slot);
+  StoreRaw(slot, value);
+  if (was_live && value == 0) DropLive(slot);
+  return Status::OK();
+}
+
+void FlatIndex::StoreRaw(uint64_t slot, uint64_t value) {
+  const uint64_t first = slot * params_.item_bytes;
   char* p = slots_ + first;
   switch (params_.item_bytes) {
     case 4:
@@ -203,7 +308,6 @@ Status FlatIndex::Store(uint64_t slot, uint64_t value) {
                          __ATOMIC_RELAXED);
       }
   }
-  return Status::OK();
 }
 
 Status FlatIndex::WriteHeader(bool clean, const std::vector<uint64_t>& checkpoints) {
@@ -226,6 +330,7 @@ Status FlatIndex::Sync() {
 Status FlatIndex::Clear() {
   const off_t off = kHeaderBytes;
   const off_t len = static_cast<off_t>(len_ - kHeaderBytes);
+  ResetLive();
   if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len) != 0) {
     std::memset(slots_, 0, len_ - kHeaderBytes);
     return Status::OK();

@@ -19,10 +19,23 @@
 // the first time a slot in it is stored, so a full disk is a NoSpace status,
 // never a SIGBUS, and a few scattered keys cost a few pages.
 //
+// Live-slot summary (memory only, not on disk): the index counts the nonzero
+// slots of each group of kGroupSlots slots, of each chunk of kChunkSlots slots
+// and of the whole index, so a key-order walk jumps over an empty group, chunk
+// or index in one step (EmptySpan). Store() keeps the counts; Open() rebuilds
+// them by reading only the allocated parts of the slot area (lseek SEEK_DATA /
+// SEEK_HOLE), so it costs nothing for an empty index and one pass over the
+// written pages otherwise. A page whose slots were all removed stays allocated
+// on disk but counts zero. Group counts are allocated per chunk on the chunk's
+// first live slot, so a sparse index costs 8 KiB per touched chunk plus
+// 12 bytes per chunk of its range.
+//
 // Thread safety: Load() may run concurrently with everything (it uses
 // relaxed atomic byte loads; callers detect torn values with a seqlock, see
 // FlatTable). Store() may run concurrently with Store() on other slots.
-// WriteHeader() and Sync() need external synchronization.
+// WriteHeader() and Sync() need external synchronization. The summary
+// accessors may run concurrently with everything; see EmptySpan() for what
+// a concurrent reader may rely on.
 #pragma once
 
 #include <atomic>
@@ -57,10 +70,28 @@ class FlatIndex {
 
   ~FlatIndex();
 
+  // Slots per summary group (3 KiB of slots at the default width of 6) and
+  // per chunk (4096 groups).
+  static constexpr uint64_t kGroupSlots = 512;
+  static constexpr uint64_t kChunkSlots = kGroupSlots * 4096;
+
   uint64_t Load(uint64_t slot) const;
-  // Stores "value" (< 2^(8*item_bytes)) into the slot; NoSpace if the page
-  // holding it cannot be reserved.
+  // Stores "value" (< 2^(8*item_bytes)) into the slot and updates the live
+  // counts; NoSpace if the page holding it cannot be reserved (the slot and
+  // the counts are unchanged then). Two Store() calls on the same slot must
+  // not run concurrently (FlatTable writes a slot under its file's mutex).
   Status Store(uint64_t slot, uint64_t value);
+
+  // Number of nonzero slots in the whole index.
+  uint64_t LiveSlots() const { return live_.load(std::memory_order_relaxed); }
+  // The size of the largest aligned region holding "slot" that has no
+  // nonzero slot: slots() for the whole index, else kChunkSlots, else
+  // kGroupSlots, else 0 (the slot's group holds a live slot). The region is
+  // [slot - slot % span, min(that + span, slots())). A slot that was nonzero
+  // before this call began and is not zeroed meanwhile is never inside a
+  // region reported empty (counts rise before a slot becomes nonzero and
+  // fall after it becomes zero). Does no I/O.
+  uint64_t EmptySpan(uint64_t slot) const;
 
   bool clean() const { return clean_; }
   const std::vector<uint64_t>& checkpoints() const { return checkpoints_; }
@@ -87,6 +118,13 @@ class FlatIndex {
   FlatIndex(std::string path, int fd, const IndexParams& params, char* base, size_t len);
   Status ReadHeader();
   Status ReservePage(uint64_t page);
+  // Writes the slot's bytes (its pages already reserved).
+  void StoreRaw(uint64_t slot, uint64_t value);
+  // Counts the nonzero slots of the allocated parts of the file (at Open).
+  Status CountLiveSlots();
+  void AddLive(uint64_t slot);
+  void DropLive(uint64_t slot);
+  void ResetLive();
 
   const std::string path_;
   int fd_;
@@ -99,6 +137,13 @@ class FlatIndex {
   uint64_t dead_bytes_ = 0;
   // One bit per page of the slot area: reserved by this process already.
   std::unique_ptr<std::atomic<uint64_t>[]> reserved_;
+  // Live-slot summary: total, per chunk, and per group (an array of
+  // kChunkSlots / kGroupSlots counts per chunk, allocated on first use and
+  // freed by the destructor).
+  std::atomic<uint64_t> live_{0};
+  const uint64_t chunks_;
+  std::unique_ptr<std::atomic<uint32_t>[]> chunk_live_;
+  std::unique_ptr<std::atomic<std::atomic<uint16_t>*>[]> group_live_;
 };
 
 }  // namespace flatkv::engine

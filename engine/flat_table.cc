@@ -569,45 +569,88 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
   return Write(fs, lk, file, key, RecordType::kAppend, EncodeAppendParts(parts), value);
 }
 
-Status FlatTable::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValue>* out,
-                       int64_t* next, bool* done) const {
-  const auto lo = static_cast<uint64_t>(kmin());
-  const int64_t last = static_cast<int64_t>(lo + slots() - 1);  // <= key_max - 1
-  // Clamp "from" into the table: the caller picks tables in scan order.
-  uint64_t s;
-  if (!reverse) {
-    s = from < kmin() ? 0 : static_cast<uint64_t>(from) - lo;
-  } else {
-    s = from > last ? slots() - 1 : static_cast<uint64_t>(from) - lo;
+uint64_t FlatTable::EmptySpan(uint64_t slot) const {
+  const FlatTable* newer = successor();
+  if (newer == nullptr) return index_->EmptySpan(slot);
+  // A successor covers the same range (Store::ParamsFor); be safe anyway.
+  if (newer->kmin() != kmin() || newer->slots() != slots()) return 0;
+  const uint64_t theirs = newer->index_->EmptySpan(slot);
+  if (successor_done_.load(std::memory_order_acquire)) return theirs;
+  // The regions nest (group in chunk in table): the smaller one is empty in both.
+  return std::min(theirs, index_->EmptySpan(slot));
+}
+
+Status FlatTable::ScanRead(uint64_t slot, KeyValue* kv) const {
+  const FileState& fs = files_[slot % params_.index.data_files];
+  Status st = Status::NotFound("");
+  FlatTable* newer = successor();
+  if (newer != nullptr) st = newer->Get(kv->key, &kv->value);  // newer, if there
+  if (st.IsNotFound() && !(newer != nullptr && successor_done_.load())) {
+    const uint64_t v = ReadSlot(fs, slot);
+    st = v == 0 ? Status::NotFound("")
+                : ReadValue(fs.log.load(std::memory_order_acquire), kv->key, v, &kv->value);
   }
-  const int n = params_.index.data_files;
+  return st;
+}
+
+Status FlatTable::Scan(int64_t from, int64_t stop, bool reverse, size_t limit, uint64_t* work,
+                       std::vector<KeyValue>* out, int64_t* next, bool* done) const {
+  *done = true;
+  const int64_t first = kmin();
+  const int64_t last = static_cast<int64_t>(static_cast<uint64_t>(first) + slots() - 1);
+  const int64_t low = reverse ? stop : from;
+  const int64_t high = reverse ? from : stop;
+  if (low > high || high < first || low > last) return Status::OK();  // nothing in range
+  const auto base = static_cast<uint64_t>(first);
+  const uint64_t lo = low < first ? 0 : static_cast<uint64_t>(low) - base;
+  const uint64_t hi = high > last ? slots() - 1 : static_cast<uint64_t>(high) - base;
+  // Walk slot s from one end of [lo, hi] to the other; "end" is the last slot.
+  uint64_t s = reverse ? hi : lo;
+  const uint64_t end = reverse ? lo : hi;
+  uint64_t visited = 0, skipped = 0;
+  uint64_t live_group = UINT64_MAX;  // the group last found to hold a live slot
+  Status result;
   for (;;) {
-    if (s >= slots()) break;  // forward past the end, or reverse wrapped below 0
-    if (out->size() >= limit) {
-      *next = static_cast<int64_t>(lo + s);
+    if (out->size() >= limit || *work == 0) {
+      *next = static_cast<int64_t>(base + s);
       *done = false;
-      return Status::OK();
+      break;
     }
-    const FileState& fs = files_[s % n];
+    --*work;
+    const uint64_t group = s / FlatIndex::kGroupSlots;
+    if (group != live_group) {
+      if (const uint64_t span = EmptySpan(s); span != 0) {
+        // Jump over the empty region [start, stop_slot).
+        ++skipped;
+        const uint64_t start = s - s % span;
+        const uint64_t region_end = std::min(start + span, slots());
+        if (!reverse) {
+          if (region_end > end) break;
+          s = region_end;
+        } else {
+          if (start <= end) break;
+          s = start - 1;
+        }
+        continue;
+      }
+      live_group = group;
+    }
+    ++visited;
     KeyValue kv;
-    kv.key = static_cast<int64_t>(lo + s);
-    Status st = Status::NotFound("");
-    FlatTable* newer = successor();
-    if (newer != nullptr) st = newer->Get(kv.key, &kv.value);  // newer, if there
-    if (st.IsNotFound() && !(newer != nullptr && successor_done_.load())) {
-      const uint64_t v = ReadSlot(fs, s);
-      st = v == 0 ? Status::NotFound("")
-                  : ReadValue(fs.log.load(std::memory_order_acquire), kv.key, v, &kv.value);
-    }
+    kv.key = static_cast<int64_t>(base + s);
+    Status st = ScanRead(s, &kv);
     if (st.ok()) {
       out->push_back(std::move(kv));
     } else if (!st.IsNotFound()) {
-      return st;
+      result = st;
+      break;
     }
+    if (s == end) break;
     s = reverse ? s - 1 : s + 1;
   }
-  *done = true;
-  return Status::OK();
+  counters_->scan_slots_visited.fetch_add(visited, std::memory_order_relaxed);
+  counters_->scan_regions_skipped.fetch_add(skipped, std::memory_order_relaxed);
+  return result;
 }
 
 Status FlatTable::ScanLog(int file, uint64_t offset, size_t limit, std::vector<KeyValue>* out,

@@ -48,6 +48,8 @@ struct EngineCounters {
   std::atomic<uint64_t> corrupt_records{0};
   std::atomic<uint64_t> index_rebuilds{0};
   std::atomic<uint64_t> data_files_open{0};
+  std::atomic<uint64_t> scan_slots_visited{0};
+  std::atomic<uint64_t> scan_regions_skipped{0};
 };
 
 struct TableParams {
@@ -86,11 +88,18 @@ class FlatTable {
   };
   Status Append(int64_t key, std::string_view value, AppendInfo* info = nullptr);
 
-  // Key-order scan from "from" (clamped to the table) adding to *out until it
-  // holds "limit" pairs. Sets *next to the key after the last one added and
-  // returns whether the table has no more keys in that direction (*done).
-  Status Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValue>* out,
-              int64_t* next, bool* done) const;
+  // Key-order scan of this table's keys between "from" and "stop" (both
+  // inclusive, in any order relative to the table's range: both are clamped
+  // to it). Forward walks up from "from" to "stop" (stop >= from), reverse
+  // down from "from" to "stop" (stop <= from); otherwise nothing is in range.
+  // Adds pairs to *out until it holds "limit" pairs. *work is the caller's
+  // allowance: each slot read and each empty group, chunk or table jumped
+  // over (FlatIndex::EmptySpan) spends one unit. If the limit is reached or
+  // the allowance runs out before the range ends, sets *done = false and
+  // *next to the first key of the range not yet looked at (inside the range);
+  // otherwise sets *done = true and leaves *next alone.
+  Status Scan(int64_t from, int64_t stop, bool reverse, size_t limit, uint64_t* work,
+              std::vector<KeyValue>* out, int64_t* next, bool* done) const;
 
   // Insertion-order scan of data file "file" from "offset" onward, then the
   // following files. Adds live records to *out up to "limit"; sets
@@ -170,6 +179,11 @@ class FlatTable {
   void DecodeSlot(uint64_t v, uint64_t* pos, size_t* guess) const;
 
   uint64_t ReadSlot(const FileState& fs, uint64_t slot) const;
+  // The largest aligned region holding "slot" (as FlatIndex::EmptySpan) with
+  // no live slot in this table nor in its successor, 0 if none.
+  uint64_t EmptySpan(uint64_t slot) const;
+  // Scan's read of one key: the successor's value first while compacting.
+  Status ScanRead(uint64_t slot, KeyValue* kv) const;
   Status WriteSlot(FileState& fs, uint64_t slot, uint64_t value);
   uint64_t CurrentSlotLocked(const FileState& fs, uint64_t slot) const;
 

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
+#include <limits>
 
 #include <spdlog/spdlog.h>
 
@@ -304,39 +306,59 @@ Status Store::Append(int64_t key, std::string_view value) {
 
 Status Store::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValue>* out,
                    int64_t* next, bool* done) const {
+  return Scan(from, reverse, limit, std::numeric_limits<int64_t>::min(),
+              std::numeric_limits<int64_t>::max(), out, next, done);
+}
+
+Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
+                   std::vector<KeyValue>* out, int64_t* next, bool* done) const {
   out->clear();
   *done = true;
   *next = from;
   if (limit == 0) return Status::InvalidArgument("scan limit must be positive");
+  if (lo > hi) return Status::InvalidArgument("scan bounds: lo must not exceed hi");
   if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+  // The keys that can exist: [key_min, key_max - 1] (key_max > key_min, so
+  // neither bound overflows), intersected with [lo, hi].
+  lo = std::max(lo, options_.key_min);
+  hi = std::min(hi, options_.key_max - 1);
+  if (lo > hi) return Status::OK();
   if (!reverse) {
-    if (from >= options_.key_max) return Status::OK();
-    from = std::max(from, options_.key_min);
+    if (from > hi) return Status::OK();
+    from = std::max(from, lo);
   } else {
-    if (from < options_.key_min) return Status::OK();
-    from = std::min(from, options_.key_max - 1);
+    if (from < lo) return Status::OK();
+    from = std::min(from, hi);
   }
   Guard guard(this);
   const TableArray& tables = Tables();
   const uint64_t seg = SegmentId(from);
+  uint64_t work = scan_work_.load(std::memory_order_relaxed);
+  // Each table clamps "from" to its own range, so passing the original one
+  // to every table in scan order is right; segments that do not exist cost
+  // nothing, and one without a live key costs one unit.
   if (!reverse) {
+    const uint64_t last_seg = SegmentId(hi);
     auto it = std::lower_bound(tables.begin(), tables.end(), seg,
                                [](const TableRef& r, uint64_t s) { return r.segment < s; });
-    for (; it != tables.end(); ++it) {
+    for (; it != tables.end() && it->segment <= last_seg; ++it) {
       bool table_done = true;
-      FLATKV_RETURN_IF_ERROR(it->table->Scan(from, false, limit, out, next, &table_done));
+      FLATKV_RETURN_IF_ERROR(
+          it->table->Scan(from, hi, false, limit, &work, out, next, &table_done));
       if (!table_done) {
         *done = false;
         return Status::OK();
       }
     }
   } else {
+    const uint64_t first_seg = SegmentId(lo);
     auto it = std::upper_bound(tables.begin(), tables.end(), seg,
                                [](uint64_t s, const TableRef& r) { return s < r.segment; });
-    while (it != tables.begin()) {
+    while (it != tables.begin() && std::prev(it)->segment >= first_seg) {
       --it;
       bool table_done = true;
-      FLATKV_RETURN_IF_ERROR(it->table->Scan(from, true, limit, out, next, &table_done));
+      FLATKV_RETURN_IF_ERROR(
+          it->table->Scan(from, lo, true, limit, &work, out, next, &table_done));
       if (!table_done) {
         *done = false;
         return Status::OK();
@@ -560,8 +582,10 @@ Status Store::SScan(std::string_view cursor, size_t limit, std::vector<StringKey
     buckets.clear();
     int64_t next = 0;
     bool table_done = true;
-    FLATKV_RETURN_IF_ERROR(
-        table->Scan(static_cast<int64_t>(from), false, 16, &buckets, &next, &table_done));
+    uint64_t work = kScanWork;
+    FLATKV_RETURN_IF_ERROR(table->Scan(static_cast<int64_t>(from),
+                                       static_cast<int64_t>(options_.string_slots - 1), false, 16,
+                                       &work, &buckets, &next, &table_done));
     for (const KeyValue& b : buckets) {
       const auto ikey = static_cast<uint64_t>(b.key);
       bool emitted_here = false;
@@ -668,6 +692,8 @@ EngineStats Store::GetStats() const {
   s.recovery_records = counters_->recovery_records.load();
   s.corrupt_records = counters_->corrupt_records.load();
   s.index_rebuilds = counters_->index_rebuilds.load();
+  s.scan_slots_visited = counters_->scan_slots_visited.load();
+  s.scan_regions_skipped = counters_->scan_regions_skipped.load();
   return s;
 }
 

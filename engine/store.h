@@ -76,6 +76,8 @@ struct EngineStats {
   uint64_t corrupt_records = 0;     // bad records found inside a log (torn tails
                                     // after a crash are expected and not counted)
   uint64_t index_rebuilds = 0;      // tables whose index was rebuilt from the logs
+  uint64_t scan_slots_visited = 0;  // index slots read by key-order scans
+  uint64_t scan_regions_skipped = 0;  // empty slot groups/chunks/segments they jumped
 };
 
 class Store {
@@ -128,10 +130,34 @@ class Store {
 
   // Key-order scan. Forward: keys >= from in ascending order; reverse: keys <=
   // from in descending order. Returns at most "limit" pairs in *out (cleared
-  // first). *done is true when nothing follows; otherwise *next is the key to
-  // pass as "from" to resume.
+  // first), possibly fewer, even none, with *done = false: one call does at
+  // most kScanWork units of work (see below), so its cost follows the keys
+  // it returns, never the empty key space it crosses. *done is true when
+  // nothing follows; otherwise *next is the key to pass as "from" to resume
+  // (done = false does not promise that a key follows: the call that
+  // resumes may return none with done = true). Returns InvalidArgument for
+  // a zero limit and IOError once closed.
   Status Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValue>* out,
               int64_t* next, bool* done) const;
+
+  // Like Scan, but considers only keys in [lo, hi] (both inclusive). Forward
+  // starts at max(from, lo); reverse at min(from, hi). *done is true when no
+  // key in the bounds follows; otherwise *next lies in [lo, hi]. A "from"
+  // past the bounds in the scan's direction returns nothing with done = true.
+  // InvalidArgument if lo > hi. Scan() is this with [INT64_MIN, INT64_MAX].
+  Status Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
+              std::vector<KeyValue>* out, int64_t* next, bool* done) const;
+
+  // The work one Scan call may do before it returns with done = false: one
+  // unit per index slot read, and one per empty run of slots jumped over (a
+  // group of FlatIndex::kGroupSlots slots, a chunk of kChunkSlots, or a whole
+  // segment with no live key). 65536 units read at most 384 KiB of index at
+  // the default slot width: well under a millisecond, on the server's I/O
+  // thread. The values of the returned pairs are read on top of that (one
+  // pread each, "limit" at most).
+  static constexpr uint64_t kScanWork = uint64_t{1} << 16;
+  // Sets the per-call work allowance (kScanWork by default); for tests.
+  void TEST_SetScanWork(uint64_t units) { scan_work_.store(units); }
 
   // Insertion-order scan: each segment in key order, each of its data files in
   // write order, live records only. An empty cursor starts; *next_cursor
@@ -290,6 +316,7 @@ class Store {
   bool closing_ = false;  // GUARDED_BY(bg_mu_)
   std::thread bg_thread_;
   std::atomic<bool> closed_{false};
+  std::atomic<uint64_t> scan_work_{kScanWork};
 };
 
 }  // namespace flatkv::engine
