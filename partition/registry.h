@@ -42,6 +42,11 @@ struct RegistryOptions {
   std::string advertise;                  // cluster.advertise: "host:port"
   RingSettings settings;                  // cluster.hash_bound, cluster.replication
   int session_timeout_ms = 6000;          // cluster.session_timeout_ms
+  // A client's view (client/ring_client.h): only reads and watches the ring
+  // (settings from .cluster when present); never creates, writes or checks
+  // anything, and Register() does nothing. mark, advertise and settings are
+  // not used.
+  bool observer = false;
   // Called once, from the registry's thread, when the ring's settings
   // differ from ours (the message names the key) or the service path cannot
   // be used at all; the instance must stop (exit 2). Nothing was written.

@@ -5,11 +5,18 @@
 #include <map>
 
 namespace flatkv::partition {
+namespace {
+
+constexpr bool kHeadOnly = true;
+
+}  // namespace
 
 const Member* Router::Target(const Partition& partition, bool write,
                              std::string_view replication, uint64_t spread) {
   if (partition.chain.empty()) return nullptr;
-  if (write) return partition.head();
+  // Until chain replication (issue 10) copies writes down the chain, only
+  // the head holds the mark's data: reads go there too.
+  if (write || kHeadOnly) return partition.head();
   if (replication == "sync") return partition.tail();
   return &partition.chain[spread % partition.chain.size()];
 }

@@ -46,8 +46,9 @@ class Router {
   }
 
   // The member a call goes to: writes to the head; reads to the tail under
-  // sync replication, to member spread % size under async. nullptr when the
-  // chain is empty (no member serves the mark).
+  // sync replication, to member spread % size under async (until chain
+  // replication lands, issue 10, reads go to the head too: only it holds
+  // the data). nullptr when the chain is empty (no member serves the mark).
   static const Member* Target(const Partition& partition, bool write,
                               std::string_view replication, uint64_t spread);
 
