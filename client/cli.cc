@@ -41,6 +41,7 @@
 #include <thrift/TOutput.h>
 
 #include "client/client.h"
+#include "client/ring_client.h"
 
 namespace flatkv::client {
 namespace {
@@ -79,6 +80,9 @@ constexpr const char* kUsage =
     "                              stderr and prints what it reclaimed\n"
     "  admin stats                 print 'name value' counter lines, sorted\n"
     "  admin info                  print the server's identity, 'name value'\n"
+    "  ring                        print the ring: each mark, the hash ranges it\n"
+    "                              owns and their share of the hash space, its\n"
+    "                              chain with roles (--zk, or any one instance)\n"
     "\n"
     "Options (anywhere on the line; '--' ends them):\n"
     "  --host H          server address (default 127.0.0.1)\n"
@@ -90,7 +94,9 @@ constexpr const char* kUsage =
     "                    (VALUE, SKEY and a VALUE read from stdin)\n"
     "  --raw             get/sget: print the value's bytes exactly, with no\n"
     "                    newline (default: the value, then a newline)\n"
-    "  --zk Z, --path P  cluster mode (not built yet)\n"
+    "  --zk Z            ZooKeeper hosts (host:port,...) of a ring: each call goes\n"
+    "                    straight to the instance that owns its key\n"
+    "  --path P          the ring's ZooKeeper service path (default /flatkv)\n"
     "  --help            this text\n"
     "\n"
     "Exit status: 0 success; 1 key not found (get, sget, rm, srm); 2 usage or\n"
@@ -106,7 +112,8 @@ struct Flags {
   bool raw = false;
   bool reverse = false;
   bool wait = false;
-  bool cluster = false;  // --zk or --path given
+  std::string zookeeper;                 // --zk: route through the ring
+  std::string service_path = "/flatkv";  // --path
   bool help = false;
   std::vector<std::string> operands;  // the command and its arguments
 };
@@ -156,8 +163,10 @@ Status ApplyValueOption(const std::string& name, const std::string& value, Flags
     FLATKV_RETURN_IF_ERROR(
         ParseBounded<int64_t>(name, value, 1, std::numeric_limits<int64_t>::max(), &n));
     f->limit = n;
-  } else {  // zk, path
-    f->cluster = true;
+  } else if (name == "zk") {
+    f->zookeeper = value;
+  } else {  // path
+    f->service_path = value;
   }
   return Status::OK();
 }
@@ -387,9 +396,25 @@ class Cli {
   int WaitForCompaction(const rpc::CompactionStatus& before);
   int Stats(const Operands& ops);
   int Info(const Operands& ops);
+  int PrintRing(const Operands& ops);
+
+  // Runs a data call on the ring client (--zk) or on the one instance.
+  template <typename Call>
+  Status Data(Call&& call) {
+    if (flags_.zookeeper.empty()) return call(client_);
+    if (!ring_) {
+      RingClientOptions o;
+      o.zookeeper = flags_.zookeeper;
+      o.service_path = flags_.service_path;
+      o.client = flags_.client;
+      FLATKV_RETURN_IF_ERROR(RingClient::Open(std::move(o), &ring_));
+    }
+    return call(*ring_);
+  }
 
   const Flags flags_;
   Client client_;
+  std::unique_ptr<RingClient> ring_;  // with --zk
 };
 
 const Cli::Command Cli::kCommands[] = {
@@ -405,6 +430,7 @@ const Cli::Command Cli::kCommands[] = {
     {"admin compact", 0, 0, &Cli::Compact},
     {"admin stats", 0, 0, &Cli::Stats},
     {"admin info", 0, 0, &Cli::Info},
+    {"ring", 0, 0, &Cli::PrintRing},
 };
 
 int Cli::Run() {
@@ -447,7 +473,12 @@ Status Cli::CheckOptions(const std::string& command) const {
 
 int Cli::Fail(const Status& st) {
   std::fprintf(stderr, "flatkv: %s\n", st.ToString().c_str());
-  return client_.network_failed() ? kExitNetwork : kExitServer;
+  // Through the ring client, an instance that cannot be reached is
+  // Unavailable or IOError; one instance tells by its connection.
+  const bool network = flags_.zookeeper.empty()
+                           ? client_.network_failed()
+                           : st.IsUnavailable() || st.IsIOError() || !ring_;
+  return network ? kExitNetwork : kExitServer;
 }
 
 int Cli::Usage(const std::string& message) {
@@ -504,7 +535,7 @@ int Cli::Get(const Operands& ops) {
   int64_t key = 0;
   std::string value;
   if (Status st = Key(ops[0], &key); !st.ok()) return Usage(st.message());
-  Status st = client_.Get(key, &value);
+  Status st = Data([&](auto& c) { return c.Get(key, &value); });
   if (st.IsNotFound()) {
     std::fprintf(stderr, "flatkv: key %s not found\n", ops[0].c_str());
     return kExitNotFound;
@@ -517,7 +548,7 @@ int Cli::Put(const Operands& ops) {
   std::string value;
   if (Status st = Key(ops[0], &key); !st.ok()) return Usage(st.message());
   if (Status st = Value(ops, 1, &value); !st.ok()) return Usage(st.message());
-  Status st = client_.Put(key, value);
+  Status st = Data([&](auto& c) { return c.Put(key, value); });
   return st.ok() ? kExitOk : Fail(st);
 }
 
@@ -525,7 +556,7 @@ int Cli::Remove(const Operands& ops) {
   int64_t key = 0;
   bool existed = false;
   if (Status st = Key(ops[0], &key); !st.ok()) return Usage(st.message());
-  Status st = client_.Remove(key, &existed);
+  Status st = Data([&](auto& c) { return c.Remove(key, &existed); });
   if (!st.ok()) return Fail(st);
   if (existed) return kExitOk;
   std::fprintf(stderr, "flatkv: key %s not found\n", ops[0].c_str());
@@ -537,7 +568,7 @@ int Cli::Append(const Operands& ops) {
   std::string value;
   if (Status st = Key(ops[0], &key); !st.ok()) return Usage(st.message());
   if (Status st = Value(ops, 1, &value); !st.ok()) return Usage(st.message());
-  Status st = client_.Append(key, value);
+  Status st = Data([&](auto& c) { return c.Append(key, value); });
   return st.ok() ? kExitOk : Fail(st);
 }
 
@@ -551,8 +582,8 @@ int Cli::Scan(const Operands& ops) {
   int64_t left = flags_.limit.value_or(std::numeric_limits<int64_t>::max());
   while (left > 0) {
     rpc::ScanResult page;
-    Status st = client_.Scan(from, static_cast<int32_t>(std::min<int64_t>(left, kScanPage)),
-                             flags_.reverse, &page);
+    const auto n = static_cast<int32_t>(std::min<int64_t>(left, kScanPage));
+    Status st = Data([&](auto& c) { return c.Scan(from, n, flags_.reverse, &page); });
     if (!st.ok()) return Fail(st);
     for (const rpc::KvPair& p : page.pairs) {
       const std::string line = std::to_string(p.key) + "\t" +
@@ -569,7 +600,7 @@ int Cli::Scan(const Operands& ops) {
 int Cli::SGet(const Operands& ops) {
   std::string key, value;
   if (Status st = StringKey(ops[0], &key); !st.ok()) return Usage(st.message());
-  Status st = client_.SGet(key, &value);
+  Status st = Data([&](auto& c) { return c.SGet(key, &value); });
   if (st.IsNotFound()) {
     std::fprintf(stderr, "flatkv: string key not found\n");
     return kExitNotFound;
@@ -581,7 +612,7 @@ int Cli::SPut(const Operands& ops) {
   std::string key, value;
   if (Status st = StringKey(ops[0], &key); !st.ok()) return Usage(st.message());
   if (Status st = Value(ops, 1, &value); !st.ok()) return Usage(st.message());
-  Status st = client_.SPut(key, value);
+  Status st = Data([&](auto& c) { return c.SPut(key, value); });
   return st.ok() ? kExitOk : Fail(st);
 }
 
@@ -589,7 +620,7 @@ int Cli::SRemove(const Operands& ops) {
   std::string key;
   bool existed = false;
   if (Status st = StringKey(ops[0], &key); !st.ok()) return Usage(st.message());
-  Status st = client_.SRemove(key, &existed);
+  Status st = Data([&](auto& c) { return c.SRemove(key, &existed); });
   if (!st.ok()) return Fail(st);
   if (existed) return kExitOk;
   std::fprintf(stderr, "flatkv: string key not found\n");
@@ -685,11 +716,45 @@ int Main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return kExitOk;
   }
-  if (flags.cluster) {
-    std::fprintf(stderr, "flatkv: cluster mode is not built yet; use --host/--port\n");
-    return kExitUsage;
-  }
   return Cli(std::move(flags)).Run();
+}
+
+// One line per mark: its hash ranges and their share of the i64 hash
+// space, then its chain, head first, with each member's role.
+int Cli::PrintRing(const Operands&) {
+  std::shared_ptr<const partition::Ring> ring;
+  if (flags_.zookeeper.empty()) {
+    rpc::RingInfo info;
+    if (Status st = client_.Ring(&info); !st.ok()) return Fail(st);
+    ring = RingFromInfo(info);
+  } else {
+    if (Status st = Data([](auto&) { return Status::OK(); }); !st.ok()) return Fail(st);
+    ring = ring_->ring();
+  }
+  std::printf("ring version %lld, replication %s, string hash bound %lld, %zu marks\n",
+              static_cast<long long>(ring->version()), ring->settings().replication.c_str(),
+              static_cast<long long>(ring->settings().hash_bound), ring->partitions().size());
+  const auto ranges = ring->KeyOrder();
+  for (size_t i = 0; i < ring->partitions().size(); ++i) {
+    const partition::Partition& p = ring->partitions()[i];
+    std::string owned;
+    long double share = 0;
+    for (const partition::HashRange& r : ranges) {
+      if (r.partition != i) continue;
+      owned += (owned.empty() ? "" : " ") + std::string("[") + std::to_string(r.lo) + ", " +
+               std::to_string(r.hi) + "]";
+      share += (static_cast<long double>(r.hi) - static_cast<long double>(r.lo) + 1) /
+               18446744073709551616.0L;
+    }
+    std::printf("mark %lld  owns %s  (%.2Lf%% of the hash space)\n",
+                static_cast<long long>(p.mark), owned.c_str(), share * 100);
+    if (p.chain.empty()) std::printf("    (no serving member: its keys are UNAVAILABLE)\n");
+    for (const partition::Member& m : p.chain) {
+      std::printf("    %-8s %s\n", ring->RoleOf(p.mark, m.address()).c_str(),
+                  m.address().c_str());
+    }
+  }
+  return kExitOk;
 }
 
 }  // namespace
