@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Starts or stops a standalone ZooKeeper server from Debian's `zookeeper`
+# package, with its own config and data in DIR, listening on 127.0.0.1:PORT.
+# Used by the registry tests and by deploy/ring.sh; not for production (one
+# server, no ensemble).
+#
+#   bash deploy/zookeeper.sh start DIR PORT   # returns once it serves (<= ~20 s)
+#   bash deploy/zookeeper.sh stop DIR         # SIGTERM, SIGKILL after 5 s
+#   bash deploy/zookeeper.sh kill DIR         # SIGKILL at once (a crash; tests)
+#   bash deploy/zookeeper.sh status DIR       # exit 0 if it answers srvr
+#
+# Restarting with the same DIR keeps the data (znodes, and sessions until
+# they expire). tickTime=200 lets clients use session timeouts of 400 ms to
+# 20 s. Files in DIR: zoo.cfg, data/, zookeeper.log, zookeeper.pid, port.
+set -euo pipefail
+
+JAVA_CP=/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar
+START_TIMEOUT_S=20
+
+usage() {
+  echo "usage: $0 start DIR PORT | stop DIR | kill DIR | status DIR" >&2
+  exit 2
+}
+
+# Sends a four-letter word to 127.0.0.1:$1 and prints the answer (empty if
+# the server does not answer within 1 s).
+four_letter() {
+  local port=$1 word=$2
+  timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port && printf '%s' '$word' >&3 && cat <&3" \
+    2>/dev/null || true
+}
+
+serving() {
+  four_letter "$1" srvr | grep -q "Zookeeper version"
+}
+
+write_config() {
+  local dir=$1 port=$2
+  cat >"$dir/zoo.cfg" <<EOF
+tickTime=200
+dataDir=$dir/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,stat,mntr
+minSessionTimeout=400
+maxSessionTimeout=20000
+EOF
+  echo "$port" >"$dir/port"
+}
+
+# True while pid $1 runs. A zombie counts as gone: the server is reparented
+# to init, which may reap it only seconds later, but its port is free.
+running() {
+  local st
+  st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  [[ $st != Z* ]]
+}
+
+alive() {
+  [[ -f "$1/zookeeper.pid" ]] && running "$(cat "$1/zookeeper.pid")"
+}
+
+start() {
+  local dir port
+  [[ $# -eq 2 ]] || usage
+  mkdir -p "$1/data"
+  dir=$(cd "$1" && pwd)
+  port=$2
+  if alive "$dir"; then
+    echo "zookeeper.sh: already running in $dir (pid $(cat "$dir/zookeeper.pid"))" >&2
+    exit 1
+  fi
+  write_config "$dir" "$port"
+  # setsid: the server leaves the caller's process group, so a test runner's
+  # Ctrl-C or group kill does not take it down mid-test; stop() ends it.
+  setsid java -Xmx256m -cp "$JAVA_CP" org.apache.zookeeper.server.ZooKeeperServerMain \
+    "$dir/zoo.cfg" >>"$dir/zookeeper.log" 2>&1 </dev/null &
+  echo $! >"$dir/zookeeper.pid"
+  local deadline=$((SECONDS + START_TIMEOUT_S))
+  until serving "$port"; do
+    if ! alive "$dir"; then
+      echo "zookeeper.sh: server exited during start-up; see $dir/zookeeper.log:" >&2
+      tail -n 20 "$dir/zookeeper.log" >&2
+      exit 1
+    fi
+    if ((SECONDS >= deadline)); then
+      echo "zookeeper.sh: no answer on 127.0.0.1:$port after ${START_TIMEOUT_S}s" >&2
+      stop "$dir"
+      exit 1
+    fi
+    sleep 0.05
+  done
+}
+
+# Waits up to $2 × 50 ms for pid $1 to exit; false if it is still there.
+wait_exit() {
+  local i
+  for ((i = 0; i < $2; i++)); do
+    running "$1" || return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+stop() {
+  [[ $# -eq 1 ]] || usage
+  local dir=$1 pid i
+  [[ -f "$dir/zookeeper.pid" ]] || return 0
+  pid=$(cat "$dir/zookeeper.pid")
+  kill -TERM "$pid" 2>/dev/null || true
+  wait_exit "$pid" 100 || { kill -KILL "$pid" 2>/dev/null || true; wait_exit "$pid" 100 || true; }
+  rm -f "$dir/zookeeper.pid"
+}
+
+# SIGKILL: what a crash looks like to clients. Acknowledged writes survive
+# (the server syncs its log before it answers).
+kill_now() {
+  [[ $# -eq 1 ]] || usage
+  [[ -f "$1/zookeeper.pid" ]] || return 0
+  local pid
+  pid=$(cat "$1/zookeeper.pid")
+  kill -KILL "$pid" 2>/dev/null || true
+  wait_exit "$pid" 200 || true
+  rm -f "$1/zookeeper.pid"
+}
+
+status() {
+  [[ $# -eq 1 ]] || usage
+  [[ -f "$1/port" ]] && serving "$(cat "$1/port")"
+}
+
+[[ $# -ge 1 ]] || usage
+cmd=$1
+shift
+case "$cmd" in
+  start) start "$@" ;;
+  stop) stop "$@" ;;
+  kill) kill_now "$@" ;;
+  status) status "$@" ;;
+  *) usage ;;
+esac

@@ -1,0 +1,785 @@
+// Registry: the ZooKeeper side of one instance (registry.h).
+//
+// Implementation note
+// -------------------
+// Three kinds of threads touch a Registry:
+//   - callers of the public methods (any thread);
+//   - the ZooKeeper client's completion thread, which runs Watch(). It only
+//     records what happened (session state, "the children changed") under
+//     mu_ and wakes the registry thread: it never calls ZooKeeper and never
+//     waits for anything but the short critical sections below;
+//   - the registry thread (Run()), the only one that calls zoo_*. It owns the
+//     handle and runs a reconcile loop: each pass (Step()) compares what is
+//     wanted with what is known and does what is missing, in this order:
+//
+//       handle? -> connected? -> settings checked? -> registered? -> ring read?
+//
+//     A pass that fails for a transient reason (connection loss, a node that
+//     vanished meanwhile) retries after a back-off; one that fails for a
+//     permanent reason (settings mismatch, no permission) calls on_fatal and
+//     stops. A pass with nothing to do waits for the next event: in steady
+//     state the registry sends nothing but the client's own pings.
+//
+// ZooKeeper facts this relies on (ZooKeeper Programmer's Guide):
+//   - watches fire once and events are lost while disconnected: every read of
+//     the children re-arms the watch, and every (re)connect re-reads;
+//   - the same session survives a disconnection (and a server restart) as
+//     long as the client reconnects within the session timeout: its
+//     ephemeral node stays and nothing needs re-registering;
+//   - after ZOO_EXPIRED_SESSION_STATE the handle is dead for good: close it,
+//     make a new one, register again;
+//   - zookeeper_close() joins the client's threads, so no watcher of a closed
+//     handle runs afterwards, and it ends the session on the server, so the
+//     ephemeral member node goes at once.
+//
+// Locking: mu_ guards the fields marked GUARDED_BY(mu_) and is never held
+// across a zoo_* call or a user callback (zookeeper_close() joins the
+// completion thread, which may be waiting for mu_ in Watch()). close_mu_ only
+// serializes Close() callers. The published ring is an atomic shared_ptr, so
+// ring() takes no lock at all.
+#include "partition/registry.h"
+
+#include <spdlog/spdlog.h>
+#include <zookeeper/zookeeper.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace flatkv::partition {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr int kRetryMinMs = 50;         // first back-off after a failed pass
+constexpr int kRetryMaxMs = 2000;       // back-off ceiling
+constexpr int kInitRetryMs = 1000;      // zookeeper_init2 itself failed (bad host name)
+constexpr int kClusterDataMax = 4096;   // .cluster holds ~60 bytes of JSON
+constexpr int kLogBurst = 5;            // ZooKeeper log lines per window...
+constexpr int64_t kLogWindowMs = 10000; // ...then one "suppressed" line
+
+// ---- ZooKeeper's log, through spdlog, rate-limited ----------------------
+
+// The client formats "<date> <time>,<ms>:<pid>(0x<tid>):ZOO_ERROR@<func>@<line>:
+// <text>". spdlog adds its own time, so keep "<func>@<line>: <text>".
+spdlog::level::level_enum ZkLevel(std::string_view* line) {
+  static constexpr std::pair<std::string_view, spdlog::level::level_enum> kLevels[] = {
+      {"ZOO_ERROR@", spdlog::level::err},
+      {"ZOO_WARN@", spdlog::level::warn},
+      // The client's INFO is chatty (a dozen "Client environment" lines per
+      // handle); the registry logs the state changes that matter itself.
+      {"ZOO_INFO@", spdlog::level::debug},
+      {"ZOO_DEBUG@", spdlog::level::trace},
+  };
+  for (const auto& [tag, level] : kLevels) {
+    const size_t at = line->find(tag);
+    if (at != std::string_view::npos) {
+      line->remove_prefix(at + tag.size());
+      return level;
+    }
+  }
+  return spdlog::level::info;
+}
+
+// While the server is down the client logs an error every ~33 ms: let
+// kLogBurst lines through per window and count the rest. The callback has
+// no context argument, so the limiter is process-wide.
+void ZkLog(const char* message) {
+  std::string_view line(message);
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.remove_suffix(1);
+  const spdlog::level::level_enum level = ZkLevel(&line);
+  if (!spdlog::should_log(level)) return;
+  static std::mutex mu;
+  static int64_t window_start = 0;   // GUARDED_BY(mu)
+  static int in_window = 0;          // GUARDED_BY(mu)
+  static int64_t suppressed = 0;     // GUARDED_BY(mu)
+  std::lock_guard<std::mutex> lock(mu);
+  const int64_t now = NowMs();
+  if (now - window_start >= kLogWindowMs) {
+    if (suppressed > 0) {
+      spdlog::warn("zookeeper client: {} more log lines suppressed", suppressed);
+    }
+    window_start = now;
+    in_window = 0;
+    suppressed = 0;
+  }
+  if (++in_window > kLogBurst) {
+    ++suppressed;
+    return;
+  }
+  spdlog::log(level, "zookeeper client: {}", line);
+}
+
+// ---- option checks --------------------------------------------------------
+
+Status CheckZookeeper(std::string_view hosts) {
+  if (hosts.empty()) return Status::InvalidArgument("cluster.zookeeper: empty (host:port,...)");
+  while (true) {
+    const size_t comma = hosts.find(',');
+    std::string host;
+    int port = 0;
+    Status s = ParseHostPort(hosts.substr(0, comma), "cluster.zookeeper", &host, &port);
+    if (!s.ok()) return s;
+    if (comma == std::string_view::npos) return Status::OK();
+    hosts.remove_prefix(comma + 1);
+  }
+}
+
+bool IsWildcard(std::string_view host) {
+  return host == "0.0.0.0" || host == "::" || host == "[::]" || host == "*" ||
+         host == "[0:0:0:0:0:0:0:0]";
+}
+
+Status CheckAdvertise(const std::string& advertise) {
+  std::string host;
+  int port = 0;
+  Status s = ParseHostPort(advertise, "cluster.advertise", &host, &port);
+  if (!s.ok()) return s;
+  if (IsWildcard(host)) {
+    return Status::InvalidArgument("cluster.advertise: '" + advertise +
+                                   "' has a wildcard host; give an address peers can reach");
+  }
+  return Status::OK();
+}
+
+Status CheckServicePath(const std::string& path) {
+  if (path.size() < 2 || path[0] != '/' || path.back() == '/' ||
+      path.find("//") != std::string::npos) {
+    return Status::InvalidArgument("cluster.service_path: '" + path +
+                                   "' is not an absolute ZooKeeper path such as /flatkv");
+  }
+  return Status::OK();
+}
+
+Status CheckOptions(const RegistryOptions& o) {
+  Status s = CheckZookeeper(o.zookeeper);
+  if (s.ok()) s = CheckServicePath(o.service_path);
+  if (s.ok()) s = CheckAdvertise(o.advertise);
+  if (s.ok() && o.session_timeout_ms <= 0) {
+    s = Status::InvalidArgument("cluster.session_timeout_ms: must be positive");
+  }
+  if (s.ok()) {
+    // Validates hash_bound and replication with the same rules as .cluster.
+    RingSettings copy;
+    s = RingSettings::FromJson(o.settings.ToJson(), &copy);
+  }
+  return s;
+}
+
+bool ParseMark(std::string_view text, int64_t* mark) {
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *mark);
+  return !text.empty() && ec == std::errc() && ptr == end;
+}
+
+// The session states are `extern const int`, so no switch.
+const char* StateName(int state) {
+  if (state == ZOO_CONNECTED_STATE) return "connected";
+  if (state == ZOO_CONNECTING_STATE) return "connecting";
+  if (state == ZOO_ASSOCIATING_STATE) return "associating";
+  if (state == ZOO_EXPIRED_SESSION_STATE) return "session expired";
+  if (state == ZOO_AUTH_FAILED_STATE) return "authentication failed";
+  if (state == ZOO_READONLY_STATE) return "read-only";
+  return "not connected";
+}
+
+// A failed zoo_* call. No permission will not fix itself: it is fatal
+// (InvalidArgument); everything else is retried (Unavailable).
+Status ZkError(std::string_view what, const std::string& path, int rc) {
+  const std::string msg = "zookeeper " + std::string(what) + " " + path + ": " + zerror(rc);
+  return rc == ZNOAUTH ? Status::InvalidArgument(msg) : Status::Unavailable(msg);
+}
+
+std::vector<std::string> TakeStrings(String_vector* v) {
+  std::vector<std::string> out(v->data, v->data + v->count);
+  deallocate_String_vector(v);
+  return out;
+}
+
+}  // namespace
+
+struct Registry::Impl {
+  explicit Impl(RegistryOptions o);
+
+  // Completion thread.
+  static void Watch(zhandle_t* zh, int type, int state, const char* path, void* ctx);
+  void OnEvent(int type, int state);
+
+  // Registry thread.
+  void Run();
+  int Step();
+  int Failed(const Status& s);
+  bool OpenSession();
+  void CloseSession();
+  void NoteState(int state);
+  void OnConnected();
+  Status EnsureSettings();
+  Status CreateParents();
+  Status CheckClusterNode();
+  Status RegisterNode();
+  Status TakeOver(int64_t session);
+  Status ReadRing();
+  Status ReadMembers(const std::vector<std::string>& children,
+                     std::vector<Ring::Registration>* regs);
+  Status ReadMarks(std::vector<int64_t>* marks);
+  void Publish(std::shared_ptr<const Ring> ring, uint64_t ticket);
+  void WarnOnce(const std::string& child, std::string_view why);
+  void Fatal(const Status& s);
+  int Create(const std::string& path, const std::string& data, int mode);
+  void SetRegistered(bool registered);
+
+  const RegistryOptions opt_;
+  const std::string member_name_;   // thriftbinary<mark>:<host>:<port>
+  const std::string member_path_;   // <service_path>/<member_name_>
+  const std::string cluster_path_;  // <service_path>/.cluster
+  const std::string marks_path_;    // <service_path>/.cluster/marks
+  const std::string mark_path_;     // <service_path>/.cluster/marks/<mark>
+  std::thread thread_;
+  std::mutex close_mu_;             // serializes Close()
+  std::atomic<std::shared_ptr<const Ring>> ring_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;      // the registry thread waits on it
+  std::condition_variable progress_;  // WaitRegistered() and Refresh() wait on it
+  bool stop_ = false;                 // GUARDED_BY(mu_)
+  int zk_state_ = 0;                  // GUARDED_BY(mu_): last session state seen
+  bool state_event_ = false;          // GUARDED_BY(mu_): zk_state_ changed
+  bool ring_event_ = false;           // GUARDED_BY(mu_): a watched node changed
+  bool register_event_ = false;       // GUARDED_BY(mu_): Register() was called
+  bool want_register_ = false;        // GUARDED_BY(mu_)
+  bool registered_ = false;           // GUARDED_BY(mu_): our member node exists
+  bool connected_ = false;            // GUARDED_BY(mu_)
+  int64_t disconnected_since_ms_;     // GUARDED_BY(mu_)
+  uint64_t refresh_asked_ = 0;        // GUARDED_BY(mu_): Refresh() tickets issued
+  uint64_t refresh_done_ = 0;         // GUARDED_BY(mu_): tickets a read has served
+  bool fatal_set_ = false;            // GUARDED_BY(mu_): on_fatal was called with...
+  Status fatal_status_;               // GUARDED_BY(mu_): ...this
+  int64_t session_id_ = 0;            // GUARDED_BY(mu_)
+  std::string session_passwd_;        // GUARDED_BY(mu_)
+  RegistryStats stats_;               // GUARDED_BY(mu_)
+
+  // Registry thread only.
+  zhandle_t* zh_ = nullptr;
+  bool settings_ok_ = false;     // .cluster checked in this process
+  bool need_read_ = true;        // the children must be (re)read
+  bool need_register_ = false;   // a copy of want_register_ && !registered_
+  bool was_connected_ = false;   // for logging transitions
+  bool yielded_ = false;         // our address is held by another live session
+  bool gave_up_ = false;         // after on_fatal: wait for Close()
+  int backoff_ms_ = kRetryMinMs;
+  std::set<std::string> warned_;  // children already warned about
+};
+
+Registry::Impl::Impl(RegistryOptions o)
+    : opt_(std::move(o)),
+      member_name_(MemberNodeName(opt_.mark, opt_.advertise)),
+      member_path_(opt_.service_path + "/" + member_name_),
+      cluster_path_(opt_.service_path + "/.cluster"),
+      marks_path_(cluster_path_ + "/marks"),
+      mark_path_(marks_path_ + "/" + std::to_string(opt_.mark)),
+      disconnected_since_ms_(NowMs()) {
+  stats_.ring_version = -1;
+}
+
+// ---- completion thread ----------------------------------------------------
+
+void Registry::Impl::Watch(zhandle_t*, int type, int state, const char*, void* ctx) {
+  static_cast<Impl*>(ctx)->OnEvent(type, state);
+}
+
+void Registry::Impl::OnEvent(int type, int state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (type == ZOO_SESSION_EVENT) {
+    const bool now_connected = state == ZOO_CONNECTED_STATE;
+    if (connected_ && !now_connected) disconnected_since_ms_ = NowMs();
+    connected_ = now_connected;
+    stats_.connected = now_connected ? 1 : 0;
+    zk_state_ = state;
+    state_event_ = true;
+  } else {
+    // A child of the service path or of .cluster/marks came or went, or
+    // .cluster/marks was created.
+    ring_event_ = true;
+  }
+  wake_.notify_one();
+}
+
+// ---- registry thread: the loop ------------------------------------------
+
+void Registry::Impl::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    const int wait_ms = Step();
+    lock.lock();
+    const auto pending = [this] {
+      return stop_ || state_event_ || ring_event_ || register_event_ ||
+             refresh_asked_ > refresh_done_;
+    };
+    if (gave_up_) {
+      wake_.wait(lock, [this] { return stop_; });
+    } else if (wait_ms < 0) {
+      wake_.wait(lock, pending);
+    } else {
+      wake_.wait_for(lock, std::chrono::milliseconds(wait_ms), pending);
+    }
+  }
+  lock.unlock();
+  CloseSession();
+}
+
+// One reconcile pass. Returns how long to wait for an event before the next
+// pass: -1 for as long as it takes (nothing left to do), else a retry delay.
+int Registry::Impl::Step() {
+  int state;
+  bool state_event, refresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state = zk_state_;
+    state_event = std::exchange(state_event_, false);
+    need_read_ = std::exchange(ring_event_, false) || need_read_;
+    refresh = refresh_asked_ > refresh_done_;
+    register_event_ = false;
+    need_register_ = want_register_ && !registered_;
+  }
+  if (zh_ != nullptr && (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE)) {
+    spdlog::warn("zookeeper: {}; starting a new session", StateName(state));
+    CloseSession();
+  }
+  if (zh_ == nullptr) return OpenSession() ? -1 : kInitRetryMs;
+  if (state_event) NoteState(state);
+  if (state != ZOO_CONNECTED_STATE) return -1;  // Watch() tells us when it connects
+  Status s;
+  if (!settings_ok_) s = EnsureSettings();
+  if (s.ok() && need_register_ && !yielded_) s = RegisterNode();
+  if (s.ok() && (need_read_ || refresh)) s = ReadRing();
+  if (!s.ok()) return Failed(s);
+  backoff_ms_ = kRetryMinMs;
+  // The read found our node gone: register again at once.
+  return need_register_ && !yielded_ ? 0 : -1;
+}
+
+int Registry::Impl::Failed(const Status& s) {
+  if (s.IsInvalidArgument()) {
+    Fatal(s);
+    return -1;
+  }
+  spdlog::warn("registry: {} (retrying in {} ms)", s.ToString(), backoff_ms_);
+  const int wait = backoff_ms_;
+  backoff_ms_ = std::min(backoff_ms_ * 2, kRetryMaxMs);
+  return wait;
+}
+
+void Registry::Impl::Fatal(const Status& s) {
+  spdlog::error("registry: {}; giving up", s.ToString());
+  CloseSession();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fatal_status_ = s;
+    fatal_set_ = true;
+  }
+  gave_up_ = true;
+  progress_.notify_all();
+  if (opt_.on_fatal) opt_.on_fatal(s);
+}
+
+// ---- registry thread: the session ---------------------------------------
+
+bool Registry::Impl::OpenSession() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    zk_state_ = ZOO_CONNECTING_STATE;  // forget the old handle's last state
+    state_event_ = false;
+  }
+  zh_ = zookeeper_init2(opt_.zookeeper.c_str(), &Impl::Watch, opt_.session_timeout_ms,
+                        nullptr, this, 0, &ZkLog);
+  if (zh_ == nullptr) {
+    spdlog::warn("zookeeper: cannot create a handle for {}: {}", opt_.zookeeper,
+                 std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+// Ends the session (its ephemeral node goes at once if the server hears
+// the close) and joins the client's threads.
+void Registry::Impl::CloseSession() {
+  if (zh_ == nullptr) return;
+  const int rc = zookeeper_close(zh_);
+  zh_ = nullptr;
+  if (rc != ZOK) spdlog::debug("zookeeper: close: {}", zerror(rc));
+  SetRegistered(false);
+  yielded_ = false;
+  was_connected_ = false;
+  need_read_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  connected_ = false;
+  stats_.connected = 0;
+  disconnected_since_ms_ = NowMs();
+}
+
+void Registry::Impl::NoteState(int state) {
+  const bool connected = state == ZOO_CONNECTED_STATE;
+  if (connected) {
+    OnConnected();
+  } else if (was_connected_) {
+    spdlog::warn("zookeeper: disconnected from {} ({}); keeping the last ring", opt_.zookeeper,
+                 StateName(state));
+  }
+  was_connected_ = connected;
+}
+
+// Connected, or reconnected: events may have been lost meanwhile, so read
+// again. A new session id means a new session (the first, or one after
+// expiry); the same id means the old one survived the disconnection.
+void Registry::Impl::OnConnected() {
+  need_read_ = true;
+  const clientid_t* id = zoo_client_id(zh_);
+  const int timeout_ms = zoo_recv_timeout(zh_);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id->client_id == session_id_) {
+    spdlog::info("zookeeper: reconnected to {}, session 0x{:x} still valid", opt_.zookeeper,
+                 session_id_);
+    return;
+  }
+  session_id_ = id->client_id;
+  session_passwd_.assign(id->passwd, sizeof(id->passwd));
+  ++stats_.sessions;
+  spdlog::info("zookeeper: session 0x{:x} established with {} (timeout {} ms)", session_id_,
+               opt_.zookeeper, timeout_ms);
+}
+
+void Registry::Impl::SetRegistered(bool registered) {
+  std::lock_guard<std::mutex> lock(mu_);
+  registered_ = registered;
+  need_register_ = want_register_ && !registered;
+  if (registered) progress_.notify_all();
+}
+
+int Registry::Impl::Create(const std::string& path, const std::string& data, int mode) {
+  return zoo_create(zh_, path.c_str(), data.data(), static_cast<int>(data.size()),
+                    &ZOO_OPEN_ACL_UNSAFE, mode, nullptr, 0);
+}
+
+// ---- registry thread: settings ------------------------------------------
+
+// The first instance creates .cluster with the settings as its data in one
+// request, so no instance ever sees a .cluster without settings from us.
+Status Registry::Impl::EnsureSettings() {
+  const std::string json = opt_.settings.ToJson();
+  int rc = Create(cluster_path_, json, ZOO_PERSISTENT);
+  if (rc == ZNONODE) {
+    Status s = CreateParents();
+    if (!s.ok()) return s;
+    rc = Create(cluster_path_, json, ZOO_PERSISTENT);
+  }
+  Status s;
+  if (rc == ZOK) {
+    spdlog::info("registry: wrote the ring settings {} to {}", json, cluster_path_);
+  } else if (rc == ZNODEEXISTS) {
+    s = CheckClusterNode();
+  } else {
+    s = ZkError("create", cluster_path_, rc);
+  }
+  if (s.ok()) settings_ok_ = true;
+  return s;
+}
+
+// /a, /a/b, ... up to the service path itself (persistent, empty).
+Status Registry::Impl::CreateParents() {
+  const std::string& path = opt_.service_path;
+  for (size_t slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
+    const std::string prefix = path.substr(0, slash);
+    const int rc = Create(prefix, "", ZOO_PERSISTENT);
+    if (rc != ZOK && rc != ZNODEEXISTS) return ZkError("create", prefix, rc);
+    if (slash == std::string::npos) return Status::OK();
+  }
+}
+
+// .cluster exists: check our settings against it, or fill it in if another
+// tool created it empty.
+Status Registry::Impl::CheckClusterNode() {
+  char buf[kClusterDataMax];
+  int len = sizeof(buf);
+  Stat stat{};
+  const int rc = zoo_get(zh_, cluster_path_.c_str(), 0, buf, &len, &stat);
+  if (rc != ZOK) return ZkError("get", cluster_path_, rc);
+  if (len <= 0) {
+    const std::string json = opt_.settings.ToJson();
+    const int set = zoo_set(zh_, cluster_path_.c_str(), json.data(),
+                            static_cast<int>(json.size()), stat.version);
+    // ZBADVERSION: another instance filled it in first; the retry checks it.
+    return set == ZOK ? Status::OK() : ZkError("set", cluster_path_, set);
+  }
+  RingSettings ring;
+  Status s = RingSettings::FromJson(std::string_view(buf, std::min(len, kClusterDataMax)), &ring);
+  if (!s.ok()) return s.WithContext(cluster_path_);
+  return opt_.settings.CheckSame(ring);
+}
+
+// ---- registry thread: registration --------------------------------------
+
+Status Registry::Impl::RegisterNode() {
+  for (const std::string* path : {&marks_path_, &mark_path_}) {
+    const int rc = Create(*path, "", ZOO_PERSISTENT);
+    if (rc == ZNONODE) settings_ok_ = false;  // .cluster was deleted: recreate it
+    if (rc != ZOK && rc != ZNODEEXISTS) return ZkError("create", *path, rc);
+  }
+  int64_t session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    session = session_id_;
+  }
+  const int rc = Create(member_path_, member_name_, ZOO_EPHEMERAL);
+  Status s = rc == ZOK ? Status::OK()
+             : rc == ZNODEEXISTS ? TakeOver(session)
+                                 : ZkError("create", member_path_, rc);
+  if (!s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.registrations;
+  }
+  SetRegistered(true);
+  spdlog::info("registry: registered {} (session 0x{:x})", member_path_, session);
+  return Status::OK();
+}
+
+// Our member node already exists. If our own session made it (a create whose
+// answer was lost to a disconnection) it is ours. Otherwise it is left by an
+// earlier process at the same address whose session has not expired yet:
+// delete it and create ours, which rejoins the chain at the tail.
+Status Registry::Impl::TakeOver(int64_t session) {
+  Stat stat{};
+  int rc = zoo_exists(zh_, member_path_.c_str(), 0, &stat);
+  if (rc == ZOK && stat.ephemeralOwner == session) return Status::OK();
+  if (rc == ZOK) {
+    spdlog::warn("registry: {} is held by session 0x{:x}, not ours; replacing it",
+                 member_path_, stat.ephemeralOwner);
+    rc = zoo_delete(zh_, member_path_.c_str(), stat.version);
+    if (rc != ZOK && rc != ZNONODE) return ZkError("delete", member_path_, rc);
+  } else if (rc != ZNONODE) {
+    return ZkError("exists", member_path_, rc);
+  }
+  rc = Create(member_path_, member_name_, ZOO_EPHEMERAL);
+  return rc == ZOK ? Status::OK() : ZkError("create", member_path_, rc);
+}
+
+// ---- registry thread: reading the ring ----------------------------------
+
+Status Registry::Impl::ReadRing() {
+  uint64_t ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = refresh_asked_;
+  }
+  String_vector children{};
+  Stat stat{};
+  int rc = zoo_wget_children2(zh_, opt_.service_path.c_str(), &Impl::Watch, this, &children,
+                              &stat);
+  if (rc == ZNONODE) settings_ok_ = false;  // the service path was deleted: recreate it
+  if (rc != ZOK) return ZkError("get children", opt_.service_path, rc);
+  std::vector<Ring::Registration> regs;
+  Status s = ReadMembers(TakeStrings(&children), &regs);
+  std::vector<int64_t> marks;
+  if (s.ok()) s = ReadMarks(&marks);
+  if (!s.ok()) return s;
+  need_read_ = false;
+  Publish(Ring::Make(stat.cversion, opt_.settings, std::move(marks), std::move(regs)), ticket);
+  return Status::OK();
+}
+
+// The member nodes among "children", each with its creation zxid. Also
+// notices whether our own node is still there and still ours.
+Status Registry::Impl::ReadMembers(const std::vector<std::string>& children,
+                                   std::vector<Ring::Registration>* regs) {
+  bool mine_seen = false;
+  for (const std::string& child : children) {
+    Ring::Registration r;
+    if (!ParseMemberNode(child, &r.mark, &r.member.host, &r.member.port)) {
+      if (child != ".cluster") {
+        WarnOnce(child, child.starts_with(kMemberPrefix) ? "a malformed member name"
+                                                         : "not a member");
+      }
+      continue;
+    }
+    const std::string path = opt_.service_path + "/" + child;
+    Stat stat{};
+    const int rc = zoo_exists(zh_, path.c_str(), 0, &stat);
+    if (rc == ZNONODE) continue;  // gone since the listing; a watch event follows
+    if (rc != ZOK) return ZkError("exists", path, rc);
+    r.member.czxid = stat.czxid;
+    regs->push_back(std::move(r));
+    if (child == member_name_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      mine_seen = stat.ephemeralOwner == session_id_;
+    }
+  }
+  bool registered;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered = registered_;
+  }
+  if (registered && !mine_seen) {
+    // Deleted by hand, or replaced by another process that advertises our
+    // address. Re-create it in the first case; do not fight in the second.
+    yielded_ = std::any_of(children.begin(), children.end(),
+                           [this](const std::string& c) { return c == member_name_; });
+    spdlog::warn("registry: our member node {} {}", member_path_,
+                 yielded_ ? "is now held by another session (same cluster.advertise?)"
+                          : "is gone; registering again");
+    SetRegistered(false);
+  }
+  return Status::OK();
+}
+
+// The recorded marks (.cluster/marks/<mark>). Watches the children, or, if
+// no mark was ever recorded, the creation of .cluster/marks.
+Status Registry::Impl::ReadMarks(std::vector<int64_t>* marks) {
+  String_vector children{};
+  Stat stat{};  // the synchronous *_children2 calls write it unchecked: never nullptr
+  int rc = zoo_wget_children2(zh_, marks_path_.c_str(), &Impl::Watch, this, &children, &stat);
+  if (rc == ZNONODE) {
+    rc = zoo_wexists(zh_, marks_path_.c_str(), &Impl::Watch, this, &stat);
+    // ZOK: created since; the watch event makes the next pass read it.
+    return rc == ZNONODE || rc == ZOK ? Status::OK() : ZkError("exists", marks_path_, rc);
+  }
+  if (rc != ZOK) return ZkError("get children", marks_path_, rc);
+  for (const std::string& child : TakeStrings(&children)) {
+    int64_t mark;
+    if (ParseMark(child, &mark)) {
+      marks->push_back(mark);
+    } else {
+      WarnOnce(".cluster/marks/" + child, "not a decimal mark");
+    }
+  }
+  return Status::OK();
+}
+
+void Registry::Impl::WarnOnce(const std::string& child, std::string_view why) {
+  if (!warned_.insert(child).second) return;
+  spdlog::warn("registry: skipping {}/{}: {}", opt_.service_path, child, why);
+}
+
+// Swaps the new ring in if it differs from the current one, and serves
+// every Refresh() ticket issued before this read started.
+void Registry::Impl::Publish(std::shared_ptr<const Ring> ring, uint64_t ticket) {
+  const std::shared_ptr<const Ring> old = ring_.load();
+  const bool changed =
+      !old || old->version() != ring->version() || old->ToString() != ring->ToString();
+  if (changed) ring_.store(ring);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.ring_reads;
+    refresh_done_ = std::max(refresh_done_, ticket);
+    if (changed) {
+      stats_.ring_version = ring->version();
+      stats_.members_seen = 0;
+      for (const Partition& p : ring->partitions()) stats_.members_seen += p.chain.size();
+    }
+  }
+  progress_.notify_all();
+  if (!changed) return;
+  spdlog::info("registry: ring version {}: {}", ring->version(), ring->ToString());
+  if (opt_.on_ring) opt_.on_ring(std::move(ring));
+}
+
+// ---- the public API -------------------------------------------------------
+
+Registry::Registry(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Registry::~Registry() { Close(); }
+
+Status Registry::Start(RegistryOptions options, std::unique_ptr<Registry>* result) {
+  Status s = CheckOptions(options);
+  if (!s.ok()) return s;
+  std::unique_ptr<Registry> registry(new Registry(std::make_unique<Impl>(std::move(options))));
+  Impl* impl = registry->impl_.get();
+  impl->thread_ = std::thread([impl] { impl->Run(); });
+  *result = std::move(registry);
+  return Status::OK();
+}
+
+void Registry::Register() {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  impl_->want_register_ = true;
+  impl_->register_event_ = true;
+  impl_->wake_.notify_one();
+}
+
+Status Registry::WaitRegistered(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(impl_->mu_);
+  impl_->progress_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] {
+    return impl_->registered_ || impl_->fatal_set_ || impl_->stop_;
+  });
+  if (impl_->registered_) return Status::OK();
+  if (impl_->fatal_set_) return impl_->fatal_status_;
+  return Status::Unavailable("not registered in ZooKeeper (" + impl_->opt_.zookeeper +
+                             ") after " + std::to_string(timeout_ms) + " ms");
+}
+
+std::shared_ptr<const Ring> Registry::ring() const { return impl_->ring_.load(); }
+
+Status Registry::Refresh(std::shared_ptr<const Ring>* ring) {
+  std::unique_lock<std::mutex> lock(impl_->mu_);
+  if (impl_->fatal_set_) return impl_->fatal_status_;
+  if (impl_->stop_) return Status::Unavailable("the registry is closed");
+  const uint64_t ticket = ++impl_->refresh_asked_;
+  impl_->wake_.notify_one();
+  const bool done = impl_->progress_.wait_for(
+      lock, std::chrono::milliseconds(impl_->opt_.session_timeout_ms),
+      [&] { return impl_->refresh_done_ >= ticket || impl_->fatal_set_ || impl_->stop_; });
+  if (impl_->fatal_set_) return impl_->fatal_status_;
+  if (!done || impl_->refresh_done_ < ticket) {
+    return Status::Unavailable("cannot read the ring from ZooKeeper (" + impl_->opt_.zookeeper +
+                               "): not connected");
+  }
+  *ring = impl_->ring_.load();
+  return Status::OK();
+}
+
+bool Registry::connected() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->connected_;
+}
+
+int64_t Registry::disconnected_ms() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->connected_ ? 0 : NowMs() - impl_->disconnected_since_ms_;
+}
+
+RegistryStats Registry::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->stats_;
+}
+
+void Registry::Close() {
+  std::lock_guard<std::mutex> close_lock(impl_->close_mu_);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    impl_->stop_ = true;
+    impl_->wake_.notify_one();
+  }
+  impl_->progress_.notify_all();
+  if (impl_->thread_.joinable()) impl_->thread_.join();
+}
+
+bool Registry::TEST_SessionId(int64_t* id, std::string* password) const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  if (impl_->session_id_ == 0) return false;
+  *id = impl_->session_id_;
+  *password = impl_->session_passwd_;
+  return true;
+}
+
+}  // namespace flatkv::partition
