@@ -77,11 +77,8 @@ Status Cluster::Route(int64_t hash, bool write, Target* target) {
 Status Cluster::RouteTo(const partition::Ring& ring, size_t partition, bool write,
                         Target* target) {
   const partition::Partition& p = ring.partitions()[partition];
-  // Until chain replication (issue 10) only the head holds a mark's data, so
-  // reads go there too.
-  (void)write;
   const partition::Member* member = partition::Router::Target(
-      p, /*write=*/true, ring.settings().replication, spread_.fetch_add(1));
+      p, write, ring.settings().replication, spread_.fetch_add(1, std::memory_order_relaxed));
   if (member == nullptr) {
     return Status::Unavailable("mark " + std::to_string(p.mark) +
                                " has no serving member (ring version " +
