@@ -93,11 +93,122 @@ def stop(proc, timeout=60):
     return proc.wait(timeout=timeout)
 
 
-def client(port):
-    """A FlatKV client over a framed transport, and the transport."""
+def client(port, timeout_ms=None):
+    """A FlatKV client over a framed transport, and the transport; with
+    timeout_ms, connect and every call time out (a paused server)."""
     from thrift.protocol import TBinaryProtocol
     from thrift.transport import TSocket, TTransport
     from flatkv import FlatKV
-    t = TTransport.TFramedTransport(TSocket.TSocket("127.0.0.1", port))
+    sock = TSocket.TSocket("127.0.0.1", port)
+    if timeout_ms:
+        sock.setTimeout(timeout_ms)
+    t = TTransport.TFramedTransport(sock)
     t.open()
     return FlatKV.Client(TBinaryProtocol.TBinaryProtocol(t)), t
+
+
+# --- Rings: a loopback ZooKeeper and ring members ---------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ZOOKEEPER_SH = os.path.join(REPO, "deploy", "zookeeper.sh")
+
+
+class ZooKeeper:
+    """A ZooKeeper server started by deploy/zookeeper.sh in "dir" on a free
+    loopback port. It is stopped at exit, also when a check fails; and
+    since the server runs detached (setsid), a watchdog child stops it if
+    this process dies without running atexit (ctest's timeout)."""
+
+    def __init__(self, work, name="zk"):
+        self.dir = os.path.join(work, name)
+        self.port = free_port()
+        self.hosts = "127.0.0.1:%d" % self.port
+        # The watchdog waits for EOF on a pipe only this process writes to.
+        r, w = os.pipe()
+        self._watchdog = subprocess.Popen(
+            ["/bin/sh", "-c", 'read _ ; exec bash "$0" stop "$1"', ZOOKEEPER_SH, self.dir],
+            stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        os.close(r)
+        self._watchdog_pipe = w
+        atexit.register(self.close)
+        self.start()
+
+    def start(self):
+        """Starts (or restarts, same dir and port: same data) the server."""
+        subprocess.run(["bash", ZOOKEEPER_SH, "start", self.dir, str(self.port)], check=True,
+                       stdout=subprocess.DEVNULL)
+
+    def stop(self):
+        subprocess.run(["bash", ZOOKEEPER_SH, "stop", self.dir], check=True)
+
+    def close(self):
+        self.stop()
+        if self._watchdog_pipe is not None:
+            os.close(self._watchdog_pipe)  # the watchdog exits (nothing left to stop)
+            self._watchdog_pipe = None
+            self._watchdog.wait()
+
+    def children(self, path="/flatkv"):
+        """The children of "path" with their data, {name: bytes}; {} if the
+        path does not exist. A short-lived kazoo session per call."""
+        import logging
+        from kazoo.client import KazooClient
+        from kazoo.exceptions import NoNodeError
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+        zk = KazooClient(hosts=self.hosts, timeout=5.0)
+        zk.start(timeout=10)
+        try:
+            return {c: zk.get(path + "/" + c)[0] for c in zk.get_children(path)}
+        except NoNodeError:
+            return {}
+        finally:
+            zk.stop()
+            zk.close()
+
+    def members(self, path="/flatkv"):
+        return sorted(c for c in self.children(path) if c.startswith("thriftbinary"))
+
+
+def start_member(server_bin, port, data, zk, mark, *extra, log=None, session_timeout_ms=1000,
+                 env=None):
+    """A ring member on 127.0.0.1:port registering mark "mark" in zk (a
+    ZooKeeper or a "host:port" string); returns once its port accepts (it
+    registers in the background). Its log goes to "log" (appended)."""
+    hosts = zk.hosts if isinstance(zk, ZooKeeper) else zk
+    err = open(log, "ab") if log else subprocess.DEVNULL
+    try:
+        return start(server_bin, port, data, "--set", "cluster.zookeeper=" + hosts,
+                     "--set", "cluster.mark=%d" % mark,
+                     "--set", "cluster.session_timeout_ms=%d" % session_timeout_ms,
+                     *extra, stderr=err, env=env)
+    finally:
+        if log:
+            err.close()
+
+
+def ring_of(port, timeout_ms=2000):
+    """The ring() of the instance on "port", as {mark: ["host:port", ...]}
+    and its version; (None, None) if the call fails."""
+    try:
+        c, t = client(port, timeout_ms)
+    except Exception:
+        return None, None
+    try:
+        r = c.ring()
+        return {p.mark: ["%s:%d" % (m.host, m.port) for m in p.chain] for p in r.partitions}, r.version
+    except Exception:
+        return None, None
+    finally:
+        t.close()
+
+
+def wait_ring(ports, expected, timeout=10.0):
+    """Waits until the ring() of every instance on "ports" equals "expected"
+    ({mark: [chain]}); returns the seconds it took, or None on timeout."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if all(ring_of(p)[0] == expected for p in ports):
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    return None
