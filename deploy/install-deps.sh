@@ -15,6 +15,8 @@ packages=(
   libxxhash-dev
   # tests
   catch2 python3 python3-thrift strace
+  # ring tests: ZooKeeper from Python, and XXH64 to know each string key's owner
+  python3-kazoo python3-xxhash
   # peer engines for flatkv-bench
   librocksdb-dev libleveldb-dev libkyotocabinet-dev
 )
