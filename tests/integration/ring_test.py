@@ -42,7 +42,7 @@ SLOW_SESSION_MS = 4000  # member C: a SIGTERM must beat its session timeout visi
 TOKEN = "s3cret"        # cluster.peer_token of the whole ring: forwarding carries it
 # Mark A owns [0, A) and, wrapping, [C, 2^63-1): the wraparound is exercised
 # by the keys near the top; string hashes (in [0, 2^63-1)) reach all three.
-MARKS = [3074457345618258602, 6148914691236517205, 8000000000000000000]
+MARKS = [3074457345618258602, 6148914691236517204, 8000000000000000000]
 A, B, C = MARKS
 
 

@@ -133,6 +133,26 @@ TEST_CASE("conf/flatkv.yaml loads, holds exactly the defaults and shows every ke
   REQUIRE(keys >= 30);
 }
 
+TEST_CASE("conf/ring.yaml loads as a ring member with its cluster section", "[server][config]") {
+  const std::string path = std::string(FLATKV_SOURCE_DIR) + "/conf/ring.yaml";
+  Config c;
+  const Status st = LoadConfig(path, {}, &c);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  REQUIRE(c.cluster.enabled());
+  REQUIRE(c.cluster.zookeeper == "zk1:2181,zk2:2181,zk3:2181");
+  REQUIRE(c.cluster.service_path == "/flatkv");
+  REQUIRE(c.cluster.mark == 6148914691236517204);
+  REQUIRE(c.cluster.advertise == "kv2.example.internal:9901");  // server.host is 0.0.0.0
+  REQUIRE(c.cluster.replication == "sync");
+  REQUIRE(c.cluster.hash_bound == INT64_MAX);
+  REQUIRE(c.cluster.session_timeout_ms == 6000);
+  REQUIRE(!c.cluster.peer_token.empty());
+  // Without its advertise the wildcard listen address is refused, naming the key.
+  const Status no_advertise = LoadConfig(path, {"cluster.advertise="}, &c);
+  REQUIRE(no_advertise.message().find("cluster.advertise") != std::string::npos);
+}
+
 TEST_CASE("server.workers auto runs calls on the I/O threads unless every write waits for fdatasync",
           "[server][config]") {
   Config c;
