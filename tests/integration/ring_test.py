@@ -20,6 +20,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import harness
@@ -304,6 +305,9 @@ for i in range(3):
     check(got == want_rev and biggest <= 7,
           "scan reverse from 2^63-1 in pages of 7 from %s: %d keys in descending order "
           "(%d pages; got %d)" % (via[0].name, len(want_rev), pages, len(got)))
+check_error(lambda: ma.c.scan(0, 0, False), ErrorCode.INVALID_ARGUMENT, "a scan with limit 0 is INVALID_ARGUMENT")
+check_error(lambda: mb.c.scanLog(b"\xffnot a cursor", 7), ErrorCode.INVALID_ARGUMENT,
+            "scanLog with a cursor it did not make is INVALID_ARGUMENT")
 r = mc.c.scan(B - 2, 5, False)
 check([(p.key, p.value) for p in r.pairs] == [kv for kv in want_fwd if kv[0] >= B - 2][:5],
       "a scan from just below a mark crosses into the next partition")
@@ -350,6 +354,74 @@ check(st.get("cluster.not_owner_sent", 0) >= 5 and st.get("cluster.peer_unauthor
       "b's stats count its NOT_OWNER answers and refused tokens (%d, %d)" %
       (st.get("cluster.not_owner_sent", 0), st.get("cluster.peer_unauthorized", 0)))
 
+# --- Concurrent clients across the faults below -----------------------------
+# Three writer threads, each with its own keys in every mark's range, put
+# "k=<key> v=<n>" with n growing and read the key back, each call through
+# one instance (moving to the next when a call fails). A failed put may or
+# may not have been applied, so each key has [acked, attempted]: every read,
+# then and at the end, must name a version in it (no acknowledged write
+# lost, no value from nowhere, no read going back before an acknowledged one).
+
+
+class Writer(threading.Thread):
+    def __init__(self, t):
+        super().__init__(daemon=True)
+        self.t = t
+        self.keys = [base + 200 + 10 * t + j for base in (0, A, B, C) for j in range(3)]
+        self.acked = {k: 0 for k in self.keys}
+        self.attempted = {k: 0 for k in self.keys}
+        self.ok = self.failed = 0
+        self.violations = []
+        self.halt = threading.Event()
+        self.entry = t
+        self.conn = None
+
+    def call(self, fn):
+        m = members[self.entry % 3]
+        try:
+            if self.conn is None:
+                self.conn = harness.client(m.port, 1000)
+            return fn(self.conn[0])
+        except KvError:
+            raise
+        except Exception:
+            if self.conn is not None:
+                self.conn[1].close()
+            self.conn = None
+            self.entry += 1
+            raise
+
+    def judge_read(self, k, r, when):
+        lo, hi = self.acked[k], self.attempted[k]
+        n = None
+        if r.found and r.value.startswith(b"k=%d v=" % k):
+            n = int(r.value.split(b"v=")[1])
+        if (n is None and lo > 0) or (n is not None and not lo <= n <= hi) or \
+                (r.found and n is None):
+            self.violations.append("%s: key %d read %r, acked v%d, attempted v%d" % (when, k, r.value, lo, hi))
+        return n
+
+    def run(self):
+        i = 0
+        while not self.halt.is_set():
+            k = self.keys[i % len(self.keys)]
+            i += 1
+            n = self.attempted[k] + 1
+            self.attempted[k] = n
+            try:
+                self.call(lambda c: c.put(k, b"k=%d v=%d" % (k, n)))
+                self.acked[k] = n
+                self.judge_read(k, self.call(lambda c: c.get(k)), "read-back")
+                self.ok += 1
+            except Exception:
+                self.failed += 1
+                time.sleep(0.02)
+
+
+writers = [Writer(t) for t in range(3)]
+for w in writers:
+    w.start()
+
 # --- kill -9 of a member -----------------------------------------------------
 
 mb.drop()
@@ -373,6 +445,14 @@ check_error(lambda: ma.c.multiGet([5, b_key, C + 3]), ErrorCode.UNAVAILABLE,
             "multiGet touching the dead mark is UNAVAILABLE naming it", str(B))
 check_error(lambda: scan_all([ma], False, 50), ErrorCode.UNAVAILABLE,
             "a ring-wide scan reaching the dead mark is UNAVAILABLE naming it", str(B))
+mp = [KvPair(6, ival(6)), KvPair(b_key + 1, b"k=%d lost" % (b_key + 1)), KvPair(C + 6, ival(C + 6))]
+check_error(lambda: ma.c.multiPut(mp), ErrorCode.UNAVAILABLE,
+            "multiPut touching the dead mark is UNAVAILABLE naming it", str(B))
+for p in (mp[0], mp[2]):  # the other marks' pairs may or may not be written
+    r = mc.c.get(p.key)
+    check(judge(r, model_i[p.key]) or judge(r, p.value),
+          "... its pair for key %d of a live mark reads either the old or the new value" % p.key)
+    model_i[p.key] = r.value
 ok = True
 for m in (ma, mc):
     for k in INT_KEYS:
@@ -474,6 +554,24 @@ check(took is not None and took < 5,
       "ZooKeeper started: b serves within a few seconds (%.2f s)" % (took if took is not None else -1))
 wait_whole("... and the ring is whole on every instance", 10)
 
+# --- The writers' histories -------------------------------------------------
+
+for w in writers:
+    w.halt.set()
+for w in writers:
+    w.join(30)
+for w in writers:
+    for k in w.keys:
+        r = mc.c.get(k)
+        n = w.judge_read(k, r, "final")
+        model_i[k] = r.value if r.found else None
+check(all(w.ok > 20 for w in writers) and not any(w.violations for w in writers),
+      "concurrent writers through the faults: every read names a version between the last "
+      "acknowledged and the last attempted put (%s)%s" %
+      (", ".join("%d ok/%d failed" % (w.ok, w.failed) for w in writers),
+       "".join("; " + "; ".join(w.violations[:3]) for w in writers if w.violations)))
+INT_KEYS = sorted(set(INT_KEYS) | {k for w in writers for k in w.keys})
+
 # --- Refused at start-up -----------------------------------------------------
 
 
@@ -523,6 +621,13 @@ for m in members:
     c, t = harness.client(port, 5000)
     stores[m.mark] = (m, proc, c, t)
     check(c.info().role == "standalone", "%s's data dir opens in a standalone server" % m.name)
+    if m is ma:
+        r = c.ring()
+        check(len(r.partitions) == 1 and r.partitions[0].mark == 0 and
+              ["%s:%d" % (x.host, x.port) for x in r.partitions[0].chain] == ["127.0.0.1:%d" % port],
+              "a standalone server's ring() is one partition of mark 0 holding itself")
+        check_error(lambda: c.peerGet(PeerContext(TOKEN, 1, A), 5), ErrorCode.NOT_OWNER,
+                    "a standalone server answers a peer call NOT_OWNER")
     got, cursor = [], 0
     for _ in range(1000):
         r = c.scan(cursor, 100, False)
