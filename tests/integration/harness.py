@@ -143,11 +143,13 @@ class ZooKeeper:
         subprocess.run(["bash", ZOOKEEPER_SH, "stop", self.dir], check=True)
 
     def close(self):
-        self.stop()
-        if self._watchdog_pipe is not None:
-            os.close(self._watchdog_pipe)  # the watchdog exits (nothing left to stop)
-            self._watchdog_pipe = None
-            self._watchdog.wait()
+        try:
+            subprocess.run(["bash", ZOOKEEPER_SH, "stop", self.dir])
+        finally:
+            if self._watchdog_pipe is not None:
+                os.close(self._watchdog_pipe)  # the watchdog exits (nothing left to stop)
+                self._watchdog_pipe = None
+                self._watchdog.wait()
 
     def children(self, path="/flatkv"):
         """The children of "path" with their data, {name: bytes}; {} if the

@@ -12,9 +12,11 @@ storage.path is opened by a standalone flatkv-server and must hold exactly
 the keys its mark owns.
 
 Usage: ring_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
+import atexit
 import collections
 import http.client
 import json
+import logging
 import os
 import random
 import signal
@@ -35,6 +37,7 @@ try:
 except ImportError:
     xxhash = None
 
+logging.getLogger("thrift").setLevel(logging.CRITICAL)  # refused connections are expected
 T_START = time.monotonic()
 rng = random.Random(int(os.environ.get("FLATKV_TEST_SEED", "9")))
 INT64_MAX = 2**63 - 1
@@ -202,6 +205,24 @@ def wait_whole(what, timeout=15.0, via=None):
     took = harness.wait_ring([m.port for m in (via or members)], whole(), timeout)
     check(took is not None, "%s (%.2f s)" % (what, took if took is not None else -1))
     return took
+
+
+finished = False
+
+
+@atexit.register
+def _diagnose():
+    """On a failed check or an exception: how each member ended (a negative
+    code is the signal that killed it) and the end of its log. Runs before
+    harness kills the servers (atexit is last in, first out)."""
+    if (finished and not harness.failures) or "zk" not in globals():
+        return
+    for m in globals().get("members", []):
+        code = m.proc.poll() if m.proc else None
+        print("--- %s (pid %s, %s); its log (end):\n%s" %
+              (m.name, m.proc.pid if m.proc else "-",
+               "running" if code is None else "exit code %d" % code, log_tail(m.log)))
+    print("--- ZooKeeper's log (end):\n%s" % log_tail(os.path.join(zk.dir, "zookeeper.log"), 8))
 
 
 # --- Start: ZooKeeper and three marks of one member each ---------------------
@@ -518,6 +539,15 @@ check(took is not None and [m.proc.pid for m in members] == pids and all(m.proc.
       "ZooKeeper restarted on the same dir and port: all three registered again without "
       "restarting them (%.2f s after it serves)" % (took if took is not None else -1))
 verify_all([mc], "after the ZooKeeper restart")
+subprocess.run(["bash", harness.ZOOKEEPER_SH, "kill", zk.dir], check=True)  # a crash: SIGKILL
+time.sleep(0.3)
+check(judge(ma.c.get(B + 6), model_i[B + 6]), "ZooKeeper killed: calls still work with the last ring")
+zk.start()
+took = timed_wait(lambda: zk.members() == sorted(m.node() for m in members) and
+                  harness.wait_ring([m.port for m in members], whole(), 0.01) is not None, 15, 0.1)
+check(took is not None and [m.proc.pid for m in members] == pids,
+      "ZooKeeper killed (SIGKILL) and started again: all three registered again (%.2f s)" %
+      (took if took is not None else -1))
 
 # --- ZooKeeper down when an instance starts ----------------------------------
 
@@ -656,7 +686,5 @@ for m, proc, c, t in stores.values():
     harness.stop(proc)
 
 print("ring_test: %.1f s" % (time.monotonic() - T_START))
-if harness.failures:
-    for m in members:
-        print("--- %s's log (end):\n%s" % (m.name, log_tail(m.log)))
+finished = True
 harness.finish(work)
