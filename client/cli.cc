@@ -741,8 +741,12 @@ int Cli::PrintRing(const Operands&) {
     long double share = 0;
     for (const partition::HashRange& r : ranges) {
       if (r.partition != i) continue;
-      owned += (owned.empty() ? "" : " ") + std::string("[") + std::to_string(r.lo) + ", " +
-               std::to_string(r.hi) + "]";
+      if (!owned.empty()) owned += ' ';
+      owned += '[';
+      owned += std::to_string(r.lo);
+      owned += ", ";
+      owned += std::to_string(r.hi);
+      owned += ']';
       share += (static_cast<long double>(r.hi) - static_cast<long double>(r.lo) + 1) /
                18446744073709551616.0L;
     }

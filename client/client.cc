@@ -87,8 +87,8 @@ void Client::Close() {
   conn_.reset();
 }
 
-template <typename Call>
-Status Client::Invoke(const char* method, bool idempotent, Call&& call) {
+template <typename Fn>
+Status Client::Invoke(const char* method, bool idempotent, Fn&& call) {
   for (int attempt = 0;; ++attempt) {
     const bool reused = conn_ != nullptr && conn_used_;
     network_failed_ = true;  // until the server answers

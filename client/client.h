@@ -111,8 +111,8 @@ class Client {
 
   // Runs "call" on the connection, connecting first if needed, and maps
   // every exception onto a Status (see the file comment for the retry).
-  template <typename Call>
-  Status Invoke(const char* method, bool idempotent, Call&& call);
+  template <typename Fn>
+  Status Invoke(const char* method, bool idempotent, Fn&& call);
 
   const ClientOptions options_;
   std::unique_ptr<Connection> conn_;

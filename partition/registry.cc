@@ -165,7 +165,7 @@ Status CheckServicePath(const std::string& path) {
 Status CheckOptions(const RegistryOptions& o) {
   Status s = CheckZookeeper(o.zookeeper);
   if (s.ok()) s = CheckServicePath(o.service_path);
-  if (s.ok()) s = CheckAdvertise(o.advertise);
+  if (s.ok() && !o.observer) s = CheckAdvertise(o.advertise);
   if (s.ok() && o.session_timeout_ms <= 0) {
     s = Status::InvalidArgument("cluster.session_timeout_ms: must be positive");
   }
@@ -225,6 +225,7 @@ struct Registry::Impl {
   void NoteState(int state);
   void OnConnected();
   Status EnsureSettings();
+  Status ReadSettings();  // an observer's: the ring's settings, never ours
   Status CreateParents();
   Status CheckClusterNode();
   Status RegisterNode();
@@ -239,7 +240,7 @@ struct Registry::Impl {
   int Create(const std::string& path, const std::string& data, int mode);
   void SetRegistered(bool registered);
 
-  const RegistryOptions opt_;
+  RegistryOptions opt_;  // settings are replaced by the ring's in an observer
   const std::string member_name_;   // thriftbinary<mark>:<host>:<port>
   const std::string member_path_;   // <service_path>/<member_name_>
   const std::string cluster_path_;  // <service_path>/.cluster
@@ -361,7 +362,7 @@ int Registry::Impl::Step() {
   if (state_event) NoteState(state);
   if (state != ZOO_CONNECTED_STATE) return -1;  // Watch() tells us when it connects
   Status s;
-  if (!settings_ok_) s = EnsureSettings();
+  if (!settings_ok_) s = opt_.observer ? ReadSettings() : EnsureSettings();
   if (s.ok() && need_register_ && !yielded_) s = RegisterNode();
   if (s.ok() && (need_read_ || refresh)) s = ReadRing();
   if (!s.ok()) return Failed(s);
@@ -494,6 +495,27 @@ Status Registry::Impl::EnsureSettings() {
   }
   if (s.ok()) settings_ok_ = true;
   return s;
+}
+
+// An observer takes the ring's settings (the string-key hash bound) from
+// .cluster and writes nothing; no ring yet is Unavailable, retried.
+Status Registry::Impl::ReadSettings() {
+  char buf[kClusterDataMax];
+  int len = sizeof(buf);
+  Stat stat{};
+  const int rc = zoo_get(zh_, cluster_path_.c_str(), 0, buf, &len, &stat);
+  if (rc == ZNONODE) {
+    return Status::Unavailable("no ring at " + opt_.service_path + " (no instance has joined)");
+  }
+  if (rc != ZOK) return ZkError("get", cluster_path_, rc);
+  if (len > 0) {
+    RingSettings ring;
+    Status s = RingSettings::FromJson(std::string_view(buf, static_cast<size_t>(len)), &ring);
+    if (!s.ok()) return Status::Unavailable(s.message());
+    opt_.settings = ring;
+  }
+  settings_ok_ = true;
+  return Status::OK();
 }
 
 // /a, /a/b, ... up to the service path itself (persistent, empty).
@@ -711,6 +733,7 @@ Status Registry::Start(RegistryOptions options, std::unique_ptr<Registry>* resul
 }
 
 void Registry::Register() {
+  if (impl_->opt_.observer) return;
   std::lock_guard<std::mutex> lock(impl_->mu_);
   impl_->want_register_ = true;
   impl_->register_event_ = true;
