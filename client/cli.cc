@@ -40,6 +40,8 @@
 
 #include <thrift/TOutput.h>
 
+#include <spdlog/spdlog.h>
+
 #include "client/client.h"
 #include "client/ring_client.h"
 
@@ -707,6 +709,9 @@ int Cli::Info(const Operands&) {
 int Main(int argc, char** argv) {
   // Thrift prints its own lines for a refused connection; the Status says it.
   apache::thrift::GlobalOutput.setOutputFunction([](const char*) {});
+  // The ring client's ZooKeeper session logs at info; a CLI says only what
+  // went wrong.
+  spdlog::set_level(spdlog::level::warn);
   Flags flags;
   if (Status st = ParseArgs(argc, argv, &flags); !st.ok()) {
     std::fprintf(stderr, "flatkv: %s (flatkv --help for usage)\n", st.message().c_str());
