@@ -409,6 +409,7 @@ class Cli {
       o.zookeeper = flags_.zookeeper;
       o.service_path = flags_.service_path;
       o.client = flags_.client;
+      if (flags_.client.connect_timeout_ms > 0) o.open_timeout_ms = flags_.client.connect_timeout_ms;
       FLATKV_RETURN_IF_ERROR(RingClient::Open(std::move(o), &ring_));
     }
     return call(*ring_);
@@ -709,9 +710,10 @@ int Cli::Info(const Operands&) {
 int Main(int argc, char** argv) {
   // Thrift prints its own lines for a refused connection; the Status says it.
   apache::thrift::GlobalOutput.setOutputFunction([](const char*) {});
-  // The ring client's ZooKeeper session logs at info; a CLI says only what
-  // went wrong.
-  spdlog::set_level(spdlog::level::warn);
+  // The ring client's ZooKeeper session logs (and the ZooKeeper client
+  // complains every few ms while it cannot connect); the CLI prints only
+  // its own one-line error.
+  spdlog::set_level(spdlog::level::off);
   Flags flags;
   if (Status st = ParseArgs(argc, argv, &flags); !st.ok()) {
     std::fprintf(stderr, "flatkv: %s (flatkv --help for usage)\n", st.message().c_str());
