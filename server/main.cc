@@ -167,6 +167,7 @@ class EventPort final : public ThriftPort {
     (*out)["server.connections"] = server_.connections();
     (*out)["server.connections_accepted"] = server_.accepted();
     (*out)["server.protocol_errors"] += server_.protocol_errors();
+    (*out)["server.offloaded"] = server_.offloaded();
   }
 
  private:
