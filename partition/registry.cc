@@ -381,17 +381,19 @@ int Registry::Impl::Failed(const Status& s) {
   return wait;
 }
 
+// on_fatal runs before WaitRegistered()/Refresh() return the error, so a
+// caller that sees the error knows the instance was told to stop.
 void Registry::Impl::Fatal(const Status& s) {
   spdlog::error("registry: {}; giving up", s.ToString());
   CloseSession();
+  gave_up_ = true;
+  if (opt_.on_fatal) opt_.on_fatal(s);
   {
     std::lock_guard<std::mutex> lock(mu_);
     fatal_status_ = s;
     fatal_set_ = true;
   }
-  gave_up_ = true;
   progress_.notify_all();
-  if (opt_.on_fatal) opt_.on_fatal(s);
 }
 
 // ---- registry thread: the session ---------------------------------------
