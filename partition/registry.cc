@@ -35,8 +35,9 @@
 // Locking: mu_ guards the fields marked GUARDED_BY(mu_) and is never held
 // across a zoo_* call or a user callback (zookeeper_close() joins the
 // completion thread, which may be waiting for mu_ in Watch()). close_mu_ only
-// serializes Close() callers. The published ring is an atomic shared_ptr, so
-// ring() takes no lock at all.
+// serializes Close() callers, and ring_mu_ only guards the published ring
+// pointer (a leaf: nothing else is taken under it). Lock order:
+// close_mu_ -> mu_; ring_mu_ alone.
 #include "partition/registry.h"
 
 #include <spdlog/spdlog.h>
@@ -238,6 +239,10 @@ struct Registry::Impl {
   void Fatal(const Status& s);
   int Create(const std::string& path, const std::string& data, int mode);
   void SetRegistered(bool registered);
+  std::shared_ptr<const Ring> LoadRing() const {
+    std::lock_guard<std::mutex> lock(ring_mu_);
+    return ring_;
+  }
 
   const RegistryOptions opt_;
   const std::string member_name_;   // thriftbinary<mark>:<host>:<port>
@@ -247,7 +252,12 @@ struct Registry::Impl {
   const std::string mark_path_;     // <service_path>/.cluster/marks/<mark>
   std::thread thread_;
   std::mutex close_mu_;             // serializes Close()
-  std::atomic<std::shared_ptr<const Ring>> ring_;
+  // The published ring. Its own mutex, held only to copy the pointer, so
+  // ring() never waits behind the registry's state changes. (libstdc++ 12's
+  // std::atomic<std::shared_ptr> would do, but TSan cannot see through its
+  // lock bit and reports races.)
+  mutable std::mutex ring_mu_;
+  std::shared_ptr<const Ring> ring_;  // GUARDED_BY(ring_mu_)
 
   mutable std::mutex mu_;
   std::condition_variable wake_;      // the registry thread waits on it
@@ -676,10 +686,13 @@ void Registry::Impl::WarnOnce(const std::string& child, std::string_view why) {
 // Swaps the new ring in if it differs from the current one, and serves
 // every Refresh() ticket issued before this read started.
 void Registry::Impl::Publish(std::shared_ptr<const Ring> ring, uint64_t ticket) {
-  const std::shared_ptr<const Ring> old = ring_.load();
+  const std::shared_ptr<const Ring> old = LoadRing();
   const bool changed =
       !old || old->version() != ring->version() || old->ToString() != ring->ToString();
-  if (changed) ring_.store(ring);
+  if (changed) {
+    std::lock_guard<std::mutex> lock(ring_mu_);
+    ring_ = ring;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.ring_reads;
@@ -730,7 +743,7 @@ Status Registry::WaitRegistered(int timeout_ms) {
                              ") after " + std::to_string(timeout_ms) + " ms");
 }
 
-std::shared_ptr<const Ring> Registry::ring() const { return impl_->ring_.load(); }
+std::shared_ptr<const Ring> Registry::ring() const { return impl_->LoadRing(); }
 
 Status Registry::Refresh(std::shared_ptr<const Ring>* ring) {
   std::unique_lock<std::mutex> lock(impl_->mu_);
@@ -746,7 +759,7 @@ Status Registry::Refresh(std::shared_ptr<const Ring>* ring) {
     return Status::Unavailable("cannot read the ring from ZooKeeper (" + impl_->opt_.zookeeper +
                                "): not connected");
   }
-  *ring = impl_->ring_.load();
+  *ring = impl_->LoadRing();
   return Status::OK();
 }
 
