@@ -267,6 +267,7 @@ struct Registry::Impl {
   bool state_event_ = false;          // GUARDED_BY(mu_): zk_state_ changed
   bool ring_event_ = false;           // GUARDED_BY(mu_): a watched node changed
   bool register_event_ = false;       // GUARDED_BY(mu_): Register() was called
+  bool refresh_event_ = false;        // GUARDED_BY(mu_): Refresh() was called
   bool want_register_ = false;        // GUARDED_BY(mu_)
   bool registered_ = false;           // GUARDED_BY(mu_): our member node exists
   bool connected_ = false;            // GUARDED_BY(mu_)
@@ -333,9 +334,10 @@ void Registry::Impl::Run() {
     lock.unlock();
     const int wait_ms = Step();
     lock.lock();
+    // One-shot flags only: a condition that stays true while disconnected
+    // (an unserved Refresh()) would spin this loop.
     const auto pending = [this] {
-      return stop_ || state_event_ || ring_event_ || register_event_ ||
-             refresh_asked_ > refresh_done_;
+      return stop_ || state_event_ || ring_event_ || register_event_ || refresh_event_;
     };
     if (gave_up_) {
       wake_.wait(lock, [this] { return stop_; });
@@ -353,13 +355,14 @@ void Registry::Impl::Run() {
 // pass: -1 for as long as it takes (nothing left to do), else a retry delay.
 int Registry::Impl::Step() {
   int state;
-  bool state_event, refresh;
+  bool state_event;
   {
     std::lock_guard<std::mutex> lock(mu_);
     state = zk_state_;
     state_event = std::exchange(state_event_, false);
-    need_read_ = std::exchange(ring_event_, false) || need_read_;
-    refresh = refresh_asked_ > refresh_done_;
+    // A Refresh() is served by the next successful read, however late.
+    need_read_ = std::exchange(ring_event_, false) || std::exchange(refresh_event_, false) ||
+                 need_read_;
     register_event_ = false;
     need_register_ = want_register_ && !registered_;
   }
@@ -373,7 +376,7 @@ int Registry::Impl::Step() {
   Status s;
   if (!settings_ok_) s = EnsureSettings();
   if (s.ok() && need_register_ && !yielded_) s = RegisterNode();
-  if (s.ok() && (need_read_ || refresh)) s = ReadRing();
+  if (s.ok() && need_read_) s = ReadRing();
   if (!s.ok()) return Failed(s);
   backoff_ms_ = kRetryMinMs;
   // The read found our node gone: register again at once.
@@ -750,6 +753,7 @@ Status Registry::Refresh(std::shared_ptr<const Ring>* ring) {
   if (impl_->fatal_set_) return impl_->fatal_status_;
   if (impl_->stop_) return Status::Unavailable("the registry is closed");
   const uint64_t ticket = ++impl_->refresh_asked_;
+  impl_->refresh_event_ = true;
   impl_->wake_.notify_one();
   const bool done = impl_->progress_.wait_for(
       lock, std::chrono::milliseconds(impl_->opt_.session_timeout_ms),

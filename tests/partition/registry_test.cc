@@ -5,6 +5,7 @@
 // another team's partition manager) would see it.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <zookeeper/zookeeper.h>
@@ -207,6 +208,14 @@ bool AllSee(const std::vector<Registry*>& registries, const std::string& expecte
         return true;
       },
       timeout);
+}
+
+// CPU time of this process (all threads), in seconds.
+double CpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
 }
 
 int64_t MntrValue(const std::string& mntr, const std::string& key) {
@@ -448,10 +457,13 @@ TEST_CASE("A registry started while ZooKeeper is down registers as soon as it co
   CHECK(r->ring() == nullptr);
   CHECK(!r->connected());
   const auto t0 = Clock::now();
+  const double cpu0 = CpuSeconds();
   std::shared_ptr<const Ring> ring;
   const Status refresh = r->Refresh(&ring);  // waits up to the session timeout
   CHECK(refresh.IsUnavailable());
   CHECK(Clock::now() - t0 >= std::chrono::milliseconds(kSessionTimeoutMs));
+  // Waiting is not spinning: the 2 s wait burns well under a second of CPU.
+  CHECK(CpuSeconds() - cpu0 < 0.5);
   CHECK(r->ring() == nullptr);
   CHECK(r->WaitRegistered(10).IsUnavailable());
   CHECK(r->disconnected_ms() >= kSessionTimeoutMs);
