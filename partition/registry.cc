@@ -417,6 +417,8 @@ bool Registry::Impl::OpenSession() {
     zk_state_ = ZOO_CONNECTING_STATE;  // forget the old handle's last state
     state_event_ = false;
   }
+  spdlog::info("zookeeper: connecting to {} (session timeout {} ms)", opt_.zookeeper,
+               opt_.session_timeout_ms);
   zh_ = zookeeper_init2(opt_.zookeeper.c_str(), &Impl::Watch, opt_.session_timeout_ms,
                         nullptr, this, 0, &ZkLog);
   if (zh_ == nullptr) {

@@ -135,11 +135,13 @@ class Inspector {
     REQUIRE(zoo_get(zh_, path.c_str(), 0, buf, &len, &stat) == ZOK);
     return len > 0 ? std::string(buf, len) : std::string();
   }
-  void Create(const std::string& path, const std::string& data = "") {
+  void Create(const std::string& path, const std::string& data = "",
+              int mode = ZOO_PERSISTENT) {
     const int rc = zoo_create(zh_, path.c_str(), data.data(), static_cast<int>(data.size()),
-                              &ZOO_OPEN_ACL_UNSAFE, ZOO_PERSISTENT, nullptr, 0);
+                              &ZOO_OPEN_ACL_UNSAFE, mode, nullptr, 0);
     REQUIRE((rc == ZOK || rc == ZNODEEXISTS));
   }
+  int64_t session() { return zoo_client_id(zh_)->client_id; }
 
  private:
   static void Watch(zhandle_t*, int type, int state, const char*, void* ctx) {
@@ -267,6 +269,31 @@ TEST_CASE("Registration creates the ephemeral member node, .cluster with the set
   CHECK(stats.registrations == 1);
   CHECK(stats.members_seen == 1);
   CHECK(stats.ring_version == ring->version());
+}
+
+TEST_CASE("A member node left by an earlier process at the same address is replaced",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  // The earlier process: its session is still alive (as after kill -9,
+  // until the session timeout), so its ephemeral node is still there.
+  Inspector earlier(zk.address());
+  earlier.Create("/flatkv");
+  const std::string node = "/flatkv/thriftbinary100:127.0.0.1:9001";
+  earlier.Create(node, "thriftbinary100:127.0.0.1:9001", ZOO_EPHEMERAL);
+  Stat before;
+  REQUIRE(earlier.Exists(node, &before) == ZOK);
+  REQUIRE(before.ephemeralOwner == earlier.session());
+
+  std::unique_ptr<Registry> r = StartRegistry(Options(zk, 100, 9001));
+  REQUIRE(r->WaitRegistered(5000).ok());
+  Stat after;
+  REQUIRE(earlier.Exists(node, &after) == ZOK);
+  int64_t session = 0;
+  std::string password;
+  REQUIRE(r->TEST_SessionId(&session, &password));
+  CHECK(after.ephemeralOwner == session);
+  CHECK(after.czxid > before.czxid);  // a new node: it rejoins at the tail
+  CHECK(Eventually([&] { return RingOf(*r) == "100=[127.0.0.1:9001]"; }, 1s));
 }
 
 TEST_CASE("Every registry's ring converges to all marks, a shared mark's chain oldest first",
