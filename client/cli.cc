@@ -40,6 +40,8 @@
 
 #include <thrift/TOutput.h>
 
+#include <spdlog/spdlog.h>
+
 #include "client/client.h"
 #include "client/ring_client.h"
 
@@ -407,6 +409,7 @@ class Cli {
       o.zookeeper = flags_.zookeeper;
       o.service_path = flags_.service_path;
       o.client = flags_.client;
+      if (flags_.client.connect_timeout_ms > 0) o.open_timeout_ms = flags_.client.connect_timeout_ms;
       FLATKV_RETURN_IF_ERROR(RingClient::Open(std::move(o), &ring_));
     }
     return call(*ring_);
@@ -707,6 +710,10 @@ int Cli::Info(const Operands&) {
 int Main(int argc, char** argv) {
   // Thrift prints its own lines for a refused connection; the Status says it.
   apache::thrift::GlobalOutput.setOutputFunction([](const char*) {});
+  // The ring client's ZooKeeper session logs (and the ZooKeeper client
+  // complains every few ms while it cannot connect); the CLI prints only
+  // its own one-line error.
+  spdlog::set_level(spdlog::level::off);
   Flags flags;
   if (Status st = ParseArgs(argc, argv, &flags); !st.ok()) {
     std::fprintf(stderr, "flatkv: %s (flatkv --help for usage)\n", st.message().c_str());
@@ -741,8 +748,12 @@ int Cli::PrintRing(const Operands&) {
     long double share = 0;
     for (const partition::HashRange& r : ranges) {
       if (r.partition != i) continue;
-      owned += (owned.empty() ? "" : " ") + std::string("[") + std::to_string(r.lo) + ", " +
-               std::to_string(r.hi) + "]";
+      if (!owned.empty()) owned += ' ';
+      owned += '[';
+      owned += std::to_string(r.lo);
+      owned += ", ";
+      owned += std::to_string(r.hi);
+      owned += ']';
       share += (static_cast<long double>(r.hi) - static_cast<long double>(r.lo) + 1) /
                18446744073709551616.0L;
     }

@@ -35,8 +35,9 @@
 // Locking: mu_ guards the fields marked GUARDED_BY(mu_) and is never held
 // across a zoo_* call or a user callback (zookeeper_close() joins the
 // completion thread, which may be waiting for mu_ in Watch()). close_mu_ only
-// serializes Close() callers. The published ring is an atomic shared_ptr, so
-// ring() takes no lock at all.
+// serializes Close() callers, and ring_mu_ only guards the published ring
+// pointer (a leaf: nothing else is taken under it). Lock order:
+// close_mu_ -> mu_; ring_mu_ alone.
 #include "partition/registry.h"
 
 #include <spdlog/spdlog.h>
@@ -165,7 +166,7 @@ Status CheckServicePath(const std::string& path) {
 Status CheckOptions(const RegistryOptions& o) {
   Status s = CheckZookeeper(o.zookeeper);
   if (s.ok()) s = CheckServicePath(o.service_path);
-  if (s.ok()) s = CheckAdvertise(o.advertise);
+  if (s.ok() && !o.observer) s = CheckAdvertise(o.advertise);
   if (s.ok() && o.session_timeout_ms <= 0) {
     s = Status::InvalidArgument("cluster.session_timeout_ms: must be positive");
   }
@@ -225,6 +226,7 @@ struct Registry::Impl {
   void NoteState(int state);
   void OnConnected();
   Status EnsureSettings();
+  Status ReadSettings();  // an observer's: the ring's settings, never ours
   Status CreateParents();
   Status CheckClusterNode();
   Status RegisterNode();
@@ -238,8 +240,12 @@ struct Registry::Impl {
   void Fatal(const Status& s);
   int Create(const std::string& path, const std::string& data, int mode);
   void SetRegistered(bool registered);
+  std::shared_ptr<const Ring> LoadRing() const {
+    std::lock_guard<std::mutex> lock(ring_mu_);
+    return ring_;
+  }
 
-  const RegistryOptions opt_;
+  RegistryOptions opt_;  // settings are replaced by the ring's in an observer
   const std::string member_name_;   // thriftbinary<mark>:<host>:<port>
   const std::string member_path_;   // <service_path>/<member_name_>
   const std::string cluster_path_;  // <service_path>/.cluster
@@ -247,7 +253,12 @@ struct Registry::Impl {
   const std::string mark_path_;     // <service_path>/.cluster/marks/<mark>
   std::thread thread_;
   std::mutex close_mu_;             // serializes Close()
-  std::atomic<std::shared_ptr<const Ring>> ring_;
+  // The published ring. Its own mutex, held only to copy the pointer, so
+  // ring() never waits behind the registry's state changes. (libstdc++ 12's
+  // std::atomic<std::shared_ptr> would do, but TSan cannot see through its
+  // lock bit and reports races.)
+  mutable std::mutex ring_mu_;
+  std::shared_ptr<const Ring> ring_;  // GUARDED_BY(ring_mu_)
 
   mutable std::mutex mu_;
   std::condition_variable wake_;      // the registry thread waits on it
@@ -257,6 +268,7 @@ struct Registry::Impl {
   bool state_event_ = false;          // GUARDED_BY(mu_): zk_state_ changed
   bool ring_event_ = false;           // GUARDED_BY(mu_): a watched node changed
   bool register_event_ = false;       // GUARDED_BY(mu_): Register() was called
+  bool refresh_event_ = false;        // GUARDED_BY(mu_): Refresh() was called
   bool want_register_ = false;        // GUARDED_BY(mu_)
   bool registered_ = false;           // GUARDED_BY(mu_): our member node exists
   bool connected_ = false;            // GUARDED_BY(mu_)
@@ -323,9 +335,10 @@ void Registry::Impl::Run() {
     lock.unlock();
     const int wait_ms = Step();
     lock.lock();
+    // One-shot flags only: a condition that stays true while disconnected
+    // (an unserved Refresh()) would spin this loop.
     const auto pending = [this] {
-      return stop_ || state_event_ || ring_event_ || register_event_ ||
-             refresh_asked_ > refresh_done_;
+      return stop_ || state_event_ || ring_event_ || register_event_ || refresh_event_;
     };
     if (gave_up_) {
       wake_.wait(lock, [this] { return stop_; });
@@ -343,13 +356,14 @@ void Registry::Impl::Run() {
 // pass: -1 for as long as it takes (nothing left to do), else a retry delay.
 int Registry::Impl::Step() {
   int state;
-  bool state_event, refresh;
+  bool state_event;
   {
     std::lock_guard<std::mutex> lock(mu_);
     state = zk_state_;
     state_event = std::exchange(state_event_, false);
-    need_read_ = std::exchange(ring_event_, false) || need_read_;
-    refresh = refresh_asked_ > refresh_done_;
+    // A Refresh() is served by the next successful read, however late.
+    need_read_ = std::exchange(ring_event_, false) || std::exchange(refresh_event_, false) ||
+                 need_read_;
     register_event_ = false;
     need_register_ = want_register_ && !registered_;
   }
@@ -361,9 +375,9 @@ int Registry::Impl::Step() {
   if (state_event) NoteState(state);
   if (state != ZOO_CONNECTED_STATE) return -1;  // Watch() tells us when it connects
   Status s;
-  if (!settings_ok_) s = EnsureSettings();
+  if (!settings_ok_) s = opt_.observer ? ReadSettings() : EnsureSettings();
   if (s.ok() && need_register_ && !yielded_) s = RegisterNode();
-  if (s.ok() && (need_read_ || refresh)) s = ReadRing();
+  if (s.ok() && need_read_) s = ReadRing();
   if (!s.ok()) return Failed(s);
   backoff_ms_ = kRetryMinMs;
   // The read found our node gone: register again at once.
@@ -381,17 +395,19 @@ int Registry::Impl::Failed(const Status& s) {
   return wait;
 }
 
+// on_fatal runs before WaitRegistered()/Refresh() return the error, so a
+// caller that sees the error knows the instance was told to stop.
 void Registry::Impl::Fatal(const Status& s) {
   spdlog::error("registry: {}; giving up", s.ToString());
   CloseSession();
+  gave_up_ = true;
+  if (opt_.on_fatal) opt_.on_fatal(s);
   {
     std::lock_guard<std::mutex> lock(mu_);
     fatal_status_ = s;
     fatal_set_ = true;
   }
-  gave_up_ = true;
   progress_.notify_all();
-  if (opt_.on_fatal) opt_.on_fatal(s);
 }
 
 // ---- registry thread: the session ---------------------------------------
@@ -402,6 +418,8 @@ bool Registry::Impl::OpenSession() {
     zk_state_ = ZOO_CONNECTING_STATE;  // forget the old handle's last state
     state_event_ = false;
   }
+  spdlog::info("zookeeper: connecting to {} (session timeout {} ms)", opt_.zookeeper,
+               opt_.session_timeout_ms);
   zh_ = zookeeper_init2(opt_.zookeeper.c_str(), &Impl::Watch, opt_.session_timeout_ms,
                         nullptr, this, 0, &ZkLog);
   if (zh_ == nullptr) {
@@ -494,6 +512,27 @@ Status Registry::Impl::EnsureSettings() {
   }
   if (s.ok()) settings_ok_ = true;
   return s;
+}
+
+// An observer takes the ring's settings (the string-key hash bound) from
+// .cluster and writes nothing; no ring yet is Unavailable, retried.
+Status Registry::Impl::ReadSettings() {
+  char buf[kClusterDataMax];
+  int len = sizeof(buf);
+  Stat stat{};
+  const int rc = zoo_get(zh_, cluster_path_.c_str(), 0, buf, &len, &stat);
+  if (rc == ZNONODE) {
+    return Status::Unavailable("no ring at " + opt_.service_path + " (no instance has joined)");
+  }
+  if (rc != ZOK) return ZkError("get", cluster_path_, rc);
+  if (len > 0) {
+    RingSettings ring;
+    Status s = RingSettings::FromJson(std::string_view(buf, static_cast<size_t>(len)), &ring);
+    if (!s.ok()) return Status::Unavailable(s.message());
+    opt_.settings = ring;
+  }
+  settings_ok_ = true;
+  return Status::OK();
 }
 
 // /a, /a/b, ... up to the service path itself (persistent, empty).
@@ -674,10 +713,13 @@ void Registry::Impl::WarnOnce(const std::string& child, std::string_view why) {
 // Swaps the new ring in if it differs from the current one, and serves
 // every Refresh() ticket issued before this read started.
 void Registry::Impl::Publish(std::shared_ptr<const Ring> ring, uint64_t ticket) {
-  const std::shared_ptr<const Ring> old = ring_.load();
+  const std::shared_ptr<const Ring> old = LoadRing();
   const bool changed =
       !old || old->version() != ring->version() || old->ToString() != ring->ToString();
-  if (changed) ring_.store(ring);
+  if (changed) {
+    std::lock_guard<std::mutex> lock(ring_mu_);
+    ring_ = ring;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.ring_reads;
@@ -711,6 +753,7 @@ Status Registry::Start(RegistryOptions options, std::unique_ptr<Registry>* resul
 }
 
 void Registry::Register() {
+  if (impl_->opt_.observer) return;
   std::lock_guard<std::mutex> lock(impl_->mu_);
   impl_->want_register_ = true;
   impl_->register_event_ = true;
@@ -728,13 +771,14 @@ Status Registry::WaitRegistered(int timeout_ms) {
                              ") after " + std::to_string(timeout_ms) + " ms");
 }
 
-std::shared_ptr<const Ring> Registry::ring() const { return impl_->ring_.load(); }
+std::shared_ptr<const Ring> Registry::ring() const { return impl_->LoadRing(); }
 
 Status Registry::Refresh(std::shared_ptr<const Ring>* ring) {
   std::unique_lock<std::mutex> lock(impl_->mu_);
   if (impl_->fatal_set_) return impl_->fatal_status_;
   if (impl_->stop_) return Status::Unavailable("the registry is closed");
   const uint64_t ticket = ++impl_->refresh_asked_;
+  impl_->refresh_event_ = true;
   impl_->wake_.notify_one();
   const bool done = impl_->progress_.wait_for(
       lock, std::chrono::milliseconds(impl_->opt_.session_timeout_ms),
@@ -744,7 +788,7 @@ Status Registry::Refresh(std::shared_ptr<const Ring>* ring) {
     return Status::Unavailable("cannot read the ring from ZooKeeper (" + impl_->opt_.zookeeper +
                                "): not connected");
   }
-  *ring = impl_->ring_.load();
+  *ring = impl_->LoadRing();
   return Status::OK();
 }
 

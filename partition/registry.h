@@ -50,6 +50,7 @@ struct RegistryOptions {
   // Called once, from the registry's thread, when the ring's settings
   // differ from ours (the message names the key) or the service path cannot
   // be used at all; the instance must stop (exit 2). Nothing was written.
+  // It runs before WaitRegistered() and Refresh() return the same error.
   std::function<void(const Status&)> on_fatal;
   // Called after each new Ring is published.
   std::function<void(std::shared_ptr<const Ring>)> on_ring;
@@ -97,7 +98,10 @@ class Registry {
 
   // True while the session is connected.
   bool connected() const;
-  // Milliseconds since the session was last connected (0 while connected).
+  // Milliseconds since the session was last connected (0 while connected;
+  // since Start() if it never was). Set by the ZooKeeper client's own
+  // detection: 2/3 of the session timeout without an answer, or at once
+  // when the connection breaks.
   int64_t disconnected_ms() const;
   RegistryStats stats() const;
 

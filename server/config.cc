@@ -351,11 +351,8 @@ Status LoadConfig(const std::string& path, const std::vector<std::string>& overr
     config->server.io_threads =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency() / 2));
   }
-  // A ring member forwards calls for other partitions with a blocking call
-  // to the owner: a worker pool keeps that off the I/O threads.
   if (config->server.workers < 0) {
-    config->server.workers =
-        config->storage.sync == engine::SyncMode::kAlways || config->cluster.enabled() ? 16 : 0;
+    config->server.workers = config->storage.sync == engine::SyncMode::kAlways ? 16 : 0;
   }
   if (config->storage.key_min >= config->storage.key_max) {
     return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");

@@ -11,15 +11,33 @@
 // take it all is the bufferevent's EV_WRITE enabled, and OnWrite disables
 // it again once the output drained, so a connection whose answers fit the
 // socket buffer never changes its epoll registration: a call costs an
-// epoll_wait (shared by the connections ready at once), a recv and a write. Libevent is used without evthread_use_pthreads():
-// nothing of a base is touched from another thread except through the
-// pipe, whose callback runs on the base's own thread (as in http.cc).
+// epoll_wait (shared by the connections ready at once), a recv and a
+// write. Libevent is used without evthread_use_pthreads(): nothing of a base
+// is touched from another thread except through the pipe, whose callback
+// runs on the base's own thread (as in http.cc).
+//
+// Offload: ServeFrames() copies a frame the OffloadFn picks into a Call,
+// marks its Connection busy (its read event deleted, so neither read nor
+// served) and queues the Call for the WorkerPool. A worker runs it with its
+// own Caller (buffers and protocols, like each I/O thread's), stores the
+// answer bytes in the Call and hands it to the Connection's I/O thread:
+// a queue under answered_mu_ plus one kAnswered message in the wake-up pipe
+// (written only when the queue was empty, so the pipe never fills with
+// them). Resume() then appends the answer to the output, adds the read event
+// again and serves the rest of the input. Queues are lists linked through
+// Call::next, so handing a call over allocates nothing and cannot fail.
+// Close() of a busy Connection frees its socket and events but not the
+// Connection: the Call still points to it. Resume() frees it then; Free()
+// frees what Stop() left (workers joined by then, so nothing points to it).
+// The worker only reads and writes its Call, never the Connection.
 //
 // Stop() order: every thread frees its listener and breaks its loop from
 // the wake-up callback, so no connection is accepted after Stop() began and
-// no call is half-answered (calls run inline in OnReadable); then the threads
-// are joined and the connections, listeners and bases freed on the caller's
-// thread, which is safe because their threads have ended.
+// no inline call is half-answered (they run inline in OnReadable); then the
+// I/O threads are joined, then the workers (their calls running finish, the
+// answers wait in the I/O threads' queues; queued calls are dropped), and
+// the connections, calls, listeners and bases are freed on the caller's
+// thread, which is safe because every other thread has ended.
 #include "server/event_server.h"
 
 #include <fcntl.h>
@@ -32,12 +50,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -120,13 +142,191 @@ Status BindSocket(const sockaddr_storage& addr, socklen_t len, bool serve, int* 
   return Status::OK();
 }
 
+// Decodes calls from, and encodes answers into, buffers reused call after
+// call: one per thread that runs calls (each I/O thread and each worker).
+class Caller {
+ public:
+  // Runs one call of "processor" on the "len" bytes at "message" (which
+  // must stay put until Run() returns). On success, *answer and *size hold
+  // the answer with its frame header filled in (size 0: a oneway call has
+  // no answer), valid until the next Run() or Trim(). False if the processor
+  // threw or gave up.
+  bool Run(apache::thrift::TProcessor* processor, uint8_t* message, uint32_t len,
+           uint8_t** answer, uint32_t* size);
+  // Replaces an answer buffer grown past kAnswerKeep by a large answer.
+  void Trim();
+
+ private:
+  std::shared_ptr<TMemoryBuffer> in_ = std::make_shared<TMemoryBuffer>();
+  std::shared_ptr<TMemoryBuffer> out_ = std::make_shared<TMemoryBuffer>(kAnswerInitial);
+  std::shared_ptr<TBinaryProtocol> in_protocol_ = std::make_shared<TBinaryProtocol>(in_);
+  std::shared_ptr<TBinaryProtocol> out_protocol_ = std::make_shared<TBinaryProtocol>(out_);
+};
+
+bool Caller::Run(apache::thrift::TProcessor* processor, uint8_t* message, uint32_t len,
+                 uint8_t** answer, uint32_t* size) {
+  bool ok = false;
+  try {
+    in_->resetBuffer(message, len, TMemoryBuffer::OBSERVE);
+    out_->resetBuffer();
+    out_->getWritePtr(kFrameHeader);
+    out_->wroteBytes(kFrameHeader);  // the length, filled in below
+    ok = processor->process(in_protocol_, out_protocol_, nullptr);
+    in_->readEnd();  // resets the bytes counted against the message size limit
+    in_->resetBuffer();
+  } catch (const std::exception& e) {
+    WarnRateLimited(std::string("call failed: ") + e.what());
+    return false;
+  } catch (...) {
+    return false;
+  }
+  if (!ok) return false;
+  uint32_t written = 0;
+  out_->getBuffer(answer, &written);
+  *size = 0;
+  if (written > kFrameHeader) {
+    const uint32_t body = written - kFrameHeader;
+    (*answer)[0] = static_cast<uint8_t>(body >> 24);
+    (*answer)[1] = static_cast<uint8_t>(body >> 16);
+    (*answer)[2] = static_cast<uint8_t>(body >> 8);
+    (*answer)[3] = static_cast<uint8_t>(body);
+    *size = written;
+  }
+  return true;
+}
+
+void Caller::Trim() {
+  if (out_->getBufferSize() <= kAnswerKeep) return;
+  try {
+    out_->resetBuffer(kAnswerInitial);
+  } catch (const std::exception&) {
+    // keeps the large buffer; a later call tries again
+  }
+}
+
+// A FIFO of T linked through T::next: pushing allocates nothing, so handing
+// a call between threads cannot fail. Not thread-safe by itself.
+template <typename T>
+class Fifo {
+ public:
+  bool empty() const { return head_ == nullptr; }
+  void Push(T* item) {
+    item->next = nullptr;
+    (tail_ != nullptr ? tail_->next : head_) = item;
+    tail_ = item;
+  }
+  T* Pop() {
+    T* item = head_;
+    if (item != nullptr) head_ = item->next;
+    if (head_ == nullptr) tail_ = nullptr;
+    return item;
+  }
+  void DeleteAll() {
+    while (T* item = Pop()) delete item;
+  }
+  void Swap(Fifo& other) {
+    std::swap(head_, other.head_);
+    std::swap(tail_, other.tail_);
+  }
+
+ private:
+  T* head_ = nullptr;
+  T* tail_ = nullptr;
+};
+
 }  // namespace
+
+// A client connection: a bufferevent (its buffers, and libevent's writing
+// of answers the socket could not take at once) plus our own read event.
+// Touched only by its I/O thread.
+struct EventServer::Connection {
+  IoThread* io;
+  bufferevent* bev;     // EV_READ never enabled: read_event reads; null once closed
+  event* read_event;    // null once closed
+  bool paused = false;  // input not read until the pending answers are written
+  bool busy = false;    // a call is on a worker: input neither read nor served
+};
+
+// A call handed to a worker and, once run, its answer handed back. Owned by
+// the list or the thread holding it: the pool's queue, a worker, then the
+// I/O thread's answered list. The worker touches only message, answer and ok.
+struct EventServer::Call {
+  IoThread* io = nullptr;
+  Connection* conn = nullptr;           // touched only by the I/O thread
+  std::unique_ptr<uint8_t[]> message;   // a copy of the frame's body
+  uint32_t len = 0;
+  std::vector<uint8_t> answer;          // with its frame header; empty: oneway
+  bool ok = false;                      // false: close the connection
+  Call* next = nullptr;                 // in a Fifo
+};
+
+// The workers of SetOffload(): a fixed set of threads taking Calls off one
+// queue, each with its own Caller; a worker hands each call back, answered,
+// to its I/O thread (IoThread::Answered()).
+class EventServer::WorkerPool {
+ public:
+  explicit WorkerPool(EventServer* server) : server_(server) {}
+  ~WorkerPool() { Stop(); }
+
+  // Starts "workers" threads. IOError if one cannot be started (the others
+  // are stopped by Stop()).
+  Status Start(int workers);
+  // From an I/O thread: queues "call" (taken) for the next free worker.
+  void Submit(Call* call);
+  // Waits for the calls being run (their answers go to their I/O threads),
+  // joins the workers and deletes the calls still queued. Idempotent.
+  void Stop();
+
+ private:
+  void Run(Caller* caller);
+
+  EventServer* const server_;
+  std::mutex mu_;
+  std::condition_variable ready_;
+  Fifo<Call> queue_;       // GUARDED_BY(mu_)
+  bool stopping_ = false;  // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<Caller>> callers_;
+  std::vector<std::thread> threads_;
+};
+
+Status EventServer::WorkerPool::Start(int workers) {
+  try {
+    for (int i = 0; i < workers; ++i) {
+      callers_.push_back(std::make_unique<Caller>());
+      threads_.emplace_back([this, caller = callers_.back().get()] { Run(caller); });
+    }
+  } catch (const std::exception& e) {
+    return Status::IOError(std::string("cannot start a worker: ") + e.what());
+  }
+  return Status::OK();
+}
+
+void EventServer::WorkerPool::Submit(Call* call) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.Push(call);
+  }
+  ready_.notify_one();
+}
+
+void EventServer::WorkerPool::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  ready_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
+  threads_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.DeleteAll();  // their connections are closed by IoThread::Free()
+}
 
 // One I/O thread: its base, listener, wake-up pipe, connections, and the
 // reused buffers and protocols calls are decoded from and answered into.
 // Everything here is touched only by the thread itself, except Init() and
-// Start() (before the thread runs), Free() (after it was joined), and
-// Post(), Wake() and load(), which any thread may call.
+// Start() (before the thread runs), Free() (after it and the workers were
+// joined), and Post(), Wake(), Answered() and load(), which any thread may
+// call.
 class EventServer::IoThread {
  public:
   explicit IoThread(EventServer* server) : server_(server) {}
@@ -140,21 +340,19 @@ class EventServer::IoThread {
   // From any thread: hands an accepted socket to this thread. False if
   // the pipe is full (the caller serves it itself).
   bool Post(int message);
+  // From a worker: hands back "call" (taken), answered; this thread then
+  // writes the answer and serves its connection again (Resume()).
+  void Answered(Call* call);
   // Connections served by this thread now (read by the other threads).
   int load() const { return load_.load(std::memory_order_relaxed); }
   void Join() {
     if (thread_.joinable()) thread_.join();
   }
-  // Closes every connection and frees the base (thread not running).
+  // Closes every connection, drops the answered calls and frees the base
+  // (thread and workers not running).
   void Free();
 
  private:
-  struct Connection {
-    IoThread* io;
-    bufferevent* bev;  // EV_READ never enabled: read_event reads
-    event* read_event;
-    bool paused;  // input not read until the pending answers are written
-  };
 
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
   static void OnWakeup(evutil_socket_t, short, void* arg);
@@ -165,12 +363,17 @@ class EventServer::IoThread {
   void Accept(evutil_socket_t fd);
   void Adopt(evutil_socket_t fd);
   void DrainPipe(bool stopped);
+  void TakeAnswers();
   void Read(Connection* conn, evutil_socket_t fd);
   void ServeFrames(Connection* conn);
-  bool Answer(uint8_t* frame, uint32_t len, evbuffer* output);
+  bool WantsWorker(const uint8_t* message, uint32_t len) const;
+  bool Offload(Connection* conn, const uint8_t* message, uint32_t len);
+  void Resume(std::unique_ptr<Call> call);
+  bool Answer(uint8_t* message, uint32_t len, evbuffer* output);
   bool Flush(Connection* conn);
   void ProtocolError(Connection* conn, const std::string& what);
   void Close(Connection* conn);
+  void Disconnect(Connection* conn);
 
   EventServer* const server_;
   const uint64_t max_frame_ = server_->config_.server.max_frame_bytes;
@@ -178,17 +381,19 @@ class EventServer::IoThread {
   evconnlistener* listener_ = nullptr;
   event* wakeup_ = nullptr;
   // Wake-up pipe: ints, each an accepted socket handed over by another
-  // thread or kStop.
+  // thread, kStop, or kAnswered (calls wait in answered_).
   static constexpr int kStop = -1;
+  static constexpr int kAnswered = -2;
   int wake_fds_[2] = {-1, -1};
   std::atomic<int> load_{0};
   std::thread thread_;
+  // Served connections, and closed ones whose call is still on a worker.
   std::unordered_set<Connection*> connections_;
   std::unique_ptr<uint8_t[]> scratch_{new uint8_t[kMaxSingleRead]};
-  std::shared_ptr<TMemoryBuffer> in_ = std::make_shared<TMemoryBuffer>();
-  std::shared_ptr<TMemoryBuffer> out_ = std::make_shared<TMemoryBuffer>(kAnswerInitial);
-  std::shared_ptr<TBinaryProtocol> in_protocol_ = std::make_shared<TBinaryProtocol>(in_);
-  std::shared_ptr<TBinaryProtocol> out_protocol_ = std::make_shared<TBinaryProtocol>(out_);
+  Caller caller_;
+  std::mutex answered_mu_;
+  Fifo<Call> answered_;            // GUARDED_BY(answered_mu_)
+  bool answered_posted_ = false;   // GUARDED_BY(answered_mu_): a kAnswered is on its way
 };
 
 Status EventServer::IoThread::Init(int fd) {
@@ -226,11 +431,14 @@ bool EventServer::IoThread::Post(int message) {
 }
 
 // Serves (or, once stopped, closes) the sockets handed over; kStop frees
-// the listener and breaks the loop.
+// the listener and breaks the loop; then, unless stopped, takes the calls
+// the workers answered.
 void EventServer::IoThread::DrainPipe(bool stopped) {
   int message;
   while (read(wake_fds_[0], &message, sizeof(message)) == static_cast<ssize_t>(sizeof(message))) {
-    if (message != kStop && !stopped) {
+    if (message == kAnswered) {
+      continue;  // taken below
+    } else if (message != kStop && !stopped) {
       Adopt(message);
     } else if (message != kStop) {
       close(message);
@@ -242,11 +450,46 @@ void EventServer::IoThread::DrainPipe(bool stopped) {
       stopped = true;
     }
   }
+  // Also when no kAnswered came: a worker that found the pipe full did not
+  // write one (the full pipe brought us here anyway).
+  if (!stopped) TakeAnswers();
+}
+
+void EventServer::IoThread::Answered(Call* call) {
+  bool post = false;
+  {
+    std::lock_guard<std::mutex> lock(answered_mu_);
+    answered_.Push(call);
+    post = !answered_posted_;
+    answered_posted_ = true;
+  }
+  // If the pipe is full, its reader runs soon and takes the call anyway.
+  if (post) Post(kAnswered);
+}
+
+void EventServer::IoThread::TakeAnswers() {
+  Fifo<Call> calls;
+  {
+    std::lock_guard<std::mutex> lock(answered_mu_);
+    calls.Swap(answered_);
+    answered_posted_ = false;
+  }
+  while (Call* call = calls.Pop()) Resume(std::unique_ptr<Call>(call));
 }
 
 void EventServer::IoThread::Free() {
   if (wake_fds_[0] >= 0) DrainPipe(true);  // sockets handed over too late
-  while (!connections_.empty()) Close(*connections_.begin());
+  {
+    // The workers are joined (Stop()): nothing points to a Connection any
+    // more, busy or not, and the answers left are dropped.
+    std::lock_guard<std::mutex> lock(answered_mu_);
+    answered_.DeleteAll();
+  }
+  for (Connection* conn : connections_) {
+    if (conn->bev != nullptr) Disconnect(conn);
+    delete conn;
+  }
+  connections_.clear();
   if (listener_ != nullptr) evconnlistener_free(listener_);
   if (wakeup_ != nullptr) event_free(wakeup_);
   if (base_ != nullptr) event_base_free(base_);
@@ -293,7 +536,7 @@ void EventServer::IoThread::Adopt(evutil_socket_t fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   bufferevent* bev = bufferevent_socket_new(base_, fd, BEV_OPT_CLOSE_ON_FREE);
-  Connection* conn = bev != nullptr ? new (std::nothrow) Connection{this, bev, nullptr, false}
+  Connection* conn = bev != nullptr ? new (std::nothrow) Connection{this, bev, nullptr}
                                     : nullptr;
   if (conn != nullptr) {
     conn->read_event = event_new(base_, fd, EV_READ | EV_PERSIST, &IoThread::OnReadable, conn);
@@ -364,13 +607,24 @@ void EventServer::IoThread::OnEvent(bufferevent*, short what, void* arg) {
   }
 }
 
-// Answers every complete frame in the input, then writes the answers. A
-// frame length out of bounds or a call that cannot be answered closes the
+// Answers every complete frame in the input, then writes the answers; a
+// frame for a worker stops the serving until its answer is back. A frame
+// length out of bounds or a call that cannot be answered closes the
 // connection (conn is gone when this returns then).
 void EventServer::IoThread::ServeFrames(Connection* conn) {
   evbuffer* input = bufferevent_get_input(conn->bev);
   evbuffer* output = bufferevent_get_output(conn->bev);
-  while (!conn->paused) {
+  while (!conn->busy) {
+    // A client that sends calls without reading the answers: stop reading
+    // it until they are written.
+    if (evbuffer_get_length(output) > max_frame_) {
+      if (!Flush(conn)) return;
+      if (evbuffer_get_length(output) > max_frame_) {
+        conn->paused = true;
+        event_del(conn->read_event);
+        return;
+      }
+    }
     const size_t have = evbuffer_get_length(input);
     if (have < kFrameHeader) break;
     uint8_t head[kFrameHeader];
@@ -386,61 +640,87 @@ void EventServer::IoThread::ServeFrames(Connection* conn) {
     const size_t total = kFrameHeader + static_cast<size_t>(len);
     if (have < total) break;  // a partial frame waits for the rest
     uint8_t* frame = evbuffer_pullup(input, static_cast<ev_ssize_t>(total));
-    if (frame == nullptr || !Answer(frame + kFrameHeader, static_cast<uint32_t>(len), output)) {
+    if (frame == nullptr) {
+      ProtocolError(conn, "a call could not be answered; connection closed");
+      return;
+    }
+    uint8_t* message = frame + kFrameHeader;
+    const auto size = static_cast<uint32_t>(len);
+    if (WantsWorker(message, size)) {
+      if (!Offload(conn, message, size)) {
+        spdlog::error("cannot hand a call to a worker: out of memory; connection closed");
+        Close(conn);
+        return;
+      }
+    } else if (!Answer(message, size, output)) {
       ProtocolError(conn, "a call could not be answered; connection closed");
       return;
     }
     evbuffer_drain(input, total);
-    // A client that sends calls without reading the answers: stop reading
-    // it until they are written.
-    if (evbuffer_get_length(output) > max_frame_) {
-      if (!Flush(conn)) return;
-      if (evbuffer_get_length(output) > max_frame_) {
-        conn->paused = true;
-        event_del(conn->read_event);
-      }
-    }
   }
   Flush(conn);
 }
 
-// Runs one call: "frame" holds the message, the answer (with its frame
-// header) goes to "output". False if the processor threw or gave up; the
-// connection must then be closed.
-bool EventServer::IoThread::Answer(uint8_t* frame, uint32_t len, evbuffer* output) {
-  bool ok = false;
+bool EventServer::IoThread::WantsWorker(const uint8_t* message, uint32_t len) const {
+  if (!server_->offload_) return false;
   try {
-    in_->resetBuffer(frame, len, TMemoryBuffer::OBSERVE);
-    out_->resetBuffer();
-    out_->getWritePtr(kFrameHeader);
-    out_->wroteBytes(kFrameHeader);  // the length, filled in below
-    ok = server_->processor_->process(in_protocol_, out_protocol_, nullptr);
-    in_->readEnd();  // resets the bytes counted against the message size limit
-    in_->resetBuffer();
-  } catch (const std::exception& e) {
-    WarnRateLimited(std::string("call failed: ") + e.what());
-    return false;
+    return server_->offload_(message, len);
   } catch (...) {
-    return false;
+    return false;  // documented as not throwing; inline is always correct
   }
+}
+
+// Hands a copy of the call in "message" to a worker; "conn" is neither read
+// nor served until it comes back (Resume()). False if out of memory.
+bool EventServer::IoThread::Offload(Connection* conn, const uint8_t* message, uint32_t len) {
+  std::unique_ptr<Call> call(new (std::nothrow) Call);
+  if (call == nullptr) return false;
+  call->io = this;
+  call->conn = conn;
+  call->message.reset(new (std::nothrow) uint8_t[len]);
+  if (call->message == nullptr) return false;
+  std::memcpy(call->message.get(), message, len);
+  call->len = len;
+  conn->busy = true;
+  event_del(conn->read_event);
+  server_->workers_->Submit(call.release());
+  server_->offloaded_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// The call of "call->conn" came back from its worker: its answer is written
+// like one answered inline, then the connection is read and served again.
+void EventServer::IoThread::Resume(std::unique_ptr<Call> call) {
+  Connection* conn = call->conn;
+  conn->busy = false;
+  if (conn->bev == nullptr) {  // closed while the call was on the worker
+    connections_.erase(conn);
+    delete conn;
+    return;
+  }
+  evbuffer* output = bufferevent_get_output(conn->bev);
+  if (!call->ok || (!call->answer.empty() &&
+                    evbuffer_add(output, call->answer.data(), call->answer.size()) != 0)) {
+    ProtocolError(conn, "a call could not be answered; connection closed");
+    return;
+  }
+  call.reset();
+  if (event_add(conn->read_event, nullptr) != 0) {
+    Close(conn);
+    return;
+  }
+  ServeFrames(conn);  // the frames that arrived meanwhile, then the write
+}
+
+// Runs one call on "message"; the answer (with its frame header) goes to
+// "output". False if the processor threw or gave up; the connection must
+// then be closed.
+bool EventServer::IoThread::Answer(uint8_t* message, uint32_t len, evbuffer* output) {
   uint8_t* answer = nullptr;
   uint32_t size = 0;
-  out_->getBuffer(&answer, &size);
-  if (ok && size > kFrameHeader) {  // a oneway call has no answer
-    const uint32_t body = size - kFrameHeader;
-    answer[0] = static_cast<uint8_t>(body >> 24);
-    answer[1] = static_cast<uint8_t>(body >> 16);
-    answer[2] = static_cast<uint8_t>(body >> 8);
-    answer[3] = static_cast<uint8_t>(body);
-    ok = evbuffer_add(output, answer, size) == 0;
-  }
-  if (out_->getBufferSize() > kAnswerKeep) {
-    try {
-      out_->resetBuffer(kAnswerInitial);
-    } catch (const std::exception&) {
-      // keeps the large buffer; a later call tries again
-    }
-  }
+  const bool ok = caller_.Run(server_->processor_.get(), message, len, &answer, &size) &&
+                  (size == 0 || evbuffer_add(output, answer, size) == 0);
+  caller_.Trim();
   return ok;
 }
 
@@ -470,12 +750,48 @@ void EventServer::IoThread::ProtocolError(Connection* conn, const std::string& w
 }
 
 void EventServer::IoThread::Close(Connection* conn) {
+  Disconnect(conn);
+  // A call on a worker still points to a busy connection: it is freed when
+  // the call comes back (Resume()) or by Free().
+  if (conn->busy) return;
   connections_.erase(conn);
+  delete conn;
+}
+
+// Closes the socket and frees the events; the Connection stays.
+void EventServer::IoThread::Disconnect(Connection* conn) {
   load_.fetch_sub(1, std::memory_order_relaxed);
   event_free(conn->read_event);
   bufferevent_free(conn->bev);  // closes the socket
-  delete conn;
+  conn->read_event = nullptr;
+  conn->bev = nullptr;
   server_->open_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void EventServer::WorkerPool::Run(Caller* caller) {
+  for (;;) {
+    Call* call = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      call = queue_.Pop();
+    }
+    uint8_t* answer = nullptr;
+    uint32_t size = 0;
+    call->ok = caller->Run(server_->processor_.get(), call->message.get(), call->len, &answer,
+                           &size);
+    if (call->ok) {
+      try {
+        call->answer.assign(answer, answer + size);
+      } catch (const std::bad_alloc&) {
+        call->ok = false;
+      }
+    }
+    caller->Trim();
+    call->message.reset();
+    call->io->Answered(call);
+  }
 }
 
 EventServer::EventServer(std::shared_ptr<apache::thrift::TProcessor> processor,
@@ -484,11 +800,21 @@ EventServer::EventServer(std::shared_ptr<apache::thrift::TProcessor> processor,
 
 EventServer::~EventServer() { Stop(); }
 
+void EventServer::SetOffload(OffloadFn fn, int workers) {
+  const bool on = fn != nullptr && workers >= 1;
+  offload_ = on ? std::move(fn) : nullptr;
+  offload_workers_ = on ? workers : 0;
+}
+
 Status EventServer::Start() {
   event_set_log_callback([](int severity, const char* message) {
     if (severity == EVENT_LOG_ERR) spdlog::error("libevent: {}", message);
   });
   Status st = Listen();
+  if (st.ok() && offload_) {  // before the I/O threads hand calls to it
+    workers_ = std::make_unique<WorkerPool>(this);
+    st = workers_->Start(offload_workers_);
+  }
   for (size_t i = 0; st.ok() && i < threads_.size(); ++i) st = threads_[i]->Start();
   if (!st.ok()) Stop();
   return st;
@@ -523,6 +849,10 @@ Status EventServer::Listen() {
 void EventServer::Stop() {
   for (auto& io : threads_) io->Wake();
   for (auto& io : threads_) io->Join();
+  // The calls running finish first; their answers wait in the I/O threads'
+  // queues, which the IoThreads drop with the connections below.
+  if (workers_ != nullptr) workers_->Stop();
+  workers_.reset();
   threads_.clear();  // frees connections, listeners and bases
 }
 

@@ -70,6 +70,12 @@ class Handler : public rpc::FlatKVIf {
                 const std::string& value) override;
   bool peerSRemove(const rpc::PeerContext& ctx, const std::string& key) override;
 
+  // Whether the call in "message" (a binary-protocol message of "len"
+  // bytes) may block: in a ring, a data call for a key another instance
+  // serves, and every batch and scan (they may fan out). The EventServer
+  // runs those on a worker instead of the I/O thread. Cheap; never throws.
+  bool MayBlock(const uint8_t* message, uint32_t len) const;
+
   // Empty when data calls can be served; else why not (a ring member that
   // has not reached ZooKeeper yet), for /health.
   std::string NotReady() const;

@@ -40,6 +40,83 @@ std::string Handler::NotReady() const {
   return "no ring known yet: ZooKeeper (" + config_.cluster.zookeeper + ") not reached";
 }
 
+namespace {
+
+// A cursor over a binary-protocol message (big-endian), enough to read the
+// call's name and its first argument. Every read checks the bounds.
+struct Reader {
+  const uint8_t* p;
+  const uint8_t* end;
+  bool Take(size_t n, const uint8_t** out) {
+    if (static_cast<size_t>(end - p) < n) return false;
+    *out = p;
+    p += n;
+    return true;
+  }
+  bool I32(int32_t* v) {
+    const uint8_t* b;
+    if (!Take(4, &b)) return false;
+    *v = static_cast<int32_t>(uint32_t{b[0]} << 24 | uint32_t{b[1]} << 16 | uint32_t{b[2]} << 8 |
+                              uint32_t{b[3]});
+    return true;
+  }
+  bool I64(int64_t* v) {
+    int32_t hi, lo;
+    if (!I32(&hi) || !I32(&lo)) return false;
+    *v = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(hi)) << 32 |
+                              static_cast<uint32_t>(lo));
+    return true;
+  }
+  bool Bytes(std::string_view* v) {
+    int32_t n;
+    const uint8_t* b;
+    if (!I32(&n) || n < 0 || !Take(static_cast<size_t>(n), &b)) return false;
+    *v = std::string_view(reinterpret_cast<const char*>(b), static_cast<size_t>(n));
+    return true;
+  }
+};
+
+constexpr uint8_t kTypeI64 = 10;
+constexpr uint8_t kTypeString = 11;
+
+}  // namespace
+
+bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
+  if (cluster_ == nullptr) return false;
+  Reader r{message, message + len};
+  int32_t version, seqid;
+  std::string_view name;
+  if (!r.I32(&version) || (static_cast<uint32_t>(version) & 0xffff0000u) != 0x80010000u ||
+      !r.Bytes(&name) || !r.I32(&seqid)) {
+    return false;  // malformed or old-style: answered at once, inline
+  }
+  // Calls that never forward: served here whatever the ring says.
+  if (name.substr(0, 4) == "peer" || name == "ring" || name == "info" || name == "stats" ||
+      name == "getWriteMode" || name == "setWriteMode" || name == "compact" ||
+      name == "compactionStatus") {
+    return false;
+  }
+  const bool int_key = name == "get" || name == "put" || name == "remove" || name == "append";
+  const bool string_key = name == "sget" || name == "sput" || name == "sremove";
+  if (!int_key && !string_key) return true;  // batches and scans may fan out
+  const uint8_t* type;
+  const uint8_t* id;
+  if (!r.Take(1, &type) || !r.Take(2, &id) || (id[0] << 8 | id[1]) != 1) return true;
+  int64_t hash = 0;
+  if (int_key) {
+    if (*type != kTypeI64 || !r.I64(&hash)) return false;  // a malformed call: inline
+  } else {
+    std::string_view key;
+    if (*type != kTypeString || !r.Bytes(&key)) return false;
+    hash = StringHash(std::string(key));
+  }
+  Cluster::Target target;
+  const bool write = name != "get" && name != "sget";
+  // No ring or no member: answered UNAVAILABLE at once, inline.
+  if (!cluster_->Route(hash, write, &target).ok()) return false;
+  return !target.local;
+}
+
 int64_t Handler::StringHash(const std::string& key) const {
   if (cluster_ == nullptr) return 0;
   const auto ring = cluster_->ring();

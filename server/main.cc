@@ -47,6 +47,9 @@ using apache::thrift::server::TNonblockingServer;
 using apache::thrift::transport::TNonblockingServerSocket;
 
 constexpr int kExitBadConfig = 2;
+// Threads that run a ring member's forwarded calls (each blocks for one
+// round trip to another instance, or its timeout).
+constexpr int kForwardThreads = 16;
 
 void Usage(FILE* out) {
   std::fputs(
@@ -139,6 +142,11 @@ class EventPort final : public ThriftPort {
   EventPort(std::shared_ptr<flatkv::server::FrontProcessor> processor,
             const flatkv::server::Config& config)
       : server_(std::move(processor), config) {}
+  // Calls "may_block" says yes to run on "threads" workers (a ring member's
+  // forwarded calls), the rest inline on the I/O threads.
+  void Offload(flatkv::server::EventServer::OffloadFn may_block, int threads) {
+    server_.SetOffload(std::move(may_block), threads);
+  }
 
   flatkv::Status Run() override {
     FLATKV_RETURN_IF_ERROR(server_.Start());
@@ -159,6 +167,7 @@ class EventPort final : public ThriftPort {
     (*out)["server.connections"] = server_.connections();
     (*out)["server.connections_accepted"] = server_.accepted();
     (*out)["server.protocol_errors"] += server_.protocol_errors();
+    (*out)["server.offloaded"] = server_.offloaded();
   }
 
  private:
@@ -300,7 +309,16 @@ int Serve(const flatkv::server::Config& config) {
   if (workers) {
     port = std::make_unique<PoolPort>(processor, workers, config);
   } else {
-    port = std::make_unique<EventPort>(processor, config);
+    auto events = std::make_unique<EventPort>(processor, config);
+    // A ring member answers its own keys inline and hands the calls it
+    // forwards (a blocking round trip to another instance) to workers, so
+    // they never stall the I/O thread's other connections.
+    if (cluster) {
+      events->Offload(
+          [h = handler.get()](const uint8_t* m, uint32_t n) { return h->MayBlock(m, n); },
+          kForwardThreads);
+    }
+    port = std::move(events);
   }
   if (cluster) port->OnServing([&cluster] { cluster->Register(); });
   // Reads objects that live until Serve() returns; the HTTP thread, the

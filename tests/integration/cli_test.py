@@ -57,9 +57,9 @@ for args, what in [((), "no command"), (("frob",), "an unknown command"),
                    (("--hex", "put", "1", "zz"), "a value that is not hex")]:
     code, out, err = kv(*args)
     check(code == 2 and err.startswith("flatkv: ") and out == b"", "exit 2 for " + what)
-code, _, err = kv("--zk", "127.0.0.1:2181", "--path", "/flatkv", "get", "1")
-check(code == 2 and err == "flatkv: cluster mode is not built yet; use --host/--port\n",
-      "--zk/--path: one line, exit 2")
+code, _, err = kv("--zk", "127.0.0.1:1", "--path", "/flatkv", "--timeout-ms", "500", "get", "1")
+check(code == 4 and err.startswith("flatkv: Unavailable: no ring from ZooKeeper 127.0.0.1:1/flatkv")
+      and err.count("\n") == 1, "--zk with no ZooKeeper there: one line, exit 4")
 
 # get/put/rm/append: exit 0, and 1 for an absent key.
 check(kv("put", "1", "hello")[0] == 0, "put KEY VALUE exits 0")
