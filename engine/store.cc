@@ -333,7 +333,7 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
   Guard guard(this);
   const TableArray& tables = Tables();
   const uint64_t seg = SegmentId(from);
-  uint64_t work = scan_work_.load(std::memory_order_relaxed);
+  uint64_t work = std::max<uint64_t>(1, scan_work_.load(std::memory_order_relaxed));
   // Each table clamps "from" to its own range, so passing the original one
   // to every table in scan order is right; segments that do not exist cost
   // nothing, and one without a live key costs one unit.

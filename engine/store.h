@@ -156,7 +156,8 @@ class Store {
   // thread. The values of the returned pairs are read on top of that (one
   // pread each, "limit" at most).
   static constexpr uint64_t kScanWork = uint64_t{1} << 16;
-  // Sets the per-call work allowance (kScanWork by default); for tests.
+  // Sets the per-call work allowance (kScanWork by default, at least 1); for
+  // tests.
   void TEST_SetScanWork(uint64_t units) { scan_work_.store(units); }
 
   // Insertion-order scan: each segment in key order, each of its data files in

@@ -295,3 +295,65 @@ TEST_CASE("FlatIndex::Clear makes every slot absent", "[engine][index]") {
     REQUIRE(index->Load(s) == want);
   }
 }
+
+TEST_CASE("FlatIndex::EmptySpan reports the empty group, chunk or index around a slot",
+          "[engine][index][scan]") {
+  TempDir dir;
+  const uint64_t g = FlatIndex::kGroupSlots;
+  const uint64_t c = FlatIndex::kChunkSlots;
+  const IndexParams p = Params(6, 3 * c, 0, 16);
+  auto index = MustOpen(dir / "index", p);
+  REQUIRE(index->LiveSlots() == 0);
+  REQUIRE(index->EmptySpan(0) == p.slots);  // an empty index is one empty run
+  REQUIRE(index->EmptySpan(p.slots - 1) == p.slots);
+  const uint64_t key = c + 5 * g + 7;  // chunk 1, group 5 of it
+  REQUIRE(index->Store(key, 42).ok());
+  REQUIRE(index->LiveSlots() == 1);
+  REQUIRE(index->EmptySpan(0) == c);                // chunk 0
+  REQUIRE(index->EmptySpan(2 * c + 3) == c);        // chunk 2
+  REQUIRE(index->EmptySpan(c) == g);                // chunk 1, group 0
+  REQUIRE(index->EmptySpan(c + 6 * g) == g);        // the group after the key's
+  REQUIRE(index->EmptySpan(key) == 0);
+  REQUIRE(index->EmptySpan(c + 5 * g) == 0);        // same group, another slot
+  // Overwriting keeps one live slot; removing empties everything again.
+  REQUIRE(index->Store(key, 43).ok());
+  REQUIRE(index->LiveSlots() == 1);
+  REQUIRE(index->Store(key, 0).ok());
+  REQUIRE(index->LiveSlots() == 0);
+  REQUIRE(index->EmptySpan(key) == p.slots);
+  // Storing zero over zero changes nothing.
+  REQUIRE(index->Store(key + 1, 0).ok());
+  REQUIRE(index->LiveSlots() == 0);
+}
+
+TEST_CASE("FlatIndex rebuilds its live-slot counts at open, removed pages counting zero",
+          "[engine][index][scan]") {
+  TempDir dir;
+  const std::string path = dir / "index";
+  const int w = GENERATE(4, 5, 6, 7, 8);
+  const uint64_t g = FlatIndex::kGroupSlots;
+  const IndexParams p = Params(w, 40 * g, 0, 16);
+  // Live: a page straddler (counted once), slots in group 3; removed: all of
+  // group 20 (its pages stay allocated on disk but hold only zeros).
+  std::vector<uint64_t> live = {3 * g, 3 * g + 1, 4 * g - 1, p.slots - 1};
+  const uint64_t straddler = StraddlingSlot(w, kPage);
+  if (straddler != UINT64_MAX) live.push_back(straddler);
+  {
+    auto index = MustOpen(path, p);
+    for (uint64_t s : live) REQUIRE(index->Store(s, 7).ok());
+    for (uint64_t s = 20 * g; s < 21 * g; ++s) REQUIRE(index->Store(s, 9).ok());
+    REQUIRE(index->LiveSlots() == live.size() + g);
+    for (uint64_t s = 20 * g; s < 21 * g; ++s) REQUIRE(index->Store(s, 0).ok());
+    REQUIRE(index->LiveSlots() == live.size());
+    REQUIRE(index->Sync().ok());
+  }
+  auto index = MustOpen(path, p, false);
+  REQUIRE(index->LiveSlots() == live.size());
+  REQUIRE(index->EmptySpan(20 * g) == FlatIndex::kGroupSlots);
+  REQUIRE(index->EmptySpan(21 * g - 1) == FlatIndex::kGroupSlots);
+  REQUIRE(index->EmptySpan(3 * g + 100) == 0);
+  for (uint64_t s : live) REQUIRE(index->EmptySpan(s) == 0);
+  REQUIRE(index->Clear().ok());
+  REQUIRE(index->LiveSlots() == 0);
+  REQUIRE(index->EmptySpan(3 * g) == p.slots);
+}

@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <thread>
 
+#include "engine/flat_index.h"
 #include "engine/store.h"
 #include "tests/engine/test_util.h"
 
@@ -275,4 +277,240 @@ TEST_CASE("Store::PutBatch with one bad key or value writes nothing", "[engine][
   REQUIRE(store->PutBatch(batch).IsValueTooLarge());
   std::string v;
   REQUIRE(store->Get(1, &v).IsNotFound());
+}
+
+namespace {
+
+using flatkv::engine::EngineStats;
+
+// Slots read and empty runs jumped by the scans run in "body".
+struct ScanCost {
+  uint64_t slots = 0;
+  uint64_t skips = 0;
+};
+template <typename F>
+ScanCost CostOf(const Store& store, F body) {
+  const EngineStats before = store.GetStats();
+  body();
+  const EngineStats after = store.GetStats();
+  return {after.scan_slots_visited - before.scan_slots_visited,
+          after.scan_regions_skipped - before.scan_regions_skipped};
+}
+
+// Every key a resumed scan returns, page by page; checks each page against
+// the contract on the way (at most "page" pairs, a resume key in bounds).
+std::vector<int64_t> ScanKeys(const Store& store, int64_t from, bool reverse, size_t page,
+                              int64_t lo = INT64_MIN, int64_t hi = INT64_MAX,
+                              size_t* short_pages = nullptr) {
+  std::vector<int64_t> keys;
+  std::vector<KeyValue> out;
+  bool done = false;
+  for (int calls = 0; !done; ++calls) {
+    REQUIRE(calls < 1000000);
+    int64_t next = 0;
+    REQUIRE(store.Scan(from, reverse, page, lo, hi, &out, &next, &done).ok());
+    REQUIRE(out.size() <= page);
+    for (const KeyValue& kv : out) {
+      REQUIRE(kv.value == std::to_string(kv.key));
+      keys.push_back(kv.key);
+    }
+    if (!done) {
+      REQUIRE(next >= lo);
+      REQUIRE(next <= hi);
+      if (!out.empty()) REQUIRE((reverse ? next < out.back().key : next > out.back().key));
+      if (out.size() < page && short_pages != nullptr) ++*short_pages;
+      from = next;
+    }
+  }
+  return keys;
+}
+
+std::vector<int64_t> Expected(const std::vector<int64_t>& sorted_keys, int64_t from,
+                              bool reverse, int64_t lo, int64_t hi) {
+  std::vector<int64_t> want;
+  for (int64_t k : sorted_keys) {
+    if (k >= lo && k <= hi && (reverse ? k <= from : k >= from)) want.push_back(k);
+  }
+  if (reverse) std::reverse(want.begin(), want.end());
+  return want;
+}
+
+}  // namespace
+
+TEST_CASE("Scan past the last key of a segment visits only non-empty slot groups",
+          "[engine][scan]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;  // default: 2^24 keys per segment
+  o.path = dir / "s";
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  for (int64_t k = 0; k < 2000; ++k) REQUIRE(store->Put(k, std::to_string(k)).ok());
+  const uint64_t group = flatkv::engine::FlatIndex::kGroupSlots;
+  const uint64_t groups = o.segment_keys / group;
+  const uint64_t chunks = o.segment_keys / flatkv::engine::FlatIndex::kChunkSlots;
+  std::vector<KeyValue> out;
+  int64_t next = 0;
+  bool done = false;
+  // The old walk read all 2^24 - 1950 slots to the segment's end here.
+  ScanCost cost = CostOf(*store, [&] {
+    REQUIRE(store->Scan(1950, false, 100, &out, &next, &done).ok());
+  });
+  REQUIRE(out.size() == 50);
+  REQUIRE(out.back().key == 1999);
+  REQUIRE(done);
+  CHECK(cost.slots <= group);            // the rest of key 1950's group
+  CHECK(cost.skips <= groups + chunks);  // one step per empty group/chunk
+  // Starting in an empty group past every key: no slot read at all.
+  cost = CostOf(*store, [&] { REQUIRE(store->Scan(5000, false, 10, &out, &next, &done).ok()); });
+  REQUIRE(out.empty());
+  REQUIRE(done);
+  CHECK(cost.slots == 0);
+  CHECK(cost.skips <= groups + chunks);
+  // Reverse from far past the segment: straight down to the last keys.
+  for (int64_t from : {int64_t{1000000000000}, INT64_MAX}) {
+    cost = CostOf(*store, [&] { REQUIRE(store->Scan(from, true, 10, &out, &next, &done).ok()); });
+    REQUIRE(out.size() == 10);
+    REQUIRE(out.front().key == 1999);
+    REQUIRE(out.back().key == 1990);
+    REQUIRE(!done);
+    REQUIRE(next == 1989);
+    CHECK(cost.slots <= group);
+    CHECK(cost.skips <= groups + chunks);
+  }
+}
+
+TEST_CASE("Scan over a segment whose keys were all removed reads no slot, before and after a "
+          "reopen", "[engine][scan]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  const int64_t seg = static_cast<int64_t>(o.segment_keys);
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  for (int64_t k = 0; k < 100; ++k) REQUIRE(store->Put(k, std::to_string(k)).ok());
+  // Segment 1 gets 2,000 keys (whole pages of slots), then loses them all;
+  // its index pages stay allocated on disk.
+  for (int64_t k = seg; k < seg + 2000; ++k) REQUIRE(store->Put(k, std::to_string(k)).ok());
+  for (int64_t k = seg; k < seg + 2000; ++k) REQUIRE(store->Remove(k).ok());
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<KeyValue> out;
+    int64_t next = 0;
+    bool done = false;
+    ScanCost cost = CostOf(*store, [&] {
+      REQUIRE(store->Scan(seg, false, 10, &out, &next, &done).ok());
+    });
+    REQUIRE(out.empty());
+    REQUIRE(done);
+    CHECK(cost.slots == 0);
+    CHECK(cost.skips == 1);  // the whole segment in one step
+    // Reverse from the top crosses segment 1 in one step, then finds 99.
+    cost = CostOf(*store, [&] {
+      REQUIRE(store->Scan(INT64_MAX, true, 1, &out, &next, &done).ok());
+    });
+    REQUIRE(out.size() == 1);
+    REQUIRE(out[0].key == 99);
+    CHECK(cost.slots <= flatkv::engine::FlatIndex::kGroupSlots);
+    // The counts are rebuilt from the allocated pages at open.
+    store.reset();
+    REQUIRE(Store::Open(o, &store).ok());
+  }
+}
+
+TEST_CASE("A bounded scan returns only keys in [lo, hi], down to the i64 extremes",
+          "[engine][scan]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.key_min = INT64_MIN;
+  o.key_max = INT64_MAX;  // so INT64_MAX - 1 is the largest key
+  o.segment_keys = 1000;
+  o.data_files = 3;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  const std::vector<int64_t> keys = {INT64_MIN,      INT64_MIN + 1, INT64_MIN + 999,
+                                     INT64_MIN + 1000, -1001,       -1000,
+                                     -1,             0,             5,
+                                     999,            1000,          54321,
+                                     INT64_MAX - 1001, INT64_MAX - 2, INT64_MAX - 1};
+  for (int64_t k : keys) REQUIRE(store->Put(k, std::to_string(k)).ok());
+  const std::vector<std::pair<int64_t, int64_t>> bounds = {
+      {INT64_MIN, INT64_MAX}, {INT64_MIN, INT64_MIN}, {INT64_MAX, INT64_MAX},
+      {INT64_MAX - 1, INT64_MAX}, {INT64_MIN, -1},    {0, INT64_MAX},
+      {-1000, 999},           {1, 998},               {5, 5},
+      {6, 6},                 {INT64_MIN + 1, INT64_MAX - 2}};
+  const std::vector<int64_t> froms = {INT64_MIN, INT64_MIN + 1, -1000, 0, 5, 1000,
+                                      INT64_MAX - 2, INT64_MAX};
+  for (auto [lo, hi] : bounds) {
+    for (int64_t from : froms) {
+      for (bool reverse : {false, true}) {
+        for (size_t page : {size_t{1}, size_t{2}, size_t{100}}) {
+          INFO("lo " << lo << " hi " << hi << " from " << from << " reverse " << reverse
+                     << " page " << page);
+          REQUIRE(ScanKeys(*store, from, reverse, page, lo, hi) ==
+                  Expected(keys, from, reverse, lo, hi));
+        }
+      }
+    }
+  }
+  // The unbounded Scan is the bounded one over the whole i64 range.
+  std::vector<KeyValue> out;
+  int64_t next = 0;
+  bool done = false;
+  REQUIRE(store->Scan(INT64_MIN, false, 100, &out, &next, &done).ok());
+  REQUIRE(out.size() == keys.size());
+  REQUIRE(done);
+  // A from past the bounds returns nothing; empty bounds are an error.
+  REQUIRE(store->Scan(100, false, 10, 0, 99, &out, &next, &done).ok());
+  REQUIRE((out.empty() && done));
+  REQUIRE(store->Scan(-1, true, 10, 0, 99, &out, &next, &done).ok());
+  REQUIRE((out.empty() && done));
+  REQUIRE(store->Scan(0, false, 10, 5, 4, &out, &next, &done).IsInvalidArgument());
+  REQUIRE(store->Scan(0, false, 0, 0, 4, &out, &next, &done).IsInvalidArgument());
+}
+
+TEST_CASE("A scan call stops at its work allowance and resumes to return every key in order",
+          "[engine][scan]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.key_min = -5000000;
+  o.segment_keys = 1 << 20;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  // 1,000 keys, 1,000 apart: each slot group holds at most one, so a call
+  // with the default allowance reads 512 slots per key and stops early.
+  std::vector<int64_t> keys;
+  for (int64_t i = 0; i < 1000; ++i) keys.push_back(i * 1000);
+  // And a few scattered over other segments, below and far above.
+  for (int64_t k : {-4999999, -1234567, 7777777, 123456789}) keys.push_back(k);
+  std::sort(keys.begin(), keys.end());
+  for (int64_t k : keys) REQUIRE(store->Put(k, std::to_string(k)).ok());
+
+  std::vector<KeyValue> out;
+  int64_t next = 0;
+  bool done = true;
+  ScanCost cost = CostOf(*store, [&] { REQUIRE(store->Scan(0, false, 1000, &out, &next, &done).ok()); });
+  REQUIRE(!done);
+  REQUIRE(!out.empty());
+  REQUIRE(out.size() < 1000);
+  CHECK(cost.slots + cost.skips <= Store::kScanWork);
+  REQUIRE(next > out.back().key);
+
+  for (uint64_t work : {uint64_t{1}, uint64_t{2}, uint64_t{7}, uint64_t{600}, Store::kScanWork}) {
+    store->TEST_SetScanWork(work);
+    for (bool reverse : {false, true}) {
+      for (size_t page : {size_t{1}, size_t{3}, size_t{1000}}) {
+        INFO("work " << work << " reverse " << reverse << " page " << page);
+        size_t short_pages = 0;
+        const int64_t from = reverse ? INT64_MAX : INT64_MIN;
+        REQUIRE(ScanKeys(*store, from, reverse, page, INT64_MIN, INT64_MAX, &short_pages) ==
+                Expected(keys, from, reverse, INT64_MIN, INT64_MAX));
+        // Pages whose keys cost more than the allowance (a group of slots
+        // read per key) must have come back short.
+        if (page > 1 && page * flatkv::engine::FlatIndex::kGroupSlots > work) {
+          CHECK(short_pages > 0);
+        }
+      }
+    }
+  }
 }
