@@ -9,6 +9,9 @@
 #   bash deploy/zookeeper.sh kill DIR         # SIGKILL at once (a crash; tests)
 #   bash deploy/zookeeper.sh status DIR       # exit 0 if it answers srvr
 #
+# With ZK_OWNER_PID set, start also leaves a watcher that kills the server
+# once that process is gone (a test that crashes does not leak a JVM).
+#
 # Restarting with the same DIR keeps the data (znodes, and sessions until
 # they expire). tickTime=200 lets clients use session timeouts of 400 ms to
 # 20 s. Files in DIR: zoo.cfg, data/, zookeeper.log, zookeeper.pid, port.
@@ -61,6 +64,12 @@ alive() {
   [[ -f "$1/zookeeper.pid" ]] && running "$(cat "$1/zookeeper.pid")"
 }
 
+# Kills server $2 once process $1 is gone (polled every second).
+watch_owner() {
+  setsid bash -c "while kill -0 $1 2>/dev/null && kill -0 $2 2>/dev/null; do sleep 1; done
+                  kill -KILL $2 2>/dev/null" >/dev/null 2>&1 </dev/null &
+}
+
 start() {
   local dir port
   [[ $# -eq 2 ]] || usage
@@ -77,6 +86,7 @@ start() {
   setsid java -Xmx256m -cp "$JAVA_CP" org.apache.zookeeper.server.ZooKeeperServerMain \
     "$dir/zoo.cfg" >>"$dir/zookeeper.log" 2>&1 </dev/null &
   echo $! >"$dir/zookeeper.pid"
+  [[ -z "${ZK_OWNER_PID:-}" ]] || watch_owner "$ZK_OWNER_PID" "$!"
   local deadline=$((SECONDS + START_TIMEOUT_S))
   until serving "$port"; do
     if ! alive "$dir"; then

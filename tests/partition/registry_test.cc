@@ -96,8 +96,11 @@ class ZooKeeperServer {
   }
 
  private:
+  // ZK_OWNER_PID: the server dies with this process even if it crashes.
   static int Script(const std::string& args) {
-    return std::system(("bash " FLATKV_SOURCE_DIR "/deploy/zookeeper.sh " + args).c_str());
+    return std::system(("ZK_OWNER_PID=" + std::to_string(getpid()) +
+                        " bash " FLATKV_SOURCE_DIR "/deploy/zookeeper.sh " + args)
+                           .c_str());
   }
 
   int port_;
