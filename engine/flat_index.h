@@ -122,7 +122,10 @@ class FlatIndex {
   void StoreRaw(uint64_t slot, uint64_t value);
   // Counts the nonzero slots of the allocated parts of the file (at Open).
   Status CountLiveSlots();
-  void AddLive(uint64_t slot);
+  // Adds the nonzero slots of [first, end) to the counts.
+  Status CountRange(uint64_t first, uint64_t end);
+  // Adds n live slots to the counts of the group holding "slot".
+  void AddLive(uint64_t slot, uint64_t n = 1);
   void DropLive(uint64_t slot);
   void ResetLive();
 
