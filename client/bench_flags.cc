@@ -153,6 +153,15 @@ Status ApplyServerFlag(std::string_view name, std::string_view value, ServerBenc
   } else if (name == "port") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, 65535, &n));
     f->port = static_cast<int>(n);
+  } else if (name == "zk") {
+    if (value.empty()) return Status::InvalidArgument("--zk is empty");
+    f->zk = value;
+  } else if (name == "path") {
+    if (value.empty() || value[0] != '/') {
+      return Status::InvalidArgument("--path must start with '/', got '" + std::string(value) +
+                                     "'");
+    }
+    f->zk_path = value;
   } else if (name == "clients") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxClients, &n));
     f->clients = static_cast<int>(n);
@@ -370,7 +379,7 @@ void PrintBenchUsage(std::FILE* out) {
   std::fprintf(
       out,
       "\n"
-      "usage: flatkv-bench server [--host H] [--port P] [options]\n"
+      "usage: flatkv-bench server [--host H] [--port P | --zk HOSTS] [options]\n"
       "\n"
       "Drives a running flatkv-server over --clients connections, each with one\n"
       "call in flight, from --threads epoll loops; prints throughput and per-call\n"
@@ -378,6 +387,9 @@ void PrintBenchUsage(std::FILE* out) {
       "\n"
       "  --host H            server address (default 127.0.0.1)\n"
       "  --port P            server port (default 9901)\n"
+      "  --zk HOSTS          drive a ring instead: read it from ZooKeeper HOSTS\n"
+      "                      (host:port,...) and send each key to its member\n"
+      "  --path P            the ring's service path (default /flatkv)\n"
       "  --workload W[,W..]  run in order (default fill,get); each of\n"
       "                      %s:\n"
       "                      fill: put keys 0..num-1 once each (num ops);\n"

@@ -23,6 +23,14 @@
 // whole answer has been read, so it includes the time the call waited in the
 // epoll loop behind other connections' answers, as redis-benchmark's does.
 //
+// With --zk (a ring), a Connection is one logical client with one socket
+// (a Link) to every member it may call, chosen per partition by
+// partition::Router, the same decision the server and RingClient make. A
+// call's keys are routed by owner; each Link with keys sends its part, and
+// the call completes when the last part is answered, so a batch spread over P
+// partitions costs one round trip to the slowest of them. Without --zk a
+// Connection has one Link and every key goes to it.
+//
 // Which keys are written: a bitmap of [0, num) (num / 8 bytes) shared by the
 // threads. A put's keys are marked when its answer arrives; a get records,
 // when it is sent, which of its keys were marked, and only those must be
@@ -56,8 +64,11 @@
 
 #include "FlatKV.h"
 #include "client/bench_histogram.h"
+#include "client/ring_client.h"
 #include "client/bench_workload.h"
 #include "engine/status.h"
+#include "partition/ring.h"
+#include "partition/router.h"
 
 namespace flatkv::client {
 namespace {
@@ -168,35 +179,64 @@ struct ThreadResult {
   r->errors += keys;
 }
 
-struct Connection {
+struct Connection;
+
+// One socket to one server (a ring member with --zk) and the part of the
+// connection's call it carries.
+struct Link {
   int fd = -1;
-  int number = 0;  // in [0, clients), for messages
+  Connection* conn = nullptr;
+  size_t member = 0;  // index into Endpoints::addresses
   std::shared_ptr<TMemoryBuffer> out = std::make_shared<TMemoryBuffer>();
   std::shared_ptr<TMemoryBuffer> in = std::make_shared<TMemoryBuffer>();
   rpc::FlatKVClient rpc{std::make_shared<TBinaryProtocolT<TMemoryBuffer>>(in),
                         std::make_shared<TBinaryProtocolT<TMemoryBuffer>>(out)};
   bool want_out = false;  // EPOLLOUT registered
 
-  // The call in flight.
-  CallKind kind = CallKind::kGet;
-  Clock::time_point start;
+  // This link's part of the call in flight.
   const uint8_t* unsent = nullptr;  // request bytes not yet written
   uint32_t unsent_len = 0;
   uint32_t request_len = 0;
   std::vector<int64_t> keys;
-  std::vector<uint8_t> expect;  // gets: keys[i] was known written when sent
-
-  // Reused request and answer objects.
-  std::string value;
-  std::vector<rpc::KvPair> pairs;
+  std::vector<uint32_t> positions;  // of keys[i] in Connection::keys
+  std::string value;                // put
+  std::vector<rpc::KvPair> pairs;   // multiPut
+  size_t npairs = 0;                // pairs in use (the rest keep their buffers)
   rpc::GetResult get_result;
   std::vector<rpc::GetResult> results;
-  Rng rng{0};
-  size_t value_pos = 0;
 
-  ~Connection() {
+  ~Link() {
     if (fd >= 0) ::close(fd);
   }
+};
+
+// One client: exactly one call in flight, over one Link per server it may
+// call.
+struct Connection {
+  int number = 0;  // in [0, clients), for messages
+  std::vector<std::unique_ptr<Link>> links;
+  // With --zk: the link (index into links) that takes partition p's reads
+  // and writes.
+  std::vector<uint32_t> read_link, write_link;
+
+  // The call in flight.
+  CallKind kind = CallKind::kGet;
+  Clock::time_point start;
+  int pending = 0;  // links whose part is not answered yet
+  std::vector<int64_t> keys;
+  std::vector<uint8_t> expect;  // gets: keys[i] was known written when sent
+
+  Rng rng{0};
+  size_t value_pos = 0;
+};
+
+// Where the connections go: one server, or (with --zk) every member of a
+// ring snapshot taken before the run.
+struct Endpoints {
+  std::vector<std::string> addresses;  // "host:port"
+  std::vector<sockaddr_storage> addrs;
+  std::vector<socklen_t> lens;
+  std::shared_ptr<const partition::Ring> ring;  // null: one server
 };
 
 std::string ErrnoText(int err) { return std::strerror(err); }
@@ -254,30 +294,29 @@ Status ConnectOne(const sockaddr_storage& addr, socklen_t len, int timeout_ms, i
 // One thread's epoll loop over its connections.
 class Driver {
  public:
-  Driver(const ServerBenchFlags& flags, int first_connection, int connections)
-      : flags_(flags), first_(first_connection), count_(connections) {}
+  Driver(const ServerBenchFlags& flags, const Endpoints& endpoints, int first_connection,
+         int connections)
+      : flags_(flags), ends_(endpoints), first_(first_connection), count_(connections) {}
   ~Driver() {
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
   }
   Driver(const Driver&) = delete;
   Driver& operator=(const Driver&) = delete;
 
-  // Opens this driver's connections to "addr".
-  Status Connect(const sockaddr_storage& addr, socklen_t len) {
+  // Opens this driver's connections: one link to the server, or with a ring
+  // one to each member that some partition's reads or writes go to.
+  Status Connect() {
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epoll_fd_ < 0) return Status::IOError("epoll_create1: " + ErrnoText(errno));
     for (int i = 0; i < count_; ++i) {
       auto c = std::make_unique<Connection>();
       c->number = first_ + i;
-      Status s = ConnectOne(addr, len, flags_.timeout_ms, &c->fd);
-      if (!s.ok()) return Status::IOError("cannot connect to " + Address() + ": " + s.message());
       c->keys.reserve(flags_.batch);
       c->expect.resize(flags_.batch);
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u32 = static_cast<uint32_t>(i);
-      if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
-        return Status::IOError("epoll_ctl: " + ErrnoText(errno));
+      if (ends_.ring) {
+        FLATKV_RETURN_IF_ERROR(RouteConnection(c.get()));
+      } else {
+        FLATKV_RETURN_IF_ERROR(AddLink(c.get(), 0));
       }
       connections_.push_back(std::move(c));
     }
@@ -301,18 +340,72 @@ class Driver {
   }
 
  private:
-  std::string Address() const { return flags_.host + ":" + std::to_string(flags_.port); }
-  std::string Where(const Connection& c) const {
-    return "connection " + std::to_string(c.number) + " to " + Address();
+  // Chooses, for each partition, the member its reads and its writes go to
+  // (Router::Target, spread by connection number) and opens a link to each
+  // member chosen.
+  Status RouteConnection(Connection* c) {
+    const partition::Ring& ring = *ends_.ring;
+    std::vector<int> link_of(ends_.addresses.size(), -1);
+    auto link_for = [&](const partition::Partition& p, bool write, uint32_t* link) -> Status {
+      const partition::Member* m = partition::Router::Target(
+          p, write, ring.settings().replication, static_cast<uint64_t>(c->number));
+      if (m == nullptr) {
+        return Status::Unavailable("mark " + std::to_string(p.mark) + " has no member serving");
+      }
+      size_t member = static_cast<size_t>(
+          std::find(ends_.addresses.begin(), ends_.addresses.end(), m->address()) -
+          ends_.addresses.begin());
+      if (link_of[member] < 0) {
+        link_of[member] = static_cast<int>(c->links.size());
+        FLATKV_RETURN_IF_ERROR(AddLink(c, member));
+      }
+      *link = static_cast<uint32_t>(link_of[member]);
+      return Status::OK();
+    };
+    for (const partition::Partition& p : ring.partitions()) {
+      c->read_link.push_back(0);
+      c->write_link.push_back(0);
+      FLATKV_RETURN_IF_ERROR(link_for(p, false, &c->read_link.back()));
+      FLATKV_RETURN_IF_ERROR(link_for(p, true, &c->write_link.back()));
+    }
+    return Status::OK();
+  }
+
+  Status AddLink(Connection* c, size_t member) {
+    auto l = std::make_unique<Link>();
+    l->conn = c;
+    l->member = member;
+    l->keys.reserve(flags_.batch);
+    l->positions.reserve(flags_.batch);
+    Status s = ConnectOne(ends_.addrs[member], ends_.lens[member], flags_.timeout_ms, &l->fd);
+    if (!s.ok()) {
+      return Status::IOError("cannot connect to " + ends_.addresses[member] + ": " + s.message());
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = l.get();
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, l->fd, &ev) != 0) {
+      return Status::IOError("epoll_ctl: " + ErrnoText(errno));
+    }
+    c->links.push_back(std::move(l));
+    return Status::OK();
+  }
+
+  std::string Where(const Link& l) const {
+    return "connection " + std::to_string(l.conn->number) + " to " + ends_.addresses[l.member];
   }
   // The call a lost connection had in flight; the server closes the
   // connection of a request over its server.max_frame_bytes, which a large
   // --value-size or --batch can reach.
-  static std::string InFlight(const Connection& c) {
-    std::string s = " during a " + std::string(CallName(c.kind)) + " call of " +
-                    std::to_string(c.request_len) + " bytes";
-    if (c.request_len > kLargeRequestBytes) s += " (over the server's server.max_frame_bytes?)";
+  static std::string InFlight(const Link& l) {
+    std::string s = " during a " + std::string(CallName(l.conn->kind)) + " call of " +
+                    std::to_string(l.request_len) + " bytes";
+    if (l.request_len > kLargeRequestBytes) s += " (over the server's server.max_frame_bytes?)";
     return s;
+  }
+  std::string Servers() const {
+    return ends_.ring ? "the ring's " + std::to_string(ends_.addresses.size()) + " members"
+                      : ends_.addresses[0];
   }
 
   Status Loop(ThreadResult* r) {
@@ -335,23 +428,26 @@ class Driver {
         auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
                                                                             last_answer);
         if (waited.count() >= plan_->timeout_ms) {
-          return Status::IOError("no answer from " + Address() + " in " +
+          return Status::IOError("no answer from " + Servers() + " in " +
                                  std::to_string(plan_->timeout_ms) + " ms (" +
                                  std::to_string(in_flight) + " calls in flight)");
         }
         continue;
       }
       for (int i = 0; i < n; ++i) {
-        Connection* c = connections_[events[i].data.u32].get();
-        if ((events[i].events & EPOLLOUT) && c->unsent_len > 0) {
-          FLATKV_RETURN_IF_ERROR(Write(c));
+        Link* l = static_cast<Link*>(events[i].data.ptr);
+        if ((events[i].events & EPOLLOUT) && l->unsent_len > 0) {
+          FLATKV_RETURN_IF_ERROR(Write(l));
         }
         if (!(events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))) continue;
         bool complete = false;
-        FLATKV_RETURN_IF_ERROR(Read(c, &complete));
+        FLATKV_RETURN_IF_ERROR(Read(l, &complete));
         if (!complete) continue;
         last_answer = Clock::now();
-        FLATKV_RETURN_IF_ERROR(Finish(c, last_answer, r));
+        FLATKV_RETURN_IF_ERROR(FinishPart(l, r));
+        Connection* c = l->conn;
+        if (--c->pending > 0) continue;
+        FinishCall(c, last_answer, r);
         if (NextCall(c)) {
           FLATKV_RETURN_IF_ERROR(Send(c));
         } else {
@@ -368,8 +464,8 @@ class Driver {
     return static_cast<int64_t>(c->rng.Uniform(plan_->num));
   }
 
-  // Chooses c's next call (kind, keys, values) from the thread's budget;
-  // false once the budget is spent.
+  // Chooses c's next call (kind and keys) from the thread's budget; false
+  // once the budget is spent.
   bool NextCall(Connection* c) {
     if (budget_.remaining == 0) return false;
     const Plan& p = *plan_;
@@ -384,195 +480,237 @@ class Driver {
       for (uint32_t i = 0; i < n; ++i) {
         c->expect[i] = p.written->Contains(static_cast<uint64_t>(c->keys[i]));
       }
-    } else if (p.batch > 1) {
-      c->kind = CallKind::kMultiPut;
-      c->pairs.resize(n);
-      for (uint32_t i = 0; i < n; ++i) {
-        c->pairs[i].key = c->keys[i];
-        c->pairs[i].value.assign(p.values->Next(&c->value_pos));
-      }
     } else {
-      c->kind = CallKind::kPut;
-      c->value.assign(p.values->Next(&c->value_pos));
+      c->kind = p.batch > 1 ? CallKind::kMultiPut : CallKind::kPut;
     }
     return true;
   }
 
-  // Encodes c's call as one frame in c->out (see the implementation notes).
-  Status Encode(Connection* c) {
+  // Hands each of c's keys (and, for puts, its value) to the link that
+  // serves it.
+  void Split(Connection* c) {
+    for (auto& l : c->links) {
+      l->keys.clear();
+      l->positions.clear();
+      l->npairs = 0;
+    }
+    const bool write = !IsGet(c->kind);
+    for (uint32_t i = 0; i < c->keys.size(); ++i) {
+      Link* l = c->links[0].get();
+      if (ends_.ring) {
+        size_t p = ends_.ring->OwnerIndex(partition::Ring::HashKey(c->keys[i]));
+        l = c->links[write ? c->write_link[p] : c->read_link[p]].get();
+      }
+      l->keys.push_back(c->keys[i]);
+      l->positions.push_back(i);
+      if (c->kind == CallKind::kPut) {
+        l->value.assign(plan_->values->Next(&c->value_pos));
+      } else if (c->kind == CallKind::kMultiPut) {
+        if (l->pairs.size() == l->npairs) l->pairs.emplace_back();
+        rpc::KvPair& pair = l->pairs[l->npairs++];
+        pair.key = c->keys[i];
+        pair.value.assign(plan_->values->Next(&c->value_pos));
+      }
+    }
+  }
+
+  // Encodes l's part of the call as one frame in l->out (see the
+  // implementation notes).
+  Status Encode(Link* l) {
+    const CallKind kind = l->conn->kind;
     try {
-      c->out->resetBuffer();
+      l->out->resetBuffer();
       static const uint8_t kPlaceholder[4] = {0, 0, 0, 0};
-      c->out->write(kPlaceholder, sizeof(kPlaceholder));
-      switch (c->kind) {
-        case CallKind::kGet: c->rpc.send_get(c->keys[0]); break;
-        case CallKind::kPut: c->rpc.send_put(c->keys[0], c->value); break;
-        case CallKind::kMultiGet: c->rpc.send_multiGet(c->keys); break;
-        case CallKind::kMultiPut: c->rpc.send_multiPut(c->pairs); break;
+      l->out->write(kPlaceholder, sizeof(kPlaceholder));
+      switch (kind) {
+        case CallKind::kGet: l->rpc.send_get(l->keys[0]); break;
+        case CallKind::kPut: l->rpc.send_put(l->keys[0], l->value); break;
+        case CallKind::kMultiGet: l->rpc.send_multiGet(l->keys); break;
+        case CallKind::kMultiPut:
+          l->pairs.resize(l->npairs);
+          l->rpc.send_multiPut(l->pairs);
+          break;
       }
     } catch (const std::exception& e) {
-      return Status::IOError(std::string("encoding a ") + CallName(c->kind) + ": " + e.what());
+      return Status::IOError(std::string("encoding a ") + CallName(kind) + ": " + e.what());
     }
     uint8_t* frame = nullptr;
     uint32_t len = 0;
-    c->out->getBuffer(&frame, &len);
+    l->out->getBuffer(&frame, &len);
     uint32_t body = htonl(len - 4);
     std::memcpy(frame, &body, sizeof(body));
-    c->unsent = frame;
-    c->unsent_len = len;
-    c->request_len = len;
+    l->unsent = frame;
+    l->unsent_len = len;
+    l->request_len = len;
     return Status::OK();
   }
 
+  // Sends every part of c's call.
   Status Send(Connection* c) {
-    FLATKV_RETURN_IF_ERROR(Encode(c));
+    Split(c);
+    c->pending = 0;
     c->start = Clock::now();
-    return Write(c);
+    for (auto& l : c->links) {
+      if (l->keys.empty()) continue;
+      FLATKV_RETURN_IF_ERROR(Encode(l.get()));
+      FLATKV_RETURN_IF_ERROR(Write(l.get()));
+      ++c->pending;
+    }
+    return Status::OK();
   }
 
-  // Writes what the socket takes of c's request; waits for EPOLLOUT while
+  // Writes what the socket takes of l's request; waits for EPOLLOUT while
   // some is left.
-  Status Write(Connection* c) {
-    while (c->unsent_len > 0) {
-      ssize_t n = ::send(c->fd, c->unsent, c->unsent_len, MSG_NOSIGNAL);
+  Status Write(Link* l) {
+    while (l->unsent_len > 0) {
+      ssize_t n = ::send(l->fd, l->unsent, l->unsent_len, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        return Status::IOError(Where(*c) + ": send: " + ErrnoText(errno) + InFlight(*c));
+        return Status::IOError(Where(*l) + ": send: " + ErrnoText(errno) + InFlight(*l));
       }
-      c->unsent += n;
-      c->unsent_len -= static_cast<uint32_t>(n);
+      l->unsent += n;
+      l->unsent_len -= static_cast<uint32_t>(n);
     }
-    bool want_out = c->unsent_len > 0;
-    if (want_out == c->want_out) return Status::OK();
+    bool want_out = l->unsent_len > 0;
+    if (want_out == l->want_out) return Status::OK();
     epoll_event ev{};
     ev.events = want_out ? uint32_t{EPOLLIN | EPOLLOUT} : uint32_t{EPOLLIN};
-    ev.data.u32 = static_cast<uint32_t>(c->number - first_);
-    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c->fd, &ev) != 0) {
+    ev.data.ptr = l;
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, l->fd, &ev) != 0) {
       return Status::IOError("epoll_ctl: " + ErrnoText(errno));
     }
-    c->want_out = want_out;
+    l->want_out = want_out;
     return Status::OK();
   }
 
-  static uint32_t FrameLength(Connection* c) {
+  static uint32_t FrameLength(Link* l) {
     uint8_t* p = nullptr;
     uint32_t have = 0;
-    c->in->getBuffer(&p, &have);
+    l->in->getBuffer(&p, &have);
     uint32_t len = 0;
     std::memcpy(&len, p, sizeof(len));
     return ntohl(len);
   }
 
-  // One recv() into c->in; *complete once it holds one whole answer frame.
-  Status Read(Connection* c, bool* complete) {
-    uint32_t have = c->in->available_read();
-    uint32_t want = have >= 4 ? 4 + FrameLength(c) - have : kReadChunk;
-    uint8_t* dst = c->in->getWritePtr(want);
-    ssize_t n = ::recv(c->fd, dst, want, 0);
+  // One recv() into l->in; *complete once it holds one whole answer frame.
+  Status Read(Link* l, bool* complete) {
+    uint32_t have = l->in->available_read();
+    uint32_t want = have >= 4 ? 4 + FrameLength(l) - have : kReadChunk;
+    uint8_t* dst = l->in->getWritePtr(want);
+    ssize_t n = ::recv(l->fd, dst, want, 0);
     if (n == 0) {
-      return Status::IOError(Where(*c) + ": the server closed the connection" + InFlight(*c));
+      return Status::IOError(Where(*l) + ": the server closed the connection" + InFlight(*l));
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::OK();
-      return Status::IOError(Where(*c) + ": recv: " + ErrnoText(errno) + InFlight(*c));
+      return Status::IOError(Where(*l) + ": recv: " + ErrnoText(errno) + InFlight(*l));
     }
-    c->in->wroteBytes(static_cast<uint32_t>(n));
+    l->in->wroteBytes(static_cast<uint32_t>(n));
     have += static_cast<uint32_t>(n);
     if (have < 4) return Status::OK();
-    uint32_t frame = FrameLength(c);
+    uint32_t frame = FrameLength(l);
     if (frame > kMaxAnswerBytes) {
-      return Status::IOError(Where(*c) + ": malformed answer: frame of " + std::to_string(frame) +
+      return Status::IOError(Where(*l) + ": malformed answer: frame of " + std::to_string(frame) +
                              " bytes");
     }
     if (have - 4 < frame) return Status::OK();
     if (have - 4 > frame) {
-      return Status::IOError(Where(*c) + ": malformed answer: " + std::to_string(have - 4 - frame) +
+      return Status::IOError(Where(*l) + ": malformed answer: " + std::to_string(have - 4 - frame) +
                              " bytes after the frame");
     }
     *complete = true;
     return Status::OK();
   }
 
-  // Decodes the answer in c->in. A KvError or TApplicationException is an
+  // Decodes the answer in l->in. A KvError or TApplicationException is an
   // answer: its text goes to *error. Anything else means the bytes were not
   // a valid answer to the call: IOError.
-  Status Decode(Connection* c, std::string* error) {
+  Status Decode(Link* l, std::string* error) {
+    const CallKind kind = l->conn->kind;
     try {
       uint8_t header[4];
-      c->in->readAll(header, sizeof(header));
-      switch (c->kind) {
-        case CallKind::kGet: c->rpc.recv_get(c->get_result); break;
-        case CallKind::kPut: c->rpc.recv_put(); break;
-        case CallKind::kMultiGet: c->rpc.recv_multiGet(c->results); break;
-        case CallKind::kMultiPut: c->rpc.recv_multiPut(); break;
+      l->in->readAll(header, sizeof(header));
+      switch (kind) {
+        case CallKind::kGet: l->rpc.recv_get(l->get_result); break;
+        case CallKind::kPut: l->rpc.recv_put(); break;
+        case CallKind::kMultiGet: l->rpc.recv_multiGet(l->results); break;
+        case CallKind::kMultiPut: l->rpc.recv_multiPut(); break;
       }
     } catch (const rpc::KvError& e) {
       *error = "KvError " + rpc::to_string(e.code) + ": " + e.message;
     } catch (const TApplicationException& e) {
       *error = std::string("TApplicationException: ") + e.what();
     } catch (const std::exception& e) {
-      return Status::IOError(Where(*c) + ": malformed answer to " + CallName(c->kind) + ": " +
+      return Status::IOError(Where(*l) + ": malformed answer to " + CallName(kind) + ": " +
                              e.what());
     }
-    if (c->in->available_read() != 0) {
-      return Status::IOError(Where(*c) + ": malformed answer to " + CallName(c->kind) + ": " +
-                             std::to_string(c->in->available_read()) + " bytes left over");
+    if (l->in->available_read() != 0) {
+      return Status::IOError(Where(*l) + ": malformed answer to " + CallName(kind) + ": " +
+                             std::to_string(l->in->available_read()) + " bytes left over");
     }
     return Status::OK();
   }
 
-  // The call on c has its answer: time it, decode it and check it.
-  Status Finish(Connection* c, Clock::time_point now, ThreadResult* r) {
+  // l's part of the call has its answer: decode it and check it.
+  Status FinishPart(Link* l, ThreadResult* r) {
+    const Connection& c = *l->conn;
+    const uint32_t n = static_cast<uint32_t>(l->keys.size());
+    std::string error;
+    FLATKV_RETURN_IF_ERROR(Decode(l, &error));
+    if (!error.empty()) {
+      AddError(r, n, std::string(CallName(c.kind)) + " of key " + std::to_string(l->keys[0]) +
+                         (n > 1 ? " and " + std::to_string(n - 1) + " more" : "") + " at " +
+                         ends_.addresses[l->member] + ": " + error);
+      return Status::OK();
+    }
+    switch (c.kind) {
+      case CallKind::kPut:
+      case CallKind::kMultiPut:
+        for (int64_t key : l->keys) plan_->written->Mark(static_cast<uint64_t>(key));
+        break;
+      case CallKind::kGet:
+        Check(c, l->positions[0], l->get_result, r);
+        break;
+      case CallKind::kMultiGet:
+        if (l->results.size() != n) {
+          AddError(r, n, "multiGet of " + std::to_string(n) + " keys answered " +
+                             std::to_string(l->results.size()) + " results");
+          break;
+        }
+        for (uint32_t i = 0; i < n; ++i) Check(c, l->positions[i], l->results[i], r);
+        break;
+    }
+    return Status::OK();
+  }
+
+  // Every part of c's call is answered: time and count it.
+  static void FinishCall(const Connection* c, Clock::time_point now, ThreadResult* r) {
     r->latency.Record(static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(now - c->start).count()));
-    const uint32_t n = static_cast<uint32_t>(c->keys.size());
+    const uint64_t n = c->keys.size();
     ++r->calls;
     r->ops += n;
     (IsGet(c->kind) ? r->gets : r->puts) += n;
-    std::string error;
-    FLATKV_RETURN_IF_ERROR(Decode(c, &error));
-    if (!error.empty()) {
-      AddError(r, n, std::string(CallName(c->kind)) + " of key " + std::to_string(c->keys[0]) +
-                         (n > 1 ? " and " + std::to_string(n - 1) + " more" : "") + ": " + error);
-      return Status::OK();
-    }
-    switch (c->kind) {
-      case CallKind::kPut:
-      case CallKind::kMultiPut:
-        for (int64_t key : c->keys) plan_->written->Mark(static_cast<uint64_t>(key));
-        break;
-      case CallKind::kGet:
-        Check(c, 0, c->get_result, r);
-        break;
-      case CallKind::kMultiGet:
-        if (c->results.size() != n) {
-          AddError(r, n, "multiGet of " + std::to_string(n) + " keys answered " +
-                             std::to_string(c->results.size()) + " results");
-          break;
-        }
-        for (uint32_t i = 0; i < n; ++i) Check(c, i, c->results[i], r);
-        break;
-    }
-    return Status::OK();
   }
 
   // A get of a key known written must find --value-size bytes.
-  void Check(const Connection* c, uint32_t i, const rpc::GetResult& got, ThreadResult* r) {
+  void Check(const Connection& c, uint32_t i, const rpc::GetResult& got, ThreadResult* r) {
     if (got.found) {
       ++r->found;
-      if (c->expect[i] && got.value.size() != plan_->value_size) {
-        AddError(r, 1, "get of key " + std::to_string(c->keys[i]) + " returned " +
+      if (c.expect[i] && got.value.size() != plan_->value_size) {
+        AddError(r, 1, "get of key " + std::to_string(c.keys[i]) + " returned " +
                            std::to_string(got.value.size()) + " bytes, expected " +
                            std::to_string(plan_->value_size));
       }
-    } else if (c->expect[i]) {
-      AddError(r, 1, "key " + std::to_string(c->keys[i]) +
+    } else if (c.expect[i]) {
+      AddError(r, 1, "key " + std::to_string(c.keys[i]) +
                          " was written (acknowledged) but a later get did not find it");
     }
   }
 
   const ServerBenchFlags& flags_;
+  const Endpoints& ends_;
   const int first_;  // number of this driver's first connection
   const int count_;
   int epoll_fd_ = -1;
@@ -595,6 +733,7 @@ struct Report {
   double calls_per_sec = 0;
   double mb_per_sec = 0;
   double p50_us = 0, p99_us = 0, p999_us = 0, max_us = 0, min_us = 0, mean_us = 0;
+  size_t members = 1;  // servers called: 1, or the ring's members with --zk
 };
 
 double Micros(uint64_t nanos) { return static_cast<double>(nanos) / 1e3; }
@@ -658,11 +797,13 @@ void PrintJson(const ServerBenchFlags& f, const Report& r) {
       ",\"seconds\":%.9f,\"ops_per_sec\":%.1f,\"calls_per_sec\":%.1f,\"mb_per_sec\":%.3f,"
       "\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,\"max_us\":%.1f,\"errors\":%" PRIu64
       ",\"value_size\":%u,\"host\":\"%s\",\"port\":%d,\"num\":%" PRIu64 ",\"gets\":%" PRIu64
-      ",\"puts\":%" PRIu64 ",\"found\":%" PRIu64 ",\"min_us\":%.1f,\"mean_us\":%.1f}\n",
+      ",\"puts\":%" PRIu64 ",\"found\":%" PRIu64
+      ",\"min_us\":%.1f,\"mean_us\":%.1f,\"zk\":\"%s\",\"path\":\"%s\",\"members\":%zu}\n",
       r.workload, KeyDistributionName(f.keys), f.clients, f.threads, f.batch, r.ops, r.calls,
       r.seconds, r.ops_per_sec, r.calls_per_sec, r.mb_per_sec, r.p50_us, r.p99_us, r.p999_us,
       r.max_us, r.errors, f.value_size, JsonEscape(f.host).c_str(), f.port, ServerKeySpace(f),
-      r.gets, r.puts, r.found, r.min_us, r.mean_us);
+      r.gets, r.puts, r.found, r.min_us, r.mean_us, JsonEscape(f.zk).c_str(),
+      JsonEscape(f.zk_path).c_str(), r.members);
 }
 
 // get        :   52341 ops/sec   5.6 MB/s  p50 901.1 p99 2210.3 p999 4000.2 max 9000.1 us
@@ -676,10 +817,12 @@ void PrintText(const ServerBenchFlags& f, const Report& r) {
   }
   if (r.gets > 0) extra += ", " + std::to_string(r.found) + " of " + std::to_string(r.gets) + " found";
   if (r.errors > 0) extra += ", " + std::to_string(r.errors) + " errors";
+  std::string where = f.host + ":" + std::to_string(f.port);
+  if (!f.zk.empty()) where = "ring of " + std::to_string(r.members) + " at " + f.zk + f.zk_path;
   std::printf("%-10s : %8.0f ops/sec %6.1f MB/s  p50 %.1f p99 %.1f p999 %.1f max %.1f us"
-              "  (%s:%d, %u B, %s, %d clients, %d thr%s)\n",
+              "  (%s, %u B, %s, %d clients, %d thr%s)\n",
               r.workload, r.ops_per_sec, r.mb_per_sec, r.p50_us, r.p99_us, r.p999_us, r.max_us,
-              f.host.c_str(), f.port, f.value_size, KeyDistributionName(f.keys), f.clients,
+              where.c_str(), f.value_size, KeyDistributionName(f.keys), f.clients,
               f.threads, extra.c_str());
 }
 
@@ -776,36 +919,80 @@ uint64_t ServerKeySpace(const ServerBenchFlags& flags) {
   return flags.num != 0 ? flags.num : flags.ops;
 }
 
-int RunServerBench(const ServerBenchFlags& f) {
+namespace {
+
+// The one server of --host/--port: the first of its addresses that accepts a
+// connection.
+Status ServerEndpoint(const ServerBenchFlags& f, Endpoints* ends) {
   std::vector<sockaddr_storage> addrs;
   std::vector<socklen_t> lens;
-  Status s = Resolve(f.host, f.port, &addrs, &lens);
-  if (!s.ok()) {
-    std::fprintf(stderr, "flatkv-bench: %s\n", s.message().c_str());
-    return kExitFailure;
-  }
-  // Pick the first address that accepts a connection; every connection
-  // then uses it.
-  size_t chosen = addrs.size();
-  for (size_t i = 0; i < addrs.size() && chosen == addrs.size(); ++i) {
+  FLATKV_RETURN_IF_ERROR(Resolve(f.host, f.port, &addrs, &lens));
+  Status s;
+  for (size_t i = 0; i < addrs.size(); ++i) {
     int fd = -1;
     s = ConnectOne(addrs[i], lens[i], f.timeout_ms, &fd);
     if (s.ok()) {
       ::close(fd);
-      chosen = i;
+      ends->addresses.push_back(f.host + ":" + std::to_string(f.port));
+      ends->addrs.push_back(addrs[i]);
+      ends->lens.push_back(lens[i]);
+      return Status::OK();
     }
   }
-  if (chosen == addrs.size()) {
-    std::fprintf(stderr, "flatkv-bench: cannot connect to %s:%d: %s\n", f.host.c_str(), f.port,
-                 s.message().c_str());
+  return Status::IOError("cannot connect to " + f.host + ":" + std::to_string(f.port) + ": " +
+                         s.message());
+}
+
+// Every member of the ring under --zk/--path, read once: the run routes by
+// this snapshot (a ring change during the run shows as NOT_OWNER errors).
+Status RingEndpoints(const ServerBenchFlags& f, Endpoints* ends) {
+  RingClientOptions o;
+  o.zookeeper = f.zk;
+  o.service_path = f.zk_path;
+  o.open_timeout_ms = f.timeout_ms;
+  std::unique_ptr<RingClient> rc;
+  FLATKV_RETURN_IF_ERROR(RingClient::Open(std::move(o), &rc));
+  ends->ring = rc->ring();
+  for (const partition::Partition& p : ends->ring->partitions()) {
+    for (const partition::Member& m : p.chain) {
+      if (std::find(ends->addresses.begin(), ends->addresses.end(), m.address()) !=
+          ends->addresses.end()) {
+        continue;
+      }
+      std::vector<sockaddr_storage> addrs;
+      std::vector<socklen_t> lens;
+      FLATKV_RETURN_IF_ERROR(Resolve(m.host, m.port, &addrs, &lens));
+      if (addrs.empty()) return Status::IOError("no address for ring member " + m.address());
+      ends->addresses.push_back(m.address());
+      ends->addrs.push_back(addrs[0]);
+      ends->lens.push_back(lens[0]);
+    }
+  }
+  if (ends->addresses.empty()) {
+    return Status::Unavailable("the ring at " + f.zk + f.zk_path + " has no members");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+int RunServerBench(const ServerBenchFlags& f) {
+  Endpoints ends;
+  Status s = f.zk.empty() ? ServerEndpoint(f, &ends) : RingEndpoints(f, &ends);
+  if (!s.ok()) {
+    std::fprintf(stderr, "flatkv-bench: %s\n", s.message().c_str());
     return kExitFailure;
+  }
+  if (ends.ring) {
+    std::fprintf(stderr, "flatkv-bench: ring version %" PRId64 ", %zu members: %s\n",
+                 ends.ring->version(), ends.addresses.size(), ends.ring->ToString().c_str());
   }
   std::vector<std::unique_ptr<Driver>> drivers;
   for (int t = 0; t < f.threads; ++t) {
     int first = f.clients * t / f.threads;
     int count = f.clients * (t + 1) / f.threads - first;
-    drivers.push_back(std::make_unique<Driver>(f, first, count));
-    s = drivers.back()->Connect(addrs[chosen], lens[chosen]);
+    drivers.push_back(std::make_unique<Driver>(f, ends, first, count));
+    s = drivers.back()->Connect();
     if (!s.ok()) {
       std::fprintf(stderr, "flatkv-bench: %s\n", s.message().c_str());
       return kExitFailure;
@@ -819,6 +1006,7 @@ int RunServerBench(const ServerBenchFlags& f) {
     Report rep;
     std::string first_error;
     s = RunOne(f, w, static_cast<int>(i), drivers, values, &written, &rep, &first_error);
+    rep.members = ends.addresses.size();
     if (!s.ok()) {
       std::fprintf(stderr, "flatkv-bench: %s: %s\n", ServerWorkloadName(w), s.message().c_str());
       return kExitFailure;

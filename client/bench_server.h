@@ -38,6 +38,12 @@
 // closed, timed out, a malformed answer) stops the run at once: exit 1 with
 // a message naming the connection and host:port.
 //
+// With --zk HOSTS (and --path, default /flatkv) it drives a ring instead:
+// it reads the ring once from ZooKeeper and routes every key straight to the
+// member that serves it (partition::Router, as RingClient does), each
+// connection holding one socket per member it calls; a batch is split by
+// owner and its parts sent together. --host/--port are then unused.
+//
 // Thread safety: RunServerBench starts and joins its own threads.
 #pragma once
 
@@ -69,6 +75,8 @@ const char* KeyDistributionName(KeyDistribution distribution);
 struct ServerBenchFlags {
   std::string host = "127.0.0.1";                 // --host (name or address)
   int port = 9901;                                // --port
+  std::string zk;                                 // --zk: a ring's ZooKeeper hosts
+  std::string zk_path = "/flatkv";                // --path: its service path
   int clients = 50;                               // --clients: connections
   int threads = 1;                                // --threads: epoll loops, <= clients
   uint64_t ops = 100000;                          // --ops per workload (keys, not calls)

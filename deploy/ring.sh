@@ -4,7 +4,8 @@
 # P x R flatkv-server instances on 127.0.0.1, each registered under /flatkv.
 #
 #   bash deploy/ring.sh up     [--partitions P] [--replicas R] [--dir D] [--base-port N]
-#                              [--zk-port Z] [--replication sync|async]
+#                              [--zk-port Z] [--replication sync|async] [--key-max K]
+#                              [--set section.key=value ...]
 #   bash deploy/ring.sh status [--dir D]
 #   bash deploy/ring.sh down   [--dir D]
 #
@@ -21,6 +22,13 @@
 # Mark i owns the hashes [mark_(i-1), mark_i) (mark_0 owns [0, mark_0), and by
 # the ring's wraparound also everything >= mark_(P-1), which no key reaches).
 # For P=3: 3074457345618258602, 6148914691236517204, 9223372036854775807.
+# --set (repeatable) passes a setting to every instance after the script's
+# own, e.g. --set storage.sync=interval.
+#
+# With --key-max K the marks split [0, K) instead, mark_i = floor(K*(i+1)/P),
+# so integer keys 0..K-1 spread evenly: for benchmarks over a small key
+# space (`--key-max 300000` gives 100000, 200000, 300000 for
+# `flatkv-bench server --zk ... --num 300000`).
 # `up` prints the integer key range of each mark. (Marks spread over the
 # whole signed i64 space would leave the negative marks owning no key.)
 #
@@ -53,6 +61,8 @@ DIR=/tmp/flatkv-ring
 BASE_PORT=9911
 ZK_PORT=2191
 REPLICATION=sync
+KEY_MAX=9223372036854775807
+SETS=()
 SERVICE_PATH=/flatkv
 
 usage() {
@@ -79,11 +89,13 @@ while [[ $# -gt 0 ]]; do
     --base-port) BASE_PORT=$2; given_layout=1 ;;
     --zk-port) ZK_PORT=$2; given_layout=1 ;;
     --replication) REPLICATION=$2; given_layout=1 ;;
+    --key-max) KEY_MAX=$2; given_layout=1 ;;
+    --set) SETS+=(--set "$2"); given_layout=1 ;;
     *) usage ;;
   esac
   shift 2
 done
-for n in "$PARTITIONS" "$REPLICAS" "$BASE_PORT" "$ZK_PORT"; do
+for n in "$PARTITIONS" "$REPLICAS" "$BASE_PORT" "$ZK_PORT" "$KEY_MAX"; do
   [[ $n =~ ^[0-9]+$ && $n -gt 0 ]] || die "not a positive integer: '$n'"
 done
 [[ $REPLICATION == sync || $REPLICATION == async ]] || die "--replication is sync or async"
@@ -101,9 +113,11 @@ fi
 marks() {
   "$PY" -c '
 import sys
-p = int(sys.argv[1]); top = 2**63 - 1
+p = int(sys.argv[1]); top = int(sys.argv[2])
+if top > 2**63 - 1 or top < p:
+    sys.exit("--key-max must be in [partitions, 2^63-1]")
 for i in range(p):
-    print(top * (i + 1) // p)' "$PARTITIONS"
+    print(top * (i + 1) // p)' "$PARTITIONS" "$KEY_MAX"
 }
 
 # Instance j = p*R + r: "p r mark port dir", one a line.
@@ -161,7 +175,7 @@ start_replica() {
       --set "storage.path=$dir/data" \
       --set "cluster.zookeeper=127.0.0.1:$ZK_PORT" --set "cluster.service_path=$SERVICE_PATH" \
       --set "cluster.mark=$mark" --set "cluster.replication=$REPLICATION" \
-      >>"$dir/server.log" 2>&1 </dev/null &
+      ${SETS[@]+"${SETS[@]}"} >>"$dir/server.log" 2>&1 </dev/null &
     echo $! >"$dir/server.pid"
   done < <(instances)
 }
@@ -204,6 +218,8 @@ REPLICAS=$REPLICAS
 BASE_PORT=$BASE_PORT
 ZK_PORT=$ZK_PORT
 REPLICATION=$REPLICATION
+KEY_MAX=$KEY_MAX
+$(declare -p SETS)
 EOF
   if bash "$ZK_SH" status "$DIR/zk" 2>/dev/null; then
     echo "ZooKeeper already serves on 127.0.0.1:$ZK_PORT"
