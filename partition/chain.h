@@ -1,0 +1,284 @@
+// ChainMember: one member's side of chain replication (van Renesse and
+// Schneider, OSDI 2004; shared/DESIGN.md, "Partitions and chains") as a pure
+// state machine (STYLE.md §9): methods take events (a new chain from
+// ZooKeeper, a client write at the head, a message from a neighbour, a
+// timer) and append the actions to take to a ChainOutput (apply these
+// writes, send these messages, answer these clients). No sockets, threads
+// or clocks inside: time comes in as `now` (milliseconds, any origin). The
+// I/O shell around it (server/replicator.*) and the deterministic simulation
+// (tests/partition/chain_sim_test.cc) drive the same code.
+//
+// The protocol.
+//
+//   client -> head -> ... -> tail        writes flow down, in sequence order
+//             head <- ... <- tail        acks flow up: "applied up to s,
+//                                        the tail has applied up to c"
+//
+// * The head gives each write the next sequence number s (contiguous, per
+//   partition) and the epoch of its head term (its registration's czxid,
+//   which grows with every new head: a head is always the oldest member,
+//   and the next one registered after it). (epoch, s) names one write:
+//   no other write ever gets the same pair.
+// * Every member applies writes in sequence order, exactly once; a write
+//   that does not follow its last one (a gap after a drop) is ignored and
+//   sent again. So each member's history is a prefix of its predecessor's.
+// * Each member keeps what it applied in a log: the writes the tail has not
+//   yet applied (the paper's Sent list), plus up to `backlog_bytes` of older
+//   ones for members that catch up. When its successor changes (a middle
+//   member failed) it resends everything after the commit point: the new
+//   successor skips what it has.
+// * The commit point c is the tail's applied sequence. Under `sync` the head
+//   answers a write once c reaches it, and only the tail serves reads, so
+//   single-key operations are linearizable. Under `async` the head answers
+//   once it applied the write itself and any member serves reads.
+// * Fencing: every message carries the chain id (ChainConfig::id, which
+//   changes with every change of this chain). A message from another chain
+//   is dropped: a head that was paused past its session and wakes believing
+//   it still leads cannot get an ack from a member of the new chain, so
+//   under `sync` it can never answer a write the current chain does not
+//   hold. A member told it lost its session (SetFenced) refuses clients.
+// * Catch-up: a member outside the chain (new, returning, or expired) asks
+//   the tail for the writes after its position. If the tail's log still
+//   holds that position with the same epoch, the tail streams the rest and,
+//   under `sync`, commits only what the joiner has applied (so once the
+//   joiner registers as the new tail it holds every acknowledged write);
+//   meanwhile the tail serves a read of a key with a write the joiner has
+//   not applied only once it has. Otherwise the tail says "snapshot": the
+//   joiner wipes its store, the shells stream the tail's store (a fuzzy
+//   copy: writes go on meanwhile), and the joiner asks again from the
+//   snapshot's position; replaying writes after it is safe because every
+//   replicated write is an idempotent assignment (an append travels as the
+//   put of its result). Once within `catchup_lag` writes of the tail the
+//   joiner registers; the new chain makes it the tail.
+//
+// Thread safety: none; the shell serializes all calls on one member.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "engine/status.h"
+
+namespace flatkv::partition {
+
+// The last write a member applied: (epoch, seq); (0, 0) for an empty store.
+struct ChainPosition {
+  int64_t epoch = 0;
+  uint64_t seq = 0;
+  bool operator==(const ChainPosition& o) const { return epoch == o.epoch && seq == o.seq; }
+};
+
+// One replicated write. "op" is the shell's encoding of an idempotent
+// assignment (put key=value, remove key, several of them); "keys" are the
+// hashes of the keys it touches (for read gating during a catch-up).
+struct ChainEntry {
+  uint64_t seq = 0;
+  int64_t epoch = 0;
+  std::vector<uint64_t> keys;
+  std::string op;
+};
+
+// One mark's chain as ZooKeeper holds it.
+struct ChainConfig {
+  uint64_t id = 0;                   // changes with every change of this chain
+  std::vector<std::string> members;  // chain order, head first
+  std::vector<int64_t> epochs;       // members[i]'s registration czxid
+  bool sync = true;                  // cluster.replication
+};
+
+// A message between two members of one mark.
+struct ChainMessage {
+  enum class Kind : uint8_t {
+    kReplicate,        // down: entries, sender's applied and commit point
+    kAck,              // up: receiver's applied and commit point
+    kSyncRequest,      // joiner -> tail: "I have position"
+    kSnapshotNeeded,   // tail -> joiner: wipe; a copy of my store at position follows
+    kSyncRefused,      // tail -> joiner: not now (not the tail, busy); ask later
+  };
+  Kind kind = Kind::kReplicate;
+  uint64_t chain = 0;  // the sender's ChainConfig::id
+  std::vector<ChainEntry> entries;
+  uint64_t applied = 0;
+  uint64_t committed = 0;
+  ChainPosition position;
+};
+
+// What the shell must do after an event, in this order: apply `apply` to the
+// store (in order) and make it as durable as storage.sync says, then send
+// `sends`, answer `replies`, serve `reads`, start `snapshots`; `wipe`,
+// `register_now` and `deregister` concern this member's own registration.
+struct ChainOutput {
+  struct Send {
+    std::string to;
+    ChainMessage msg;
+  };
+  struct Reply {
+    uint64_t request = 0;
+    Status status;
+  };
+  struct Snapshot {
+    std::string to;      // the joiner
+    ChainPosition at;    // the joiner resumes after this position
+  };
+  std::vector<ChainEntry> apply;
+  std::vector<Send> sends;
+  std::vector<Reply> replies;
+  std::vector<uint64_t> reads;  // parked reads (OnRead kWait) that may be served now
+  std::vector<Snapshot> snapshots;
+  bool wipe = false;          // joiner: empty the store; a snapshot follows
+  bool register_now = false;  // joiner: caught up; register the member node
+  bool deregister = false;    // registered without catching up: remove the node, rejoin
+
+  bool empty() const {
+    return apply.empty() && sends.empty() && replies.empty() && reads.empty() &&
+           snapshots.empty() && !wipe && !register_now && !deregister;
+  }
+};
+
+struct ChainOptions {
+  uint64_t backlog_bytes = 64u << 20;  // cluster.backlog_bytes: committed writes kept
+  uint32_t max_batch_entries = 512;    // writes per kReplicate message
+  uint64_t max_batch_bytes = 4u << 20; // bytes of ops per kReplicate message
+  int64_t resend_ms = 200;             // resend when a neighbour made no progress
+  int64_t joiner_timeout_ms = 3000;    // drop a joiner silent this long
+  uint64_t catchup_lag = 64;           // a joiner this close to the tail registers
+};
+
+class ChainMember {
+ public:
+  enum class Read { kServe, kWait, kRefuse };
+
+  // "self" is this member's address ("host:port"); "durable" the position
+  // its store holds.
+  ChainMember(std::string self, ChainOptions options, ChainPosition durable);
+
+  // A new chain for this member's mark (ZooKeeper's view; may not include
+  // this member).
+  void OnConfig(const ChainConfig& config, int64_t now, ChainOutput* out);
+  // The ZooKeeper session is lost or too long disconnected (true), or good
+  // again (false). Fenced, a member refuses clients and fails pending writes.
+  void SetFenced(bool fenced, ChainOutput* out);
+  // A client write at the head; answered through out->replies (maybe later).
+  void OnWrite(uint64_t request, std::vector<uint64_t> keys, std::string op, int64_t now,
+               ChainOutput* out);
+  void OnMessage(const std::string& from, const ChainMessage& msg, int64_t now,
+                 ChainOutput* out);
+  // Resends what a silent neighbour has not acknowledged; drops a silent
+  // joiner. Call every resend_ms / 2 or so.
+  void OnTick(int64_t now, ChainOutput* out);
+  // Not in the chain (new, returning, fenced): catch up from the tail, then
+  // register (out->register_now).
+  void StartJoin(int64_t now, ChainOutput* out);
+  // The joiner's shell loaded the tail's snapshot taken at "at".
+  void OnSnapshotLoaded(ChainPosition at, int64_t now, ChainOutput* out);
+  // May a read of the key with hash "key" be served now? kWait parks it:
+  // "request" comes back in out->reads once it may (kRefuse: UNAVAILABLE,
+  // or not the member that serves reads).
+  Read OnRead(uint64_t request, uint64_t key, ChainOutput* out);
+
+  // "single", "head", "middle", "tail", "syncing" (catching up, not in the
+  // chain), "fenced", or "none" (no chain yet).
+  const char* role() const;
+  const std::string& self() const { return self_; }
+  ChainPosition applied() const { return applied_; }
+  uint64_t committed() const { return committed_; }
+  size_t pending_writes() const { return pending_.size(); }
+  // The member after this one (successor, or a joiner at the tail), its
+  // acknowledged position, and what it lacks of this member's log.
+  const std::string& downstream() const { return down_; }
+  uint64_t downstream_applied() const { return down_applied_; }
+  uint64_t lag_writes() const;
+  uint64_t lag_bytes() const;
+  uint64_t log_bytes() const { return log_bytes_; }
+  uint64_t refused_messages() const { return refused_; }
+
+ private:
+  bool in_chain() const { return index_ >= 0; }
+  bool is_head() const { return index_ == 0; }
+  bool is_tail() const { return in_chain() && index_ + 1 == static_cast<int>(config_.members.size()); }
+  // The last member that must apply a write before it commits: no one
+  // after this member (tail without joiner).
+  bool is_end() const { return is_tail() && down_.empty(); }
+  const std::string& predecessor() const;
+  void Apply(ChainEntry entry, ChainOutput* out);
+  void Pump(int64_t now, ChainOutput* out);
+  void SendAck(int64_t now, ChainOutput* out);
+  void Commit(uint64_t committed, ChainOutput* out);
+  void FailPending(const Status& status, ChainOutput* out);
+  void Trim();
+  bool Covers(const ChainPosition& p) const;
+  // Highest seq in (committed_, applied_] touching "key", or 0.
+  uint64_t DirtyUntil(uint64_t key) const;
+  void DropDownstream();
+  void HandleReplicate(const std::string& from, const ChainMessage& msg, int64_t now,
+                       ChainOutput* out);
+  void HandleAck(const std::string& from, const ChainMessage& msg, int64_t now, ChainOutput* out);
+  void HandleSyncRequest(const std::string& from, const ChainMessage& msg, int64_t now,
+                         ChainOutput* out);
+  void SendSyncRequest(int64_t now, ChainOutput* out);
+  // Tells "to" to start over from a copy of this store (kSnapshotNeeded and
+  // out->snapshots), keeping the log from here for its catch-up.
+  void RequestSnapshot(const std::string& to, int64_t now, ChainOutput* out);
+  // An empty kReplicate to the downstream: the commit point, and "I am
+  // your predecessor".
+  void Heartbeat(ChainOutput* out);
+
+  const std::string self_;
+  const ChainOptions options_;
+
+  ChainConfig config_;
+  bool have_config_ = false;
+  int index_ = -1;          // in config_.members, -1 if not there
+  bool was_member_ = false; // in the chain at some point (then leaving = fenced)
+  // A member that joined serves reads only once its predecessor showed a
+  // commit point it has reached (it registered holding every committed write).
+  bool verified_ = true;
+  bool fenced_ = false;     // SetFenced(true)
+  int64_t epoch_ = 0;       // as head: the epoch of new writes
+
+  ChainPosition applied_;
+  uint64_t committed_ = 0;
+  std::deque<ChainEntry> log_;   // (log_base_, applied_], contiguous
+  ChainPosition log_base_;
+  uint64_t log_bytes_ = 0;
+  uint64_t pin_ = UINT64_MAX;    // keep entries after this for a snapshot in flight
+  int64_t pin_until_ = 0;
+
+  // Downstream: the successor, or a joiner after the tail.
+  std::string down_;
+  bool down_is_joiner_ = false;
+  uint64_t down_applied_ = 0;
+  uint64_t sent_upto_ = 0;
+  int64_t down_progress_ms_ = 0;  // last ack from downstream (or start)
+
+  // Upstream acks.
+  uint64_t acked_applied_ = UINT64_MAX;  // last ack sent: applied, committed
+  uint64_t acked_committed_ = 0;
+  int64_t last_ack_ms_ = 0;
+
+  // Head: writes waiting for the commit point (sync), in seq order.
+  struct Pending {
+    uint64_t seq;
+    uint64_t request;
+  };
+  std::deque<Pending> pending_;
+  // Tail with a joiner: reads waiting for a key's writes to commit.
+  struct ParkedRead {
+    uint64_t request;
+    uint64_t key;
+    uint64_t until;
+  };
+  std::vector<ParkedRead> parked_;
+
+  // Joiner.
+  bool joining_ = false;
+  bool snapshotting_ = false;    // waiting for OnSnapshotLoaded
+  bool register_sent_ = false;
+  bool registered_alone_ = false;  // registered on an empty chain
+  int64_t join_progress_ms_ = 0;
+  uint64_t refused_ = 0;
+};
+
+}  // namespace flatkv::partition
