@@ -12,8 +12,13 @@ const std::string kNone;
 
 }  // namespace
 
-ChainMember::ChainMember(std::string self, ChainOptions options, ChainPosition durable)
-    : self_(std::move(self)), options_(options), applied_(durable), log_base_(durable) {}
+ChainMember::ChainMember(std::string self, ChainOptions options, ChainPosition durable,
+                         bool intact)
+    : self_(std::move(self)),
+      options_(options),
+      applied_(durable),
+      log_base_(durable),
+      intact_(intact) {}
 
 const char* ChainMember::role() const {
   if (fenced_ && (in_chain() || was_member_)) return "fenced";
@@ -45,13 +50,20 @@ uint64_t ChainMember::lag_bytes() const {
 }
 
 void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* out) {
+  if (have_config_ && config.version < config_.version) return;  // a late, stale view
   const bool was_head = is_head();
+  const bool new_chain = !have_config_ || config.id != config_.id;
+  const std::string old_tail = config_.members.empty() ? std::string() : config_.members.back();
   config_ = config;
   have_config_ = true;
   auto it = std::find(config_.members.begin(), config_.members.end(), self_);
   index_ = it == config_.members.end() ? -1 : static_cast<int>(it - config_.members.begin());
+  // Listed, but not registered by this member as far as it knows: a stale
+  // view (from before it left, or its dead process's node). Not a member.
+  if (in_chain() && (left_ || (joining_ && !register_sent_))) index_ = -1;
 
   if (!in_chain()) {
+    if (was_member_ && !joining_) left_ = true;  // only StartJoin brings it back
     if (was_head || !pending_.empty()) {
       FailPending(Status::Unavailable("this member left the chain (session lost)"), out);
     }
@@ -60,7 +72,17 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
       out->replies.push_back({r.request, Status::Unavailable("this member left the chain")});
     }
     parked_.clear();
-    if (joining_ && !snapshotting_) SendSyncRequest(now, out);
+    const std::string tail = config_.members.empty() ? std::string() : config_.members.back();
+    if (joining_ && register_sent_ && tail != old_tail) {
+      // Caught up with a tail that is no longer the tail: the new one may
+      // hold more. Withdraw the registration (if it was made) and ask it.
+      register_sent_ = false;
+      out->deregister = true;
+    }
+    if (joining_ && snapshotting_ && tail != snapshot_from_) {
+      snapshotting_ = false;  // its source is no longer the tail: start over from the new one
+    }
+    if (joining_ && !snapshotting_ && !register_sent_) SendSyncRequest(now, out);
     return;
   }
   if (registered_alone_ && index_ > 0) {
@@ -77,12 +99,21 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
     return;
   }
   registered_alone_ = false;
+  left_ = false;
   if (joining_) verified_ = false;  // until the predecessor shows its commit point
   if (index_ == 0) verified_ = true;
   joining_ = false;
   snapshotting_ = false;
   register_sent_ = false;
   was_member_ = true;
+  if (new_chain) {
+    // A new chain: its own commit point starts from nothing (the end's is
+    // what it applied). It is recorded, and writes answered, only once its
+    // tail has everything committed before (record_at_).
+    chain_committed_ = 0;
+    record_at_ = committed_;
+    record_sent_ = false;
+  }
   if (is_head()) {
     epoch_ = config_.epochs[0];
   } else if (was_head || !pending_.empty()) {
@@ -93,10 +124,11 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
   if (next < config_.members.size()) {
     const std::string& succ = config_.members[next];
     if (down_ != succ) {
-      // A new successor: resend everything after the commit point (it has
-      // at least that: it is upstream of the tail, or a caught-up joiner).
+      // A new successor: send everything after the commit point (what it
+      // should have), until its first ack says where it really is.
       down_ = succ;
       down_applied_ = std::min(committed_, applied_.seq);
+      down_known_ = false;
       sent_upto_ = down_applied_;
       down_progress_ms_ = now;
       Heartbeat(out);
@@ -111,7 +143,7 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
     }
     parked_.clear();
   }
-  if (is_end()) Commit(applied_.seq, out);
+  Commit(is_end() ? applied_.seq : 0, out);
   acked_applied_ = UINT64_MAX;  // tell the (maybe new) predecessor where we are
   if (!is_head()) SendAck(now, out);
   Pump(now, out);
@@ -144,11 +176,11 @@ void ChainMember::OnWrite(uint64_t request, std::vector<uint64_t> keys, std::str
   e.op = std::move(op);
   const uint64_t seq = e.seq;
   Apply(std::move(e), out);
-  if (!config_.sync || is_end()) {
-    if (is_end()) Commit(applied_.seq, out);
-    out->replies.push_back({request, Status::OK()});
+  pending_.push_back({seq, request});
+  if (is_end()) {
+    Commit(applied_.seq, out);
   } else {
-    pending_.push_back({seq, request});
+    Release(out);
   }
   Pump(now, out);
 }
@@ -182,6 +214,7 @@ bool ChainMember::Covers(const ChainPosition& p) const {
 }
 
 void ChainMember::DropDownstream() {
+  down_known_ = true;
   down_.clear();
   down_is_joiner_ = false;
   down_applied_ = 0;
@@ -191,12 +224,19 @@ void ChainMember::DropDownstream() {
 void ChainMember::Pump(int64_t now, ChainOutput* out) {
   if (down_.empty() || fenced_) return;
   if (sent_upto_ < log_base_.seq) {
-    // The downstream lacks writes this log no longer holds (a joiner that
-    // fell behind, or a successor that registered without them): it must
-    // start over from a copy of this store.
+    // The downstream lacks writes this log no longer holds: a joiner that
+    // fell behind starts over from a copy of this store. (A successor in
+    // the chain always holds the commit point, which the log keeps; if one
+    // did not, the copy is offered to it too, and it takes it unless it
+    // has shown it holds the commit point.)
     std::string to = down_;
-    DropDownstream();
+    if (down_is_joiner_) {
+      DropDownstream();
+    } else {
+      sent_upto_ = log_base_.seq;
+    }
     RequestSnapshot(to, now, out);
+    if (!down_.empty()) Pump(now, out);
     return;
   }
   while (sent_upto_ < applied_.seq) {
@@ -213,7 +253,8 @@ void ChainMember::Pump(int64_t now, ChainOutput* out) {
     }
     sent_upto_ = m.entries.back().seq;
     m.applied = applied_.seq;
-    m.committed = committed_;
+    m.committed = chain_committed_;
+    m.floor = committed_;
     // Merge into a message to the same member already in this output.
     bool merged = false;
     for (ChainOutput::Send& s : out->sends) {
@@ -224,6 +265,7 @@ void ChainMember::Pump(int64_t now, ChainOutput* out) {
         for (ChainEntry& e : m.entries) s.msg.entries.push_back(std::move(e));
         s.msg.applied = m.applied;
         s.msg.committed = m.committed;
+        s.msg.floor = m.floor;
         merged = true;
         break;
       }
@@ -235,15 +277,15 @@ void ChainMember::Pump(int64_t now, ChainOutput* out) {
 void ChainMember::SendAck(int64_t now, ChainOutput* out) {
   const std::string& pred = predecessor();
   if (pred.empty()) return;
-  if (acked_applied_ == applied_.seq && acked_committed_ == committed_) return;
+  if (acked_applied_ == applied_.seq && acked_committed_ == chain_committed_) return;
   acked_applied_ = applied_.seq;
-  acked_committed_ = committed_;
+  acked_committed_ = chain_committed_;
   last_ack_ms_ = now;
   ChainMessage m;
   m.kind = ChainMessage::Kind::kAck;
   m.chain = config_.id;
   m.applied = applied_.seq;
-  m.committed = committed_;
+  m.committed = chain_committed_;
   for (ChainOutput::Send& s : out->sends) {
     if (s.to == pred && s.msg.kind == ChainMessage::Kind::kAck) {
       s.msg = std::move(m);
@@ -255,20 +297,23 @@ void ChainMember::SendAck(int64_t now, ChainOutput* out) {
 
 void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
   committed = std::min(committed, applied_.seq);
-  if (committed > committed_) committed_ = committed;
-  while (!pending_.empty() && pending_.front().seq <= committed_) {
-    out->replies.push_back({pending_.front().request, Status::OK()});
-    pending_.pop_front();
+  if (committed > chain_committed_) chain_committed_ = committed;
+  if (chain_committed_ > committed_) committed_ = chain_committed_;
+  if (is_head() && !Recorded() && !record_sent_ && chain_committed_ >= record_at_ && !fenced_) {
+    record_sent_ = true;
+    out->record = config_.members;
+    out->record_version = config_.version;
   }
+  Release(out);
   if (!parked_.empty()) {
     std::vector<ParkedRead> still;
     for (const ParkedRead& r : parked_) {
-      if (r.until > committed_) {
+      if (r.until > chain_committed_) {
         still.push_back(r);
         continue;
       }
       uint64_t until = DirtyUntil(r.key);
-      if (until > committed_) {
+      if (until > chain_committed_) {
         still.push_back({r.request, r.key, until});
       } else {
         out->reads.push_back(r.request);
@@ -279,13 +324,21 @@ void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
   Trim();
 }
 
+void ChainMember::Release(ChainOutput* out) {
+  if (!is_head() || !Recorded() || fenced_) return;
+  while (!pending_.empty() && (!config_.sync || pending_.front().seq <= chain_committed_)) {
+    out->replies.push_back({pending_.front().request, Status::OK()});
+    pending_.pop_front();
+  }
+}
+
 void ChainMember::FailPending(const Status& status, ChainOutput* out) {
   for (const Pending& p : pending_) out->replies.push_back({p.request, status});
   pending_.clear();
 }
 
 uint64_t ChainMember::DirtyUntil(uint64_t key) const {
-  for (auto it = log_.rbegin(); it != log_.rend() && it->seq > committed_; ++it) {
+  for (auto it = log_.rbegin(); it != log_.rend() && it->seq > chain_committed_; ++it) {
     if (std::find(it->keys.begin(), it->keys.end(), key) != it->keys.end()) return it->seq;
   }
   return 0;
@@ -295,11 +348,11 @@ ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, ChainOutpu
   (void)out;
   if (fenced_ || !in_chain() || !verified_) return Read::kRefuse;
   if (!config_.sync) return Read::kServe;
-  if (!is_tail()) return Read::kRefuse;
+  if (!is_tail() || !Recorded()) return Read::kRefuse;
   // A tail with a joiner commits only what the joiner applied: a key with
   // a write after the commit point waits for it (DirtyUntil).
   uint64_t until = DirtyUntil(key);
-  if (until <= committed_) return Read::kServe;
+  if (until <= chain_committed_) return Read::kServe;
   parked_.push_back({request, key, until});
   return Read::kWait;
 }
@@ -315,29 +368,6 @@ void ChainMember::OnMessage(const std::string& from, const ChainMessage& msg, in
       return;
     case ChainMessage::Kind::kSyncRequest:
       HandleSyncRequest(from, msg, now, out);
-      return;
-    case ChainMessage::Kind::kSnapshotNeeded:
-      if (msg.chain != config_.id || from != predecessor() || snapshotting_) {
-        ++refused_;
-        return;
-      }
-      if (!joining_) {
-        // In the chain but behind what the predecessor still holds: leave,
-        // and start over from its copy.
-        out->deregister = true;
-        FailPending(Status::Unavailable("rejoining the chain"), out);
-        joining_ = true;
-        register_sent_ = false;
-        index_ = -1;
-      }
-      snapshotting_ = true;
-      join_progress_ms_ = now;
-      applied_ = {};
-      committed_ = 0;
-      log_.clear();
-      log_bytes_ = 0;
-      log_base_ = {};
-      out->wipe = true;
       return;
     case ChainMessage::Kind::kSyncRefused:
       // Asked again on a tick (the tail may be busy or changing).
@@ -363,8 +393,9 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
   } else {
     Commit(msg.committed, out);
   }
-  if (in_chain() && !verified_ && msg.committed <= applied_.seq) verified_ = true;
-  if (joining_ && !register_sent_ && msg.committed <= applied_.seq &&
+  if (in_chain() && !verified_ && msg.floor <= applied_.seq) verified_ = true;
+  if (in_chain() && verified_) intact_ = true;
+  if (joining_ && !register_sent_ && msg.floor <= applied_.seq &&
       msg.applied <= applied_.seq + options_.catchup_lag) {
     register_sent_ = true;
     out->register_now = true;
@@ -380,14 +411,15 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
     return;
   }
   if (msg.applied > down_applied_ || msg.applied >= sent_upto_) down_progress_ms_ = now;
-  // Its applied position as it says (a new successor may have less than
-  // assumed); what it was sent beyond that is resent on a tick.
-  down_applied_ = std::min(msg.applied, applied_.seq);
-  if (down_applied_ < log_base_.seq) {
-    std::string to = down_;
-    DropDownstream();
-    RequestSnapshot(to, now, out);
-    return;
+  if (!down_known_) {
+    // Its first ack: where it really is (a member that registered behind
+    // this one's commit point is sent what it lacks, if the log has it).
+    down_known_ = true;
+    down_applied_ = std::min(msg.applied, applied_.seq);
+    sent_upto_ = down_applied_;
+  } else {
+    // Acks may arrive out of order: the position only grows.
+    down_applied_ = std::max(down_applied_, std::min(msg.applied, applied_.seq));
   }
   Commit(msg.committed, out);
   SendAck(now, out);
@@ -413,6 +445,7 @@ void ChainMember::HandleSyncRequest(const std::string& from, const ChainMessage&
   }
   down_ = from;
   down_is_joiner_ = true;
+  down_known_ = true;
   down_progress_ms_ = now;
   down_applied_ = msg.position.seq;
   sent_upto_ = msg.position.seq;
@@ -423,11 +456,6 @@ void ChainMember::HandleSyncRequest(const std::string& from, const ChainMessage&
 }
 
 void ChainMember::RequestSnapshot(const std::string& to, int64_t now, ChainOutput* out) {
-  ChainMessage m;
-  m.kind = ChainMessage::Kind::kSnapshotNeeded;
-  m.chain = config_.id;
-  m.position = applied_;
-  out->sends.push_back({to, std::move(m)});
   out->snapshots.push_back({to, applied_});
   pin_ = applied_.seq;
   pin_until_ = now + options_.joiner_timeout_ms * 10;
@@ -439,15 +467,21 @@ void ChainMember::Heartbeat(ChainOutput* out) {
   m.kind = ChainMessage::Kind::kReplicate;
   m.chain = config_.id;
   m.applied = applied_.seq;
-  m.committed = committed_;
+  m.committed = chain_committed_;
+  m.floor = committed_;
   out->sends.push_back({down_, std::move(m)});
 }
 
 void ChainMember::SendSyncRequest(int64_t now, ChainOutput* out) {
   join_progress_ms_ = now;
   if (config_.members.empty()) {
-    // No member serves the mark: this store is the best there is.
-    if (!register_sent_) {
+    // No member serves the mark. Only a member of the recorded chain with
+    // its store intact holds every acknowledged write: it starts the chain
+    // again; anyone else waits for one (a mark that never had a chain has
+    // nothing to lose).
+    const auto& rec = config_.recorded;
+    const bool may = rec.empty() || (intact_ && std::find(rec.begin(), rec.end(), self_) != rec.end());
+    if (may && !register_sent_) {
       register_sent_ = true;
       registered_alone_ = true;
       out->register_now = true;
@@ -463,6 +497,9 @@ void ChainMember::SendSyncRequest(int64_t now, ChainOutput* out) {
 
 void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
   if (in_chain() && !fenced_) return;
+  if (in_chain()) out->deregister = true;  // fenced: its node may linger
+  index_ = -1;
+  left_ = false;
   joining_ = true;
   snapshotting_ = false;
   register_sent_ = false;
@@ -470,17 +507,58 @@ void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
   FailPending(Status::Unavailable("rejoining the chain"), out);
   if (!down_.empty()) DropDownstream();
   committed_ = std::min(committed_, applied_.seq);
+  chain_committed_ = 0;
   if (have_config_) SendSyncRequest(now, out);
 }
 
-void ChainMember::OnSnapshotLoaded(ChainPosition at, int64_t now, ChainOutput* out) {
-  if (!joining_ || !snapshotting_) return;
+uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at, int64_t now,
+                                      ChainOutput* out) {
+  // From the tail we are joining, or (in the chain, but behind what the
+  // predecessor still holds) from the predecessor.
+  // Not one it asked for: a joiner that caught up (a stale request's
+  // answer), or a verified member (it holds every committed write).
+  if (from.empty() || from != predecessor() || fenced_ || (joining_ && register_sent_) ||
+      (!joining_ && verified_)) {
+    ++refused_;
+    return 0;
+  }
+  if (!joining_) {
+    // Leave the chain and start over from the predecessor's copy.
+    out->deregister = true;
+    FailPending(Status::Unavailable("rejoining the chain"), out);
+    joining_ = true;
+    register_sent_ = false;
+    index_ = -1;
+  }
+  snapshotting_ = true;
+  snapshot_at_ = at;
+  snapshot_from_ = from;
+  join_progress_ms_ = now;
+  applied_ = {};
+  committed_ = 0;
+  log_.clear();
+  log_bytes_ = 0;
+  log_base_ = {};
+  out->wipe = true;
+  intact_ = false;
+  return ++snapshot_token_;
+}
+
+void ChainMember::OnSnapshotLoaded(uint64_t token, int64_t now, ChainOutput* out) {
+  if (!joining_ || !snapshot_current(token)) return;
+  const ChainPosition at = snapshot_at_;
   snapshotting_ = false;
   applied_ = at;
   log_base_ = at;
   log_.clear();
   log_bytes_ = 0;
   committed_ = 0;
+  SendSyncRequest(now, out);
+}
+
+void ChainMember::OnSnapshotFailed(uint64_t token, int64_t now, ChainOutput* out) {
+  if (!joining_ || !snapshot_current(token)) return;
+  snapshotting_ = false;
   SendSyncRequest(now, out);
 }
 
@@ -493,7 +571,7 @@ void ChainMember::OnTick(int64_t now, ChainOutput* out) {
     if (!snapshotting_ && !register_sent_ && now - join_progress_ms_ >= options_.resend_ms) {
       SendSyncRequest(now, out);
     }
-    if (snapshotting_ && now - join_progress_ms_ >= options_.joiner_timeout_ms * 10) {
+    if (snapshotting_ && now - join_progress_ms_ >= options_.joiner_timeout_ms * 3) {
       snapshotting_ = false;  // the snapshot never came: ask again
       SendSyncRequest(now, out);
     }

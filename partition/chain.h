@@ -82,10 +82,18 @@ struct ChainEntry {
 
 // One mark's chain as ZooKeeper holds it.
 struct ChainConfig {
+  int64_t version = 0;               // the ring's version: an older config is ignored
   uint64_t id = 0;                   // changes with every change of this chain
   std::vector<std::string> members;  // chain order, head first
   std::vector<int64_t> epochs;       // members[i]'s registration czxid
   bool sync = true;                  // cluster.replication
+  // The chain last recorded in ZooKeeper (.cluster/marks/<mark>) by a head.
+  // Writes are acknowledged, and sync reads served, only while it equals
+  // `members`: so every acknowledged write (and every value a read
+  // returned) is held by every member of the recorded chain, and when the
+  // whole chain is gone one of those members, with its store intact, may
+  // start it again alone. Empty for a mark that never had a chain.
+  std::vector<std::string> recorded;
 };
 
 // A message between two members of one mark.
@@ -94,14 +102,14 @@ struct ChainMessage {
     kReplicate,        // down: entries, sender's applied and commit point
     kAck,              // up: receiver's applied and commit point
     kSyncRequest,      // joiner -> tail: "I have position"
-    kSnapshotNeeded,   // tail -> joiner: wipe; a copy of my store at position follows
     kSyncRefused,      // tail -> joiner: not now (not the tail, busy); ask later
   };
   Kind kind = Kind::kReplicate;
   uint64_t chain = 0;  // the sender's ChainConfig::id
   std::vector<ChainEntry> entries;
   uint64_t applied = 0;
-  uint64_t committed = 0;
+  uint64_t committed = 0;  // the commit point under this chain
+  uint64_t floor = 0;      // down: every write up to here was committed (under any chain)
   ChainPosition position;
 };
 
@@ -123,16 +131,18 @@ struct ChainOutput {
     ChainPosition at;    // the joiner resumes after this position
   };
   std::vector<ChainEntry> apply;
+  std::vector<std::string> record;  // head: record this chain in ZooKeeper...
+  int64_t record_version = 0;       // ...unless a chain of a later ring version is recorded
   std::vector<Send> sends;
   std::vector<Reply> replies;
   std::vector<uint64_t> reads;  // parked reads (OnRead kWait) that may be served now
   std::vector<Snapshot> snapshots;
-  bool wipe = false;          // joiner: empty the store; a snapshot follows
+  bool wipe = false;          // empty the store (a snapshot is being loaded)
   bool register_now = false;  // joiner: caught up; register the member node
   bool deregister = false;    // registered without catching up: remove the node, rejoin
 
   bool empty() const {
-    return apply.empty() && sends.empty() && replies.empty() && reads.empty() &&
+    return apply.empty() && record.empty() && sends.empty() && replies.empty() && reads.empty() &&
            snapshots.empty() && !wipe && !register_now && !deregister;
   }
 };
@@ -151,8 +161,9 @@ class ChainMember {
   enum class Read { kServe, kWait, kRefuse };
 
   // "self" is this member's address ("host:port"); "durable" the position
-  // its store holds.
-  ChainMember(std::string self, ChainOptions options, ChainPosition durable);
+  // its store holds (at most what it applied); "intact" false if the store
+  // may have lost writes it once held (wiped, or a new data directory).
+  ChainMember(std::string self, ChainOptions options, ChainPosition durable, bool intact = true);
 
   // A new chain for this member's mark (ZooKeeper's view; may not include
   // this member).
@@ -171,8 +182,18 @@ class ChainMember {
   // Not in the chain (new, returning, fenced): catch up from the tail, then
   // register (out->register_now).
   void StartJoin(int64_t now, ChainOutput* out);
-  // The joiner's shell loaded the tail's snapshot taken at "at".
-  void OnSnapshotLoaded(ChainPosition at, int64_t now, ChainOutput* out);
+  // A snapshot stream from "from" (out->snapshots there) begins. Returns
+  // its token, or 0 if this member does not expect one from it (the shell
+  // refuses the stream). The shell empties the store (out->wipe) and loads
+  // the stream's records only while snapshot_current(token): a later
+  // stream replaces an earlier one.
+  uint64_t OnSnapshotBegin(const std::string& from, ChainPosition at, int64_t now,
+                           ChainOutput* out);
+  bool snapshot_current(uint64_t token) const { return snapshotting_ && token == snapshot_token_; }
+  // The whole stream of "token" is loaded.
+  void OnSnapshotLoaded(uint64_t token, int64_t now, ChainOutput* out);
+  // The stream of "token" broke (its source failed or stalled): ask again.
+  void OnSnapshotFailed(uint64_t token, int64_t now, ChainOutput* out);
   // May a read of the key with hash "key" be served now? kWait parks it:
   // "request" comes back in out->reads once it may (kRefuse: UNAVAILABLE,
   // or not the member that serves reads).
@@ -182,6 +203,9 @@ class ChainMember {
   // chain), "fenced", or "none" (no chain yet).
   const char* role() const;
   const std::string& self() const { return self_; }
+  // The shell registers the member node (after out->register_now) only
+  // while this holds: a registration that comes too late is withdrawn.
+  bool wants_registration() const { return joining_ && register_sent_; }
   ChainPosition applied() const { return applied_; }
   uint64_t committed() const { return committed_; }
   size_t pending_writes() const { return pending_.size(); }
@@ -207,6 +231,10 @@ class ChainMember {
   void SendAck(int64_t now, ChainOutput* out);
   void Commit(uint64_t committed, ChainOutput* out);
   void FailPending(const Status& status, ChainOutput* out);
+  // Head: answers the pending writes that may be answered (committed under
+  // sync, applied under async; the chain recorded either way).
+  void Release(ChainOutput* out);
+  bool Recorded() const { return config_.recorded == config_.members; }
   void Trim();
   bool Covers(const ChainPosition& p) const;
   // Highest seq in (committed_, applied_] touching "key", or 0.
@@ -218,8 +246,8 @@ class ChainMember {
   void HandleSyncRequest(const std::string& from, const ChainMessage& msg, int64_t now,
                          ChainOutput* out);
   void SendSyncRequest(int64_t now, ChainOutput* out);
-  // Tells "to" to start over from a copy of this store (kSnapshotNeeded and
-  // out->snapshots), keeping the log from here for its catch-up.
+  // Has "to" start over from a copy of this store (out->snapshots), keeping
+  // the log from here for its catch-up.
   void RequestSnapshot(const std::string& to, int64_t now, ChainOutput* out);
   // An empty kReplicate to the downstream: the commit point, and "I am
   // your predecessor".
@@ -239,7 +267,13 @@ class ChainMember {
   int64_t epoch_ = 0;       // as head: the epoch of new writes
 
   ChainPosition applied_;
+  // The commit point: the highest seq known applied by a tail (any chain's),
+  // and the one reported under the current chain (what answers writes and
+  // gates reads; acks carry it).
   uint64_t committed_ = 0;
+  uint64_t chain_committed_ = 0;
+  uint64_t record_at_ = 0;       // head: record the chain once chain_committed_ reaches it
+  bool record_sent_ = false;
   std::deque<ChainEntry> log_;   // (log_base_, applied_], contiguous
   ChainPosition log_base_;
   uint64_t log_bytes_ = 0;
@@ -250,6 +284,7 @@ class ChainMember {
   std::string down_;
   bool down_is_joiner_ = false;
   uint64_t down_applied_ = 0;
+  bool down_known_ = true;  // down_applied_ came from its ack (not assumed)
   uint64_t sent_upto_ = 0;
   int64_t down_progress_ms_ = 0;  // last ack from downstream (or start)
 
@@ -274,9 +309,14 @@ class ChainMember {
 
   // Joiner.
   bool joining_ = false;
-  bool snapshotting_ = false;    // waiting for OnSnapshotLoaded
+  bool snapshotting_ = false;    // loading a snapshot taken at snapshot_at_
+  ChainPosition snapshot_at_;
+  std::string snapshot_from_;
+  uint64_t snapshot_token_ = 0;
   bool register_sent_ = false;
   bool registered_alone_ = false;  // registered on an empty chain
+  bool intact_ = true;             // holds every write it applied
+  bool left_ = false;              // was in the chain, then not: out until it rejoins
   int64_t join_progress_ms_ = 0;
   uint64_t refused_ = 0;
 };

@@ -22,6 +22,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -75,6 +76,7 @@ struct Node {
   bool session = true;     // holds a ZooKeeper session
   bool registered = false;
   uint64_t gen = 0;        // session generation: a stale expiry leaves a new one alone
+  bool intact = true;      // store not wiped since it last registered
   int64_t paused_until = 0;
   int64_t down_until = 0;  // crashed: restarts then
   std::vector<std::function<void()>> held;  // events that arrived while paused
@@ -118,6 +120,7 @@ class Sim {
   // Runs until "end" ms with faults until "faults_until", then heals.
   void Run(int64_t faults_until, int64_t end) {
     faults_until_ = faults_until;
+    clients_until_ = end - 1000;  // then quiet: the chain settles
     for (int64_t t = 0; t < end; t += 5) {
       At(t, [this] { Step(); });
     }
@@ -221,15 +224,28 @@ class Sim {
       id = (id ^ static_cast<uint64_t>(c.epochs.back())) * 1099511628211ULL;
     }
     c.id = id;
+    c.version = version_;
+    c.recorded = recorded_;
     return c;
   }
 
   // ZooKeeper changed: every live member learns the new chain, each after
   // its own delay (watch delivery is not simultaneous).
   void Publish() {
+    ++version_;
     ChainConfig c = Config();
+    if (trace_) {
+      std::string m, r;
+      for (const auto& x : c.members) m += x + " ";
+      for (const auto& x : c.recorded) r += x + " ";
+      std::fprintf(stderr, "%6lld CONFIG %llx [%s] recorded [%s]\n", static_cast<long long>(now_),
+                   static_cast<unsigned long long>(c.id & 0xffff), m.c_str(), r.c_str());
+    }
     for (int i = 0; i < kMembers; ++i) {
-      At(now_ + Rand(1, 30), [this, i, c] {
+      // A ZooKeeper client sees changes in order: FIFO per member.
+      int64_t at = std::max(config_due_[i], now_ + Rand(1, 30));
+      config_due_[i] = at;
+      At(at, [this, i, c] {
         Deliver(i, [this, i, c] { Do(i, [&](ChainOutput* o) {
           nodes_[i].member->OnConfig(c, now_, o); }); });
       });
@@ -238,8 +254,10 @@ class Sim {
 
   void Register(int i) {
     Node& n = nodes_[i];
-    if (!n.alive || !n.session || n.registered) return;
+    if (!n.alive || !n.session || n.registered || n.paused) return;
+    if (!n.member->wants_registration()) return;
     n.registered = true;
+    n.intact = true;
     czxid_[n.address] = ++zxid_;
     chain_.push_back(n.address);
     Publish();
@@ -275,7 +293,10 @@ class Sim {
 
   void Carry(int i, const ChainOutput& out) {
     Node& n = nodes_[i];
-    if (out.wipe) n.store.clear();
+    if (out.wipe) {
+      n.store.clear();
+      n.intact = false;
+    }
     for (const ChainEntry& e : out.apply) {
       char kind;
       uint64_t key, write;
@@ -296,10 +317,26 @@ class Sim {
       }
       n.store[key] = Val{kind == 'P' ? write : 0, e.seq};
     }
+    if (!out.record.empty()) {
+      // A conditional write: a record based on an older ring is refused.
+      std::vector<std::string> rec = out.record;
+      int64_t version = out.record_version;
+      At(now_ + Rand(1, 10), [this, rec, version] {
+        if (version < recorded_version_) return;
+        recorded_version_ = version;
+        recorded_ = rec;
+        Publish();  // a watch on the mark node
+      });
+    }
     for (const ChainOutput::Send& s : out.sends) Send(i, s);
     for (const ChainOutput::Reply& r : out.replies) Reply(r.request, r.status.ok());
     for (uint64_t r : out.reads) ServeRead(r, i);
     for (const ChainOutput::Snapshot& s : out.snapshots) Snapshot(i, s);
+    if (trace_ && (out.register_now || out.deregister || out.wipe)) {
+      std::fprintf(stderr, "%6lld %s%s%s%s\n", static_cast<long long>(now_), n.address.c_str(),
+                   out.register_now ? " REGISTER" : "", out.deregister ? " DEREGISTER" : "",
+                   out.wipe ? " WIPE" : "");
+    }
     if (out.register_now) At(now_ + Rand(1, 10), [this, i] { Register(i); });
     if (out.deregister) Unregister(i);
   }
@@ -307,6 +344,14 @@ class Sim {
   int IndexOf(const std::string& address) const { return address[1] - '0'; }
 
   void Send(int from, const ChainOutput::Send& s) {
+    if (trace_) {
+      std::fprintf(stderr, "%6lld %s -> %s kind %d chain %llx entries %zu applied %llu committed %llu pos %llu\n",
+                   static_cast<long long>(now_), nodes_[from].address.c_str(), s.to.c_str(),
+                   static_cast<int>(s.msg.kind), static_cast<unsigned long long>(s.msg.chain & 0xffff),
+                   s.msg.entries.size(), static_cast<unsigned long long>(s.msg.applied),
+                   static_cast<unsigned long long>(s.msg.committed),
+                   static_cast<unsigned long long>(s.msg.position.seq));
+    }
     if (Chance(3)) {
       ++drops_;
       return;
@@ -320,23 +365,48 @@ class Sim {
     });
   }
 
-  // A fuzzy copy: the source's store as it is when the copy arrives (writes
-  // went on meanwhile), loaded, then the joiner resumes from "at".
+  // The stream begins at the joiner, then the source's store is copied as
+  // it is later (writes went on meanwhile: a fuzzy copy) and loaded, then
+  // the joiner resumes after "at". A source that dies or pauses breaks it.
   void Snapshot(int from, const ChainOutput::Snapshot& s) {
     ++snapshots_;
     int to = IndexOf(s.to);
     ChainPosition at = s.at;
-    At(now_ + Rand(5, 60), [this, from, to, at] {
-      if (!nodes_[from].alive || nodes_[from].paused) return;  // the stream broke
-      Store copy = nodes_[from].store;
-      Deliver(to, [this, to, at, copy] {
-        nodes_[to].store = copy;
-        Do(to, [&](ChainOutput* o) { nodes_[to].member->OnSnapshotLoaded(at, now_, o); });
+    std::string source = nodes_[from].address;
+    At(now_ + Rand(1, 30), [this, from, to, at, source] {
+      if (!nodes_[from].alive || nodes_[from].paused) return;
+      Deliver(to, [this, from, to, at, source] {
+        uint64_t token = 0;
+        Do(to, [&](ChainOutput* o) {
+          token = nodes_[to].member->OnSnapshotBegin(source, at, now_, o);
+        });
+        const bool accepted = token != 0;
+        if (trace_) {
+          std::fprintf(stderr, "%6lld SNAPSHOT %s -> %s at %llu %s\n", static_cast<long long>(now_),
+                       source.c_str(), nodes_[to].address.c_str(),
+                       static_cast<unsigned long long>(at.seq), accepted ? "begins" : "refused");
+        }
+        if (!accepted) return;
+        At(now_ + Rand(5, 40), [this, from, to, token] {
+          if (!nodes_[from].alive || nodes_[from].paused) {
+            // The stream broke: the joiner's shell notices.
+            Deliver(to, [this, to, token] { Do(to, [&](ChainOutput* o) {
+              nodes_[to].member->OnSnapshotFailed(token, now_, o); }); });
+            return;
+          }
+          Store copy = nodes_[from].store;
+          Deliver(to, [this, to, token, copy] {
+            if (!nodes_[to].member->snapshot_current(token)) return;
+            nodes_[to].store = copy;
+            Do(to, [&](ChainOutput* o) { nodes_[to].member->OnSnapshotLoaded(token, now_, o); });
+          });
+        });
       });
     });
   }
 
   void Reply(uint64_t request, bool ok) {
+    if (pending_reads_.erase(request) > 0) return;  // a parked read refused
     auto it = requests_.find(request);
     if (it == requests_.end()) return Fail("a reply to an unknown request");
     uint64_t write = it->second;
@@ -382,8 +452,8 @@ class Sim {
   }
 
   void Step() {
-    if (Chance(35)) ClientWrite();
-    if (Chance(25)) ClientRead();
+    if (now_ < clients_until_ && Chance(35)) ClientWrite();
+    if (now_ < clients_until_ && Chance(25)) ClientRead();
     if (now_ < faults_until_ && Chance(2)) Fault();
     // Wake paused members, restart crashed ones.
     for (int i = 0; i < kMembers; ++i) {
@@ -456,6 +526,7 @@ class Sim {
     switch (Rand(0, 2)) {
       case 0: {  // kill -9: the session times out later; restart with or without data
         ++crashes_;
+        if (trace_) std::fprintf(stderr, "%6lld %s CRASH\n", static_cast<long long>(now_), n.address.c_str());
         n.alive = false;
         n.held.clear();
         n.down_until = now_ + Rand(50, 600);
@@ -464,6 +535,7 @@ class Sim {
       }
       case 1: {  // SIGSTOP past the session timeout, then SIGCONT
         ++pauses_;
+        if (trace_) std::fprintf(stderr, "%6lld %s PAUSE\n", static_cast<long long>(now_), n.address.c_str());
         n.paused = true;
         n.paused_until = now_ + Rand(kSessionMs + 50, kSessionMs * 3);
         At(now_ + kSessionMs, [this, i, gen = n.gen] { Expire(i, gen); });
@@ -471,6 +543,7 @@ class Sim {
       }
       case 2: {  // the session expires (a network partition from ZooKeeper)
         ++expiries_;
+        if (trace_) std::fprintf(stderr, "%6lld %s EXPIRE\n", static_cast<long long>(now_), n.address.c_str());
         Expire(i, n.gen);
         break;
       }
@@ -487,12 +560,14 @@ class Sim {
     At(now_ + Rand(1, 50), [this, i, gen] {
       Deliver(i, [this, i, gen] {
         if (nodes_[i].gen != gen) return;
+        if (trace_) std::fprintf(stderr, "%6lld %s FENCED\n", static_cast<long long>(now_), nodes_[i].address.c_str());
         Do(i, [&](ChainOutput* o) { nodes_[i].member->SetFenced(true, o); });
         At(now_ + Rand(20, 200), [this, i, gen] {
           Deliver(i, [this, i, gen] {
             if (nodes_[i].gen != gen) return;
             nodes_[i].session = true;
             ++nodes_[i].gen;
+            if (trace_) std::fprintf(stderr, "%6lld %s REJOIN\n", static_cast<long long>(now_), nodes_[i].address.c_str());
             Do(i, [&](ChainOutput* o) { nodes_[i].member->StartJoin(now_, o); });
           });
         });
@@ -502,6 +577,7 @@ class Sim {
 
   void Resume(int i) {
     Node& n = nodes_[i];
+    if (trace_) std::fprintf(stderr, "%6lld %s RESUME\n", static_cast<long long>(now_), n.address.c_str());
     n.paused = false;
     // What arrived meanwhile, in order (stale configs and messages included).
     std::vector<std::function<void()>> held = std::move(n.held);
@@ -511,13 +587,25 @@ class Sim {
 
   void Restart(int i) {
     Node& n = nodes_[i];
+    if (trace_) std::fprintf(stderr, "%6lld %s RESTART\n", static_cast<long long>(now_), n.address.c_str());
     // With its data (a clean restart keeps the exact position) or wiped.
     ChainPosition durable = n.member->applied();
-    if (Chance(50)) {
+    bool intact = true;
+    // Lose its data only if another member of the recorded chain still has
+    // its own: losing every copy of acknowledged writes is beyond repair
+    // (the mark then waits for an operator, as it should).
+    bool other_copy = false;
+    for (const std::string& r : recorded_) {
+      int j = IndexOf(r);
+      if (j != i && nodes_[j].intact) other_copy = true;
+    }
+    if (Chance(50) && (other_copy || recorded_.empty())) {
+      n.intact = false;
       n.store.clear();
       durable = {};
+      intact = false;
     }
-    n.member = std::make_unique<ChainMember>(n.address, options_, durable);
+    n.member = std::make_unique<ChainMember>(n.address, options_, durable, intact);
     n.held.clear();
     Start(i);
   }
@@ -537,6 +625,7 @@ class Sim {
   }
 
   std::mt19937_64 rng_;
+  const bool trace_ = std::getenv("FLATKV_SIM_TRACE") != nullptr;
   const bool sync_;
   ChainOptions options_;
   std::vector<Node> nodes_;
@@ -544,9 +633,14 @@ class Sim {
   uint64_t order_ = 0;
   int64_t now_ = 0;
   int64_t faults_until_ = 0;
+  int64_t clients_until_ = 0;
   std::string failure_;
 
   std::vector<std::string> chain_;           // ZooKeeper: registered, in czxid order
+  std::vector<std::string> recorded_;        // .cluster/marks/<mark>: the recorded chain
+  int64_t version_ = 1;
+  int64_t recorded_version_ = 0;
+  int64_t config_due_[kMembers] = {};
   std::map<std::string, int64_t> czxid_;
   int64_t zxid_ = 1000;
 
