@@ -100,8 +100,10 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
   }
   registered_alone_ = false;
   left_ = false;
+  if (config_.members.size() > 1) company_ = true;
   if (joining_) verified_ = false;  // until the predecessor shows its commit point
   if (index_ == 0) verified_ = true;
+  if (verified_) intact_ = true;  // in the chain holding the commit point
   joining_ = false;
   snapshotting_ = false;
   register_sent_ = false;
@@ -147,6 +149,14 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
   acked_applied_ = UINT64_MAX;  // tell the (maybe new) predecessor where we are
   if (!is_head()) SendAck(now, out);
   Pump(now, out);
+}
+
+void ChainMember::SetLease(bool valid, ChainOutput* out) {
+  lease_ = valid;
+  if (valid) {
+    company_ = config_.members.size() > 1 || !down_.empty();
+    Release(out);
+  }
 }
 
 void ChainMember::SetFenced(bool fenced, ChainOutput* out) {
@@ -325,7 +335,7 @@ void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
 }
 
 void ChainMember::Release(ChainOutput* out) {
-  if (!is_head() || !Recorded() || fenced_) return;
+  if (!is_head() || !Recorded() || fenced_ || !Leased()) return;
   while (!pending_.empty() && (!config_.sync || pending_.front().seq <= chain_committed_)) {
     out->replies.push_back({pending_.front().request, Status::OK()});
     pending_.pop_front();
@@ -348,7 +358,7 @@ ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, ChainOutpu
   (void)out;
   if (fenced_ || !in_chain() || !verified_) return Read::kRefuse;
   if (!config_.sync) return Read::kServe;
-  if (!is_tail() || !Recorded()) return Read::kRefuse;
+  if (!is_tail() || !Recorded() || !Leased()) return Read::kRefuse;
   // A tail with a joiner commits only what the joiner applied: a key with
   // a write after the commit point waits for it (DirtyUntil).
   uint64_t until = DirtyUntil(key);
@@ -432,7 +442,8 @@ void ChainMember::HandleSyncRequest(const std::string& from, const ChainMessage&
   answer.chain = config_.id;
   const bool busy = down_is_joiner_ && down_ != from &&
                     now - down_progress_ms_ < options_.joiner_timeout_ms;
-  if (fenced_ || !is_tail() || msg.chain != config_.id || busy) {
+  // An unverified tail may lack committed writes: it is no source.
+  if (fenced_ || !is_tail() || !verified_ || msg.chain != config_.id || busy) {
     ++refused_;
     answer.kind = ChainMessage::Kind::kSyncRefused;
     out->sends.push_back({from, std::move(answer)});
@@ -445,6 +456,7 @@ void ChainMember::HandleSyncRequest(const std::string& from, const ChainMessage&
   }
   down_ = from;
   down_is_joiner_ = true;
+  company_ = true;
   down_known_ = true;
   down_progress_ms_ = now;
   down_applied_ = msg.position.seq;
@@ -500,6 +512,8 @@ void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
   if (in_chain()) out->deregister = true;  // fenced: its node may linger
   index_ = -1;
   left_ = false;
+  lease_ = true;  // a new session
+  company_ = false;
   joining_ = true;
   snapshotting_ = false;
   register_sent_ = false;

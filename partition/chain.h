@@ -171,6 +171,13 @@ class ChainMember {
   // The ZooKeeper session is lost or too long disconnected (true), or good
   // again (false). Fenced, a member refuses clients and fails pending writes.
   void SetFenced(bool fenced, ChainOutput* out);
+  // The ZooKeeper lease: false once this member may have been expired
+  // without knowing it (disconnected for over half the session timeout, or
+  // the process was frozen that long), true when ZooKeeper answers again.
+  // Without it a member answers no write and serves no sync read, unless it
+  // is alone (a chain of one that has had no joiner or other member since
+  // it last held the lease: nobody could have taken over from it).
+  void SetLease(bool valid, ChainOutput* out);
   // A client write at the head; answered through out->replies (maybe later).
   void OnWrite(uint64_t request, std::vector<uint64_t> keys, std::string op, int64_t now,
                ChainOutput* out);
@@ -235,6 +242,8 @@ class ChainMember {
   // sync, applied under async; the chain recorded either way).
   void Release(ChainOutput* out);
   bool Recorded() const { return config_.recorded == config_.members; }
+  // May answer writes and sync reads: the lease holds, or it is alone.
+  bool Leased() const { return lease_ || !company_; }
   void Trim();
   bool Covers(const ChainPosition& p) const;
   // Highest seq in (committed_, applied_] touching "key", or 0.
@@ -264,6 +273,8 @@ class ChainMember {
   // commit point it has reached (it registered holding every committed write).
   bool verified_ = true;
   bool fenced_ = false;     // SetFenced(true)
+  bool lease_ = true;       // SetLease
+  bool company_ = false;    // other members or a joiner since the lease last held
   int64_t epoch_ = 0;       // as head: the epoch of new writes
 
   ChainPosition applied_;

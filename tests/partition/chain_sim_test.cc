@@ -148,13 +148,15 @@ class Sim {
       << ", crashes " << crashes_ << ", pauses " << pauses_ << ", expiries " << expiries_
       << ", snapshots " << snapshots_ << ", drops " << drops_ << ", chain";
     for (const std::string& m : chain_) s << " " << m;
+    s << ", recorded";
+    for (const std::string& m : recorded_) s << " " << m;
     for (const Node& n : nodes_) {
       s << "\n  " << n.address << ": " << n.member->role() << " applied " << n.member->applied().seq
         << " committed " << n.member->committed() << " down '" << n.member->downstream()
         << "' at " << n.member->downstream_applied() << (n.alive ? "" : " DEAD")
         << (n.paused ? " PAUSED" : "") << (n.registered ? " registered" : "")
         << (n.session ? " session" : " no-session") << " refused " << n.member->refused_messages()
-        << " keys " << n.store.size();
+        << " keys " << n.store.size() << (n.intact ? " intact" : " wiped");
     }
     return s.str();
   }
@@ -319,9 +321,12 @@ class Sim {
     }
     if (!out.record.empty()) {
       // A conditional write: a record based on an older ring is refused.
+      // Written through the member's own session: an expired session (a
+      // member that woke from a pause) cannot write.
       std::vector<std::string> rec = out.record;
       int64_t version = out.record_version;
-      At(now_ + Rand(1, 10), [this, rec, version] {
+      At(now_ + Rand(1, 10), [this, rec, version, i, gen = n.gen] {
+        if (!nodes_[i].alive || !nodes_[i].session || nodes_[i].gen != gen) return;
         if (version < recorded_version_) return;
         recorded_version_ = version;
         recorded_ = rec;
@@ -413,6 +418,8 @@ class Sim {
     requests_.erase(it);
     if (!ok) return;
     Write& w = writes_.at(write);
+    if (trace_) std::fprintf(stderr, "%6lld ACK write %llu seq %llu\n", static_cast<long long>(now_),
+                             static_cast<unsigned long long>(write), static_cast<unsigned long long>(w.seq));
     if (w.seq == 0) return Fail("write " + std::to_string(write) + " acknowledged, never applied");
     w.acked = true;
     w.acked_at = now_;
@@ -579,6 +586,9 @@ class Sim {
     Node& n = nodes_[i];
     if (trace_) std::fprintf(stderr, "%6lld %s RESUME\n", static_cast<long long>(now_), n.address.c_str());
     n.paused = false;
+    // Its tick sees the clock jumped past half the session timeout: no
+    // lease until ZooKeeper answers (here: until it learns it expired).
+    Do(i, [&](ChainOutput* o) { n.member->SetLease(false, o); });
     // What arrived meanwhile, in order (stale configs and messages included).
     std::vector<std::function<void()>> held = std::move(n.held);
     n.held.clear();
