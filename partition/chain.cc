@@ -56,11 +56,15 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
   const std::string old_tail = config_.members.empty() ? std::string() : config_.members.back();
   config_ = config;
   have_config_ = true;
-  auto it = std::find(config_.members.begin(), config_.members.end(), self_);
-  index_ = it == config_.members.end() ? -1 : static_cast<int>(it - config_.members.begin());
-  // Listed, but not registered by this member as far as it knows: a stale
-  // view (from before it left, or its dead process's node). Not a member.
-  if (in_chain() && (left_ || (joining_ && !register_sent_))) index_ = -1;
+  // In the chain only under this member's own current registration: a node
+  // of an earlier one (or of its dead process) is a stale view.
+  index_ = -1;
+  for (size_t k = 0; k < config_.members.size(); ++k) {
+    if (config_.members[k] == self_ && config_.epochs[k] == registration_ && registration_ != 0) {
+      index_ = static_cast<int>(k);
+    }
+  }
+  if (in_chain() && left_) index_ = -1;
 
   if (!in_chain()) {
     if (was_member_ && !joining_) left_ = true;  // only StartJoin brings it back
@@ -77,7 +81,7 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
       // Caught up with a tail that is no longer the tail: the new one may
       // hold more. Withdraw the registration (if it was made) and ask it.
       register_sent_ = false;
-      out->deregister = true;
+      Deregister(out);
     }
     if (joining_ && snapshotting_ && tail != snapshot_from_) {
       snapshotting_ = false;  // its source is no longer the tail: start over from the new one
@@ -89,7 +93,7 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
     // Registered on what looked like an empty chain, but an older member
     // is there: this store may lack its writes. Leave and catch up.
     registered_alone_ = false;
-    out->deregister = true;
+    Deregister(out);
     FailPending(Status::Unavailable("rejoining the chain"), out);
     DropDownstream();
     joining_ = true;
@@ -98,11 +102,25 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
     SendSyncRequest(now, out);
     return;
   }
+  const bool alone = registered_alone_;
   registered_alone_ = false;
   left_ = false;
   if (config_.members.size() > 1) company_ = true;
-  if (joining_) verified_ = false;  // until the predecessor shows its commit point
-  if (index_ == 0) verified_ = true;
+  // A joiner that registered holds the commit point only once its
+  // predecessor shows it (one that started the chain alone holds it).
+  if (joining_) verified_ = alone && index_ == 0;
+  if (!verified_ && index_ == 0) {
+    // First in the chain without the commit point (its predecessors left
+    // before it caught up): it must not lead. Leave; the mark waits for a
+    // member of the recorded chain.
+    Deregister(out);
+    DropDownstream();
+    index_ = -1;
+    joining_ = true;
+    register_sent_ = false;
+    SendSyncRequest(now, out);
+    return;
+  }
   if (verified_) intact_ = true;  // in the chain holding the commit point
   joining_ = false;
   snapshotting_ = false;
@@ -193,6 +211,11 @@ void ChainMember::OnWrite(uint64_t request, std::vector<uint64_t> keys, std::str
     Release(out);
   }
   Pump(now, out);
+}
+
+void ChainMember::Deregister(ChainOutput* out) {
+  out->deregister = true;
+  registration_ = 0;
 }
 
 void ChainMember::Apply(ChainEntry entry, ChainOutput* out) {
@@ -392,12 +415,17 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
     ++refused_;
     return;
   }
-  if (joining_) join_progress_ms_ = now;
+  bool gap = false;
   for (const ChainEntry& e : msg.entries) {
     if (e.seq <= applied_.seq) continue;     // have it
-    if (e.seq != applied_.seq + 1) break;    // a gap: wait for the resend
+    if (e.seq != applied_.seq + 1) {         // a gap: wait for the resend
+      gap = true;
+      break;
+    }
     Apply(e, out);
   }
+  // A joiner that cannot apply what it is sent asks again (on a tick).
+  if (joining_ && !gap) join_progress_ms_ = now;
   if (is_end() || (joining_ && down_.empty())) {
     Commit(applied_.seq, out);
   } else {
@@ -427,6 +455,12 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
     down_known_ = true;
     down_applied_ = std::min(msg.applied, applied_.seq);
     sent_upto_ = down_applied_;
+  } else if (down_is_joiner_ && msg.applied < log_base_.seq) {
+    // The joiner lost what it had (it started over): a copy, again.
+    std::string to = down_;
+    DropDownstream();
+    RequestSnapshot(to, now, out);
+    return;
   } else {
     // Acks may arrive out of order: the position only grows.
     down_applied_ = std::max(down_applied_, std::min(msg.applied, applied_.seq));
@@ -509,7 +543,7 @@ void ChainMember::SendSyncRequest(int64_t now, ChainOutput* out) {
 
 void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
   if (in_chain() && !fenced_) return;
-  if (in_chain()) out->deregister = true;  // fenced: its node may linger
+  if (in_chain()) Deregister(out);  // fenced: its node may linger
   index_ = -1;
   left_ = false;
   lease_ = true;  // a new session
@@ -538,7 +572,7 @@ uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at,
   }
   if (!joining_) {
     // Leave the chain and start over from the predecessor's copy.
-    out->deregister = true;
+    Deregister(out);
     FailPending(Status::Unavailable("rejoining the chain"), out);
     joining_ = true;
     register_sent_ = false;

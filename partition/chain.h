@@ -171,6 +171,11 @@ class ChainMember {
   // The ZooKeeper session is lost or too long disconnected (true), or good
   // again (false). Fenced, a member refuses clients and fails pending writes.
   void SetFenced(bool fenced, ChainOutput* out);
+  // The shell registered this member's node (after out->register_now); its
+  // creation zxid names this registration in ChainConfig::epochs: a config
+  // listing this address with another zxid (an earlier registration) does
+  // not count as this member being in the chain.
+  void OnRegistered(int64_t czxid) { registration_ = czxid; }
   // The ZooKeeper lease: false once this member may have been expired
   // without knowing it (disconnected for over half the session timeout, or
   // the process was frozen that long), true when ZooKeeper answers again.
@@ -234,6 +239,8 @@ class ChainMember {
   bool is_end() const { return is_tail() && down_.empty(); }
   const std::string& predecessor() const;
   void Apply(ChainEntry entry, ChainOutput* out);
+  // out->deregister, and forget the registration.
+  void Deregister(ChainOutput* out);
   void Pump(int64_t now, ChainOutput* out);
   void SendAck(int64_t now, ChainOutput* out);
   void Commit(uint64_t committed, ChainOutput* out);
@@ -328,6 +335,7 @@ class ChainMember {
   bool registered_alone_ = false;  // registered on an empty chain
   bool intact_ = true;             // holds every write it applied
   bool left_ = false;              // was in the chain, then not: out until it rejoins
+  int64_t registration_ = 0;       // czxid of our member node (OnRegistered), 0 if none
   int64_t join_progress_ms_ = 0;
   uint64_t refused_ = 0;
 };

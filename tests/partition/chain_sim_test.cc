@@ -248,7 +248,11 @@ class Sim {
       int64_t at = std::max(config_due_[i], now_ + Rand(1, 30));
       config_due_[i] = at;
       At(at, [this, i, c] {
-        Deliver(i, [this, i, c] { Do(i, [&](ChainOutput* o) {
+        Deliver(i, [this, i, c] {
+          if (trace_) std::fprintf(stderr, "%6lld %s gets config v%lld (%zu members)\n",
+                                   static_cast<long long>(now_), nodes_[i].address.c_str(),
+                                   static_cast<long long>(c.version), c.members.size());
+          Do(i, [&](ChainOutput* o) {
           nodes_[i].member->OnConfig(c, now_, o); }); });
       });
     }
@@ -261,6 +265,7 @@ class Sim {
     n.registered = true;
     n.intact = true;
     czxid_[n.address] = ++zxid_;
+    n.member->OnRegistered(zxid_);  // zoo_create returns it to the shell
     chain_.push_back(n.address);
     Publish();
   }
@@ -289,7 +294,12 @@ class Sim {
   // Calls fn on node i's member and carries out its output.
   void Do(int i, const std::function<void(ChainOutput*)>& fn) {
     ChainOutput out;
+    std::string before = trace_ ? nodes_[i].member->role() : "";
     fn(&out);
+    if (trace_ && before != nodes_[i].member->role()) {
+      std::fprintf(stderr, "%6lld %s ROLE %s -> %s\n", static_cast<long long>(now_),
+                   nodes_[i].address.c_str(), before.c_str(), nodes_[i].member->role());
+    }
     Carry(i, out);
   }
 
