@@ -109,6 +109,9 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
   // A joiner that registered holds the commit point only once its
   // predecessor shows it (one that started the chain alone holds it).
   if (joining_) verified_ = alone && index_ == 0;
+  // A recorded chain was recorded only once its tail held the commit
+  // point, and every member before the tail holds more: all hold it.
+  if (Recorded()) verified_ = true;
   if (!verified_ && index_ == 0) {
     // First in the chain without the commit point (its predecessors left
     // before it caught up): it must not lead. Leave; the mark waits for a
