@@ -108,7 +108,7 @@ class Sim {
     for (int i = 0; i < kMembers; ++i) {
       nodes_.emplace_back();
       Node& n = nodes_.back();
-      n.address = "m" + std::to_string(i);
+      n.address = std::string(1, 'm') + static_cast<char>('0' + i);  // (GCC 12 -Wrestrict false positive on "m" + to_string)
       n.member = std::make_unique<ChainMember>(n.address, options_, ChainPosition{});
     }
     // The first member registers on the empty mark; the others join.
@@ -696,7 +696,8 @@ void RunSeeds(bool sync) {
     sim.CheckFinal();
     INFO("replay with FLATKV_SIM_SEED=" << seed << " (" << (sync ? "sync" : "async")
                                         << "): " << sim.Summary());
-    if (!sim.failure().empty()) FAIL(sim.failure());
+    CHECK(sim.failure() == "");
+    if (!sim.failure().empty()) break;  // one failing seed at a time
   }
 }
 
