@@ -1,0 +1,655 @@
+#include "partition/chain.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace flatkv::partition {
+namespace {
+
+uint64_t EntryBytes(const ChainEntry& e) { return e.op.size() + 8 * e.keys.size() + 32; }
+
+const std::string kNone;
+
+}  // namespace
+
+ChainMember::ChainMember(std::string self, ChainOptions options, ChainPosition durable,
+                         bool intact)
+    : self_(std::move(self)),
+      options_(options),
+      applied_(durable),
+      log_base_(durable),
+      intact_(intact) {}
+
+const char* ChainMember::role() const {
+  if (fenced_ && (in_chain() || was_member_)) return "fenced";
+  if (joining_) return "syncing";
+  if (!in_chain()) return was_member_ ? "fenced" : "none";
+  if (config_.members.size() == 1) return "single";
+  if (is_head()) return "head";
+  return is_tail() ? "tail" : "middle";
+}
+
+const std::string& ChainMember::predecessor() const {
+  if (index_ > 0) return config_.members[static_cast<size_t>(index_) - 1];
+  if (joining_ && !config_.members.empty()) return config_.members.back();
+  return kNone;
+}
+
+uint64_t ChainMember::lag_writes() const {
+  if (down_.empty()) return 0;
+  return applied_.seq > down_applied_ ? applied_.seq - down_applied_ : 0;
+}
+
+uint64_t ChainMember::lag_bytes() const {
+  uint64_t bytes = 0;
+  if (down_.empty()) return 0;
+  for (auto it = log_.rbegin(); it != log_.rend() && it->seq > down_applied_; ++it) {
+    bytes += it->op.size();
+  }
+  return bytes;
+}
+
+void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* out) {
+  if (have_config_ && config.version < config_.version) return;  // a late, stale view
+  const bool was_head = is_head();
+  const bool new_chain = !have_config_ || config.id != config_.id;
+  const std::string old_tail = config_.members.empty() ? std::string() : config_.members.back();
+  config_ = config;
+  have_config_ = true;
+  // In the chain only under this member's own current registration: a node
+  // of an earlier one (or of its dead process) is a stale view.
+  index_ = -1;
+  for (size_t k = 0; k < config_.members.size(); ++k) {
+    if (config_.members[k] == self_ && config_.epochs[k] == registration_ && registration_ != 0) {
+      index_ = static_cast<int>(k);
+    }
+  }
+  if (in_chain() && left_) index_ = -1;
+
+  if (!in_chain()) {
+    if (was_member_ && !joining_) left_ = true;  // only StartJoin brings it back
+    if (was_head || !pending_.empty()) {
+      FailPending(Status::Unavailable("this member left the chain (session lost)"), out);
+    }
+    if (!down_.empty()) DropDownstream();  // only a chain member has a downstream
+    for (const ParkedRead& r : parked_) {
+      out->replies.push_back({r.request, Status::Unavailable("this member left the chain")});
+    }
+    parked_.clear();
+    const std::string tail = config_.members.empty() ? std::string() : config_.members.back();
+    if (joining_ && register_sent_ && tail != old_tail) {
+      // Caught up with a tail that is no longer the tail: the new one may
+      // hold more. Withdraw the registration (if it was made) and ask it.
+      register_sent_ = false;
+      Deregister(out);
+    }
+    if (joining_ && snapshotting_ && tail != snapshot_from_) {
+      snapshotting_ = false;  // its source is no longer the tail: start over from the new one
+    }
+    if (joining_ && !snapshotting_ && !register_sent_) SendSyncRequest(now, out);
+    return;
+  }
+  if (registered_alone_ && index_ > 0) {
+    // Registered on what looked like an empty chain, but an older member
+    // is there: this store may lack its writes. Leave and catch up.
+    registered_alone_ = false;
+    Deregister(out);
+    FailPending(Status::Unavailable("rejoining the chain"), out);
+    DropDownstream();
+    joining_ = true;
+    register_sent_ = false;
+    index_ = -1;
+    SendSyncRequest(now, out);
+    return;
+  }
+  const bool alone = registered_alone_;
+  registered_alone_ = false;
+  left_ = false;
+  if (config_.members.size() > 1) company_ = true;
+  // A joiner that registered holds the commit point only once its
+  // predecessor shows it (one that started the chain alone holds it).
+  if (joining_) verified_ = alone && index_ == 0;
+  // A recorded chain was recorded only once its tail held the commit
+  // point, and every member before the tail holds more: all hold it.
+  if (Recorded()) verified_ = true;
+  if (!verified_ && index_ == 0) {
+    // First in the chain without the commit point (its predecessors left
+    // before it caught up): it must not lead. Leave; the mark waits for a
+    // member of the recorded chain.
+    Deregister(out);
+    DropDownstream();
+    index_ = -1;
+    joining_ = true;
+    register_sent_ = false;
+    SendSyncRequest(now, out);
+    return;
+  }
+  if (verified_) intact_ = true;  // in the chain holding the commit point
+  joining_ = false;
+  snapshotting_ = false;
+  register_sent_ = false;
+  was_member_ = true;
+  if (new_chain) {
+    // A new chain: its own commit point starts from nothing (the end's is
+    // what it applied). It is recorded, and writes answered, only once its
+    // tail has everything committed before (record_at_).
+    chain_committed_ = 0;
+    record_at_ = committed_;
+    record_sent_ = false;
+  }
+  if (is_head()) {
+    epoch_ = config_.epochs[0];
+  } else if (was_head || !pending_.empty()) {
+    FailPending(Status::Unavailable("no longer the head of the chain"), out);
+  }
+
+  const size_t next = static_cast<size_t>(index_) + 1;
+  if (next < config_.members.size()) {
+    const std::string& succ = config_.members[next];
+    if (down_ != succ) {
+      // A new successor: send everything after the commit point (what it
+      // should have), until its first ack says where it really is.
+      down_ = succ;
+      down_applied_ = std::min(committed_, applied_.seq);
+      down_known_ = false;
+      sent_upto_ = down_applied_;
+      down_progress_ms_ = now;
+      Heartbeat(out);
+    }
+    down_is_joiner_ = false;
+  } else if (!down_is_joiner_) {
+    DropDownstream();
+  }
+  if (!is_tail() && !parked_.empty()) {
+    for (const ParkedRead& r : parked_) {
+      out->replies.push_back({r.request, Status::Unavailable("no longer the tail of the chain")});
+    }
+    parked_.clear();
+  }
+  Commit(is_end() ? applied_.seq : 0, out);
+  acked_applied_ = UINT64_MAX;  // tell the (maybe new) predecessor where we are
+  if (!is_head()) SendAck(now, out);
+  Pump(now, out);
+}
+
+void ChainMember::SetLease(bool valid, ChainOutput* out) {
+  lease_ = valid;
+  if (valid) {
+    company_ = config_.members.size() > 1 || !down_.empty();
+    Release(out);
+  }
+}
+
+void ChainMember::SetFenced(bool fenced, ChainOutput* out) {
+  if (fenced == fenced_) return;
+  fenced_ = fenced;
+  if (fenced) {
+    FailPending(Status::Unavailable("this member lost its ZooKeeper session"), out);
+    for (const ParkedRead& r : parked_) out->replies.push_back({r.request, Status::Unavailable(
+        "this member lost its ZooKeeper session")});
+    parked_.clear();
+  }
+}
+
+void ChainMember::OnWrite(uint64_t request, std::vector<uint64_t> keys, std::string op,
+                          int64_t now, ChainOutput* out) {
+  if (fenced_ || !is_head()) {
+    out->replies.push_back(
+        {request, Status::Unavailable(fenced_ ? "this member lost its ZooKeeper session"
+                                              : std::string("not the head of the chain (") +
+                                                    role() + ")")});
+    return;
+  }
+  ChainEntry e;
+  e.seq = applied_.seq + 1;
+  e.epoch = epoch_;
+  e.keys = std::move(keys);
+  e.op = std::move(op);
+  const uint64_t seq = e.seq;
+  Apply(std::move(e), out);
+  pending_.push_back({seq, request});
+  if (is_end()) {
+    Commit(applied_.seq, out);
+  } else {
+    Release(out);
+  }
+  Pump(now, out);
+}
+
+void ChainMember::Deregister(ChainOutput* out) {
+  out->deregister = true;
+  registration_ = 0;
+}
+
+void ChainMember::Apply(ChainEntry entry, ChainOutput* out) {
+  applied_ = {entry.epoch, entry.seq};
+  log_bytes_ += EntryBytes(entry);
+  out->apply.push_back(entry);
+  log_.push_back(std::move(entry));
+  Trim();
+}
+
+void ChainMember::Trim() {
+  // Keep every entry the tail has not applied (and what a snapshot in
+  // flight will need), and up to backlog_bytes of the others.
+  while (!log_.empty()) {
+    const ChainEntry& e = log_.front();
+    if (e.seq > committed_ || e.seq > pin_ || log_bytes_ <= options_.backlog_bytes) break;
+    log_bytes_ -= EntryBytes(e);
+    log_base_ = {e.epoch, e.seq};
+    log_.pop_front();
+  }
+}
+
+bool ChainMember::Covers(const ChainPosition& p) const {
+  if (p.seq > applied_.seq) return false;
+  if (p == log_base_) return true;
+  if (p.seq <= log_base_.seq || log_.empty()) return p == applied_;
+  const ChainEntry& e = log_[p.seq - log_.front().seq];
+  return e.epoch == p.epoch;
+}
+
+void ChainMember::DropDownstream() {
+  down_known_ = true;
+  down_.clear();
+  down_is_joiner_ = false;
+  down_applied_ = 0;
+  sent_upto_ = 0;
+}
+
+void ChainMember::Pump(int64_t now, ChainOutput* out) {
+  if (down_.empty() || fenced_) return;
+  if (sent_upto_ < log_base_.seq) {
+    // The downstream lacks writes this log no longer holds: a joiner that
+    // fell behind starts over from a copy of this store. (A successor in
+    // the chain always holds the commit point, which the log keeps; if one
+    // did not, the copy is offered to it too, and it takes it unless it
+    // has shown it holds the commit point.)
+    std::string to = down_;
+    if (down_is_joiner_) {
+      DropDownstream();
+    } else {
+      sent_upto_ = log_base_.seq;
+    }
+    RequestSnapshot(to, now, out);
+    if (!down_.empty()) Pump(now, out);
+    return;
+  }
+  while (sent_upto_ < applied_.seq) {
+    ChainMessage m;
+    m.kind = ChainMessage::Kind::kReplicate;
+    m.chain = config_.id;
+    uint64_t bytes = 0;
+    size_t i = static_cast<size_t>(sent_upto_ - log_base_.seq);
+    while (i < log_.size() && m.entries.size() < options_.max_batch_entries &&
+           (m.entries.empty() || bytes + log_[i].op.size() <= options_.max_batch_bytes)) {
+      bytes += log_[i].op.size();
+      m.entries.push_back(log_[i]);
+      ++i;
+    }
+    sent_upto_ = m.entries.back().seq;
+    m.applied = applied_.seq;
+    m.committed = chain_committed_;
+    m.floor = committed_;
+    // Merge into a message to the same member already in this output.
+    bool merged = false;
+    for (ChainOutput::Send& s : out->sends) {
+      if (s.to == down_ && s.msg.kind == ChainMessage::Kind::kReplicate &&
+          s.msg.chain == m.chain && !s.msg.entries.empty() &&
+          s.msg.entries.back().seq + 1 == m.entries.front().seq &&
+          s.msg.entries.size() + m.entries.size() <= options_.max_batch_entries) {
+        for (ChainEntry& e : m.entries) s.msg.entries.push_back(std::move(e));
+        s.msg.applied = m.applied;
+        s.msg.committed = m.committed;
+        s.msg.floor = m.floor;
+        merged = true;
+        break;
+      }
+    }
+    if (!merged) out->sends.push_back({down_, std::move(m)});
+  }
+}
+
+void ChainMember::SendAck(int64_t now, ChainOutput* out) {
+  const std::string& pred = predecessor();
+  if (pred.empty()) return;
+  if (acked_applied_ == applied_.seq && acked_committed_ == chain_committed_) return;
+  acked_applied_ = applied_.seq;
+  acked_committed_ = chain_committed_;
+  last_ack_ms_ = now;
+  ChainMessage m;
+  m.kind = ChainMessage::Kind::kAck;
+  m.chain = config_.id;
+  m.applied = applied_.seq;
+  m.committed = chain_committed_;
+  for (ChainOutput::Send& s : out->sends) {
+    if (s.to == pred && s.msg.kind == ChainMessage::Kind::kAck) {
+      s.msg = std::move(m);
+      return;
+    }
+  }
+  out->sends.push_back({pred, std::move(m)});
+}
+
+void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
+  committed = std::min(committed, applied_.seq);
+  if (committed > chain_committed_) chain_committed_ = committed;
+  if (chain_committed_ > committed_) committed_ = chain_committed_;
+  if (is_head() && !Recorded() && !record_sent_ && chain_committed_ >= record_at_ && !fenced_) {
+    record_sent_ = true;
+    out->record = config_.members;
+    out->record_version = config_.version;
+  }
+  Release(out);
+  if (!parked_.empty()) {
+    std::vector<ParkedRead> still;
+    for (const ParkedRead& r : parked_) {
+      if (r.until > chain_committed_) {
+        still.push_back(r);
+        continue;
+      }
+      uint64_t until = DirtyUntil(r.key);
+      if (until > chain_committed_) {
+        still.push_back({r.request, r.key, until});
+      } else {
+        out->reads.push_back(r.request);
+      }
+    }
+    parked_ = std::move(still);
+  }
+  Trim();
+}
+
+void ChainMember::Release(ChainOutput* out) {
+  if (!is_head() || !Recorded() || fenced_ || !Leased()) return;
+  while (!pending_.empty() && (!config_.sync || pending_.front().seq <= chain_committed_)) {
+    out->replies.push_back({pending_.front().request, Status::OK()});
+    pending_.pop_front();
+  }
+}
+
+void ChainMember::FailPending(const Status& status, ChainOutput* out) {
+  for (const Pending& p : pending_) out->replies.push_back({p.request, status});
+  pending_.clear();
+}
+
+uint64_t ChainMember::DirtyUntil(uint64_t key) const {
+  for (auto it = log_.rbegin(); it != log_.rend() && it->seq > chain_committed_; ++it) {
+    if (std::find(it->keys.begin(), it->keys.end(), key) != it->keys.end()) return it->seq;
+  }
+  return 0;
+}
+
+ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, ChainOutput* out) {
+  (void)out;
+  if (fenced_ || !in_chain() || !verified_) return Read::kRefuse;
+  if (!config_.sync) return Read::kServe;
+  if (!is_tail() || !Recorded() || !Leased()) return Read::kRefuse;
+  // A tail with a joiner commits only what the joiner applied: a key with
+  // a write after the commit point waits for it (DirtyUntil).
+  uint64_t until = DirtyUntil(key);
+  if (until <= chain_committed_) return Read::kServe;
+  parked_.push_back({request, key, until});
+  return Read::kWait;
+}
+
+void ChainMember::OnMessage(const std::string& from, const ChainMessage& msg, int64_t now,
+                            ChainOutput* out) {
+  switch (msg.kind) {
+    case ChainMessage::Kind::kReplicate:
+      HandleReplicate(from, msg, now, out);
+      return;
+    case ChainMessage::Kind::kAck:
+      HandleAck(from, msg, now, out);
+      return;
+    case ChainMessage::Kind::kSyncRequest:
+      HandleSyncRequest(from, msg, now, out);
+      return;
+    case ChainMessage::Kind::kSyncRefused:
+      // Asked again on a tick (the tail may be busy or changing).
+      return;
+  }
+}
+
+void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& msg, int64_t now,
+                                  ChainOutput* out) {
+  if (fenced_ || msg.chain != config_.id || from != predecessor() || from.empty() ||
+      (joining_ && snapshotting_)) {
+    ++refused_;
+    return;
+  }
+  bool gap = false;
+  for (const ChainEntry& e : msg.entries) {
+    if (e.seq <= applied_.seq) continue;     // have it
+    if (e.seq != applied_.seq + 1) {         // a gap: wait for the resend
+      gap = true;
+      break;
+    }
+    Apply(e, out);
+  }
+  // A joiner that cannot apply what it is sent asks again (on a tick).
+  if (joining_ && !gap) join_progress_ms_ = now;
+  if (is_end() || (joining_ && down_.empty())) {
+    Commit(applied_.seq, out);
+  } else {
+    Commit(msg.committed, out);
+  }
+  if (in_chain() && !verified_ && msg.floor <= applied_.seq) verified_ = true;
+  if (in_chain() && verified_) intact_ = true;
+  if (joining_ && !register_sent_ && msg.floor <= applied_.seq &&
+      msg.applied <= applied_.seq + options_.catchup_lag) {
+    register_sent_ = true;
+    out->register_now = true;
+  }
+  SendAck(now, out);
+  Pump(now, out);
+}
+
+void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, int64_t now,
+                            ChainOutput* out) {
+  if (msg.chain != config_.id || from != down_ || down_.empty()) {
+    ++refused_;
+    return;
+  }
+  if (msg.applied > down_applied_ || msg.applied >= sent_upto_) down_progress_ms_ = now;
+  if (!down_known_) {
+    // Its first ack: where it really is (a member that registered behind
+    // this one's commit point is sent what it lacks, if the log has it).
+    down_known_ = true;
+    down_applied_ = std::min(msg.applied, applied_.seq);
+    sent_upto_ = down_applied_;
+  } else if (down_is_joiner_ && msg.applied < log_base_.seq) {
+    // The joiner lost what it had (it started over): a copy, again.
+    std::string to = down_;
+    DropDownstream();
+    RequestSnapshot(to, now, out);
+    return;
+  } else {
+    // Acks may arrive out of order: the position only grows.
+    down_applied_ = std::max(down_applied_, std::min(msg.applied, applied_.seq));
+  }
+  Commit(msg.committed, out);
+  SendAck(now, out);
+  Pump(now, out);
+}
+
+void ChainMember::HandleSyncRequest(const std::string& from, const ChainMessage& msg,
+                                    int64_t now, ChainOutput* out) {
+  ChainMessage answer;
+  answer.chain = config_.id;
+  const bool busy = down_is_joiner_ && down_ != from &&
+                    now - down_progress_ms_ < options_.joiner_timeout_ms;
+  // An unverified tail may lack committed writes: it is no source.
+  if (fenced_ || !is_tail() || !verified_ || msg.chain != config_.id || busy) {
+    ++refused_;
+    answer.kind = ChainMessage::Kind::kSyncRefused;
+    out->sends.push_back({from, std::move(answer)});
+    return;
+  }
+  if (!Covers(msg.position)) {
+    if (down_is_joiner_ && down_ == from) DropDownstream();
+    RequestSnapshot(from, now, out);
+    return;
+  }
+  down_ = from;
+  down_is_joiner_ = true;
+  company_ = true;
+  down_known_ = true;
+  down_progress_ms_ = now;
+  down_applied_ = msg.position.seq;
+  sent_upto_ = msg.position.seq;
+  pin_ = UINT64_MAX;
+  Pump(now, out);
+  // Nothing to send: tell the joiner where the tail is, so it registers.
+  if (sent_upto_ == applied_.seq && down_applied_ == applied_.seq) Heartbeat(out);
+}
+
+void ChainMember::RequestSnapshot(const std::string& to, int64_t now, ChainOutput* out) {
+  out->snapshots.push_back({to, applied_});
+  pin_ = applied_.seq;
+  pin_until_ = now + options_.joiner_timeout_ms * 10;
+}
+
+void ChainMember::Heartbeat(ChainOutput* out) {
+  if (down_.empty()) return;
+  ChainMessage m;
+  m.kind = ChainMessage::Kind::kReplicate;
+  m.chain = config_.id;
+  m.applied = applied_.seq;
+  m.committed = chain_committed_;
+  m.floor = committed_;
+  out->sends.push_back({down_, std::move(m)});
+}
+
+void ChainMember::SendSyncRequest(int64_t now, ChainOutput* out) {
+  join_progress_ms_ = now;
+  if (config_.members.empty()) {
+    // No member serves the mark. Only a member of the recorded chain with
+    // its store intact holds every acknowledged write: it starts the chain
+    // again; anyone else waits for one (a mark that never had a chain has
+    // nothing to lose).
+    const auto& rec = config_.recorded;
+    const bool may = rec.empty() || (intact_ && std::find(rec.begin(), rec.end(), self_) != rec.end());
+    if (may && !register_sent_) {
+      register_sent_ = true;
+      registered_alone_ = true;
+      out->register_now = true;
+    }
+    return;
+  }
+  ChainMessage m;
+  m.kind = ChainMessage::Kind::kSyncRequest;
+  m.chain = config_.id;
+  m.position = applied_;
+  out->sends.push_back({config_.members.back(), std::move(m)});
+}
+
+void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
+  if (in_chain() && !fenced_) return;
+  if (in_chain()) Deregister(out);  // fenced: its node may linger
+  index_ = -1;
+  left_ = false;
+  lease_ = true;  // a new session
+  company_ = false;
+  joining_ = true;
+  snapshotting_ = false;
+  register_sent_ = false;
+  fenced_ = false;
+  FailPending(Status::Unavailable("rejoining the chain"), out);
+  if (!down_.empty()) DropDownstream();
+  committed_ = std::min(committed_, applied_.seq);
+  chain_committed_ = 0;
+  if (have_config_) SendSyncRequest(now, out);
+}
+
+uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at, int64_t now,
+                                      ChainOutput* out) {
+  // From the tail we are joining, or (in the chain, but behind what the
+  // predecessor still holds) from the predecessor.
+  // Not one it asked for: a joiner that caught up (a stale request's
+  // answer), or a verified member (it holds every committed write).
+  if (from.empty() || from != predecessor() || fenced_ || (joining_ && register_sent_) ||
+      (!joining_ && verified_)) {
+    ++refused_;
+    return 0;
+  }
+  if (!joining_) {
+    // Leave the chain and start over from the predecessor's copy.
+    Deregister(out);
+    FailPending(Status::Unavailable("rejoining the chain"), out);
+    joining_ = true;
+    register_sent_ = false;
+    index_ = -1;
+  }
+  snapshotting_ = true;
+  snapshot_at_ = at;
+  snapshot_from_ = from;
+  join_progress_ms_ = now;
+  applied_ = {};
+  committed_ = 0;
+  log_.clear();
+  log_bytes_ = 0;
+  log_base_ = {};
+  out->wipe = true;
+  intact_ = false;
+  return ++snapshot_token_;
+}
+
+void ChainMember::OnSnapshotLoaded(uint64_t token, int64_t now, ChainOutput* out) {
+  if (!joining_ || !snapshot_current(token)) return;
+  const ChainPosition at = snapshot_at_;
+  snapshotting_ = false;
+  applied_ = at;
+  log_base_ = at;
+  log_.clear();
+  log_bytes_ = 0;
+  committed_ = 0;
+  SendSyncRequest(now, out);
+}
+
+void ChainMember::OnSnapshotFailed(uint64_t token, int64_t now, ChainOutput* out) {
+  if (!joining_ || !snapshot_current(token)) return;
+  snapshotting_ = false;
+  SendSyncRequest(now, out);
+}
+
+void ChainMember::OnTick(int64_t now, ChainOutput* out) {
+  if (pin_ != UINT64_MAX && now > pin_until_) {
+    pin_ = UINT64_MAX;
+    Trim();
+  }
+  if (joining_) {
+    if (!snapshotting_ && !register_sent_ && now - join_progress_ms_ >= options_.resend_ms) {
+      SendSyncRequest(now, out);
+    }
+    if (snapshotting_ && now - join_progress_ms_ >= options_.joiner_timeout_ms * 3) {
+      snapshotting_ = false;  // the snapshot never came: ask again
+      SendSyncRequest(now, out);
+    }
+    if (register_sent_ && now - join_progress_ms_ >= options_.joiner_timeout_ms) {
+      register_sent_ = false;  // registration lost in a ring change: ask again
+      SendSyncRequest(now, out);
+    }
+    return;
+  }
+  if (!down_.empty() && now - down_progress_ms_ >= options_.resend_ms) {
+    if (down_is_joiner_ && now - down_progress_ms_ >= options_.joiner_timeout_ms) {
+      // A joiner that went silent must not hold the commit point.
+      DropDownstream();
+      if (is_end()) Commit(applied_.seq, out);
+      SendAck(now, out);
+    } else if (down_applied_ < applied_.seq) {
+      sent_upto_ = down_applied_;
+      down_progress_ms_ = now;
+      Pump(now, out);
+    } else {
+      Heartbeat(out);  // carries the commit point; verifies a new tail
+    }
+  }
+  if (in_chain() && !is_head() && now - last_ack_ms_ >= options_.resend_ms) {
+    acked_applied_ = UINT64_MAX;
+    SendAck(now, out);
+  }
+}
+
+}  // namespace flatkv::partition

@@ -1,0 +1,343 @@
+// ChainMember: one member's side of chain replication (van Renesse and
+// Schneider, OSDI 2004; shared/DESIGN.md, "Partitions and chains") as a pure
+// state machine (STYLE.md §9): methods take events (a new chain from
+// ZooKeeper, a client write at the head, a message from a neighbour, a
+// timer) and append the actions to take to a ChainOutput (apply these
+// writes, send these messages, answer these clients). No sockets, threads
+// or clocks inside: time comes in as `now` (milliseconds, any origin). The
+// I/O shell around it (server/replicator.*) and the deterministic simulation
+// (tests/partition/chain_sim_test.cc) drive the same code.
+//
+// The protocol.
+//
+//   client -> head -> ... -> tail        writes flow down, in sequence order
+//             head <- ... <- tail        acks flow up: "applied up to s,
+//                                        the tail has applied up to c"
+//
+// * The head gives each write the next sequence number s (contiguous, per
+//   partition) and the epoch of its head term (its registration's czxid,
+//   which grows with every new head: a head is always the oldest member,
+//   and the next one registered after it). (epoch, s) names one write:
+//   no other write ever gets the same pair.
+// * Every member applies writes in sequence order, exactly once; a write
+//   that does not follow its last one (a gap after a drop) is ignored and
+//   sent again. So each member's history is a prefix of its predecessor's.
+// * Each member keeps what it applied in a log: the writes the tail has not
+//   yet applied (the paper's Sent list), plus up to `backlog_bytes` of older
+//   ones for members that catch up. When its successor changes (a middle
+//   member failed) it resends everything after the commit point: the new
+//   successor skips what it has.
+// * The commit point c is the tail's applied sequence. Under `sync` the head
+//   answers a write once c reaches it, and only the tail serves reads, so
+//   single-key operations are linearizable. Under `async` the head answers
+//   once it applied the write itself and any member serves reads.
+// * Fencing: every message carries the chain id (ChainConfig::id, which
+//   changes with every change of this chain). A message from another chain
+//   is dropped: a head that was paused past its session and wakes believing
+//   it still leads cannot get an ack from a member of the new chain, so
+//   under `sync` it can never answer a write the current chain does not
+//   hold. A member told it lost its session (SetFenced) refuses clients.
+// * Catch-up: a member outside the chain (new, returning, or expired) asks
+//   the tail for the writes after its position. If the tail's log still
+//   holds that position with the same epoch, the tail streams the rest and,
+//   under `sync`, commits only what the joiner has applied (so once the
+//   joiner registers as the new tail it holds every acknowledged write);
+//   meanwhile the tail serves a read of a key with a write the joiner has
+//   not applied only once it has. Otherwise the tail says "snapshot": the
+//   joiner wipes its store, the shells stream the tail's store (a fuzzy
+//   copy: writes go on meanwhile), and the joiner asks again from the
+//   snapshot's position; replaying writes after it is safe because every
+//   replicated write is an idempotent assignment (an append travels as the
+//   put of its result). Once within `catchup_lag` writes of the tail the
+//   joiner registers; the new chain makes it the tail.
+//
+// Thread safety: none; the shell serializes all calls on one member.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "engine/status.h"
+
+namespace flatkv::partition {
+
+// The last write a member applied: (epoch, seq); (0, 0) for an empty store.
+struct ChainPosition {
+  int64_t epoch = 0;
+  uint64_t seq = 0;
+  bool operator==(const ChainPosition& o) const { return epoch == o.epoch && seq == o.seq; }
+};
+
+// One replicated write. "op" is the shell's encoding of an idempotent
+// assignment (put key=value, remove key, several of them); "keys" are the
+// hashes of the keys it touches (for read gating during a catch-up).
+struct ChainEntry {
+  uint64_t seq = 0;
+  int64_t epoch = 0;
+  std::vector<uint64_t> keys;
+  std::string op;
+};
+
+// One mark's chain as ZooKeeper holds it.
+struct ChainConfig {
+  int64_t version = 0;               // the ring's version: an older config is ignored
+  uint64_t id = 0;                   // changes with every change of this chain
+  std::vector<std::string> members;  // chain order, head first
+  std::vector<int64_t> epochs;       // members[i]'s registration czxid
+  bool sync = true;                  // cluster.replication
+  // The chain last recorded in ZooKeeper (.cluster/marks/<mark>) by a head.
+  // Writes are acknowledged, and sync reads served, only while it equals
+  // `members`: so every acknowledged write (and every value a read
+  // returned) is held by every member of the recorded chain, and when the
+  // whole chain is gone one of those members, with its store intact, may
+  // start it again alone. Empty for a mark that never had a chain.
+  std::vector<std::string> recorded;
+};
+
+// A message between two members of one mark.
+struct ChainMessage {
+  enum class Kind : uint8_t {
+    kReplicate,        // down: entries, sender's applied and commit point
+    kAck,              // up: receiver's applied and commit point
+    kSyncRequest,      // joiner -> tail: "I have position"
+    kSyncRefused,      // tail -> joiner: not now (not the tail, busy); ask later
+  };
+  Kind kind = Kind::kReplicate;
+  uint64_t chain = 0;  // the sender's ChainConfig::id
+  std::vector<ChainEntry> entries;
+  uint64_t applied = 0;
+  uint64_t committed = 0;  // the commit point under this chain
+  uint64_t floor = 0;      // down: every write up to here was committed (under any chain)
+  ChainPosition position;
+};
+
+// What the shell must do after an event, in this order: apply `apply` to the
+// store (in order) and make it as durable as storage.sync says, then send
+// `sends`, answer `replies`, serve `reads`, start `snapshots`; `wipe`,
+// `register_now` and `deregister` concern this member's own registration.
+struct ChainOutput {
+  struct Send {
+    std::string to;
+    ChainMessage msg;
+  };
+  struct Reply {
+    uint64_t request = 0;
+    Status status;
+  };
+  struct Snapshot {
+    std::string to;      // the joiner
+    ChainPosition at;    // the joiner resumes after this position
+  };
+  std::vector<ChainEntry> apply;
+  std::vector<std::string> record;  // head: record this chain in ZooKeeper...
+  int64_t record_version = 0;       // ...unless a chain of a later ring version is recorded
+  std::vector<Send> sends;
+  std::vector<Reply> replies;
+  std::vector<uint64_t> reads;  // parked reads (OnRead kWait) that may be served now
+  std::vector<Snapshot> snapshots;
+  bool wipe = false;          // empty the store (a snapshot is being loaded)
+  bool register_now = false;  // joiner: caught up; register the member node
+  bool deregister = false;    // registered without catching up: remove the node, rejoin
+
+  bool empty() const {
+    return apply.empty() && record.empty() && sends.empty() && replies.empty() && reads.empty() &&
+           snapshots.empty() && !wipe && !register_now && !deregister;
+  }
+};
+
+struct ChainOptions {
+  uint64_t backlog_bytes = 64u << 20;  // cluster.backlog_bytes: committed writes kept
+  uint32_t max_batch_entries = 512;    // writes per kReplicate message
+  uint64_t max_batch_bytes = 4u << 20; // bytes of ops per kReplicate message
+  int64_t resend_ms = 200;             // resend when a neighbour made no progress
+  int64_t joiner_timeout_ms = 3000;    // drop a joiner silent this long
+  uint64_t catchup_lag = 64;           // a joiner this close to the tail registers
+};
+
+class ChainMember {
+ public:
+  enum class Read { kServe, kWait, kRefuse };
+
+  // "self" is this member's address ("host:port"); "durable" the position
+  // its store holds (at most what it applied); "intact" false if the store
+  // may have lost writes it once held (wiped, or a new data directory).
+  ChainMember(std::string self, ChainOptions options, ChainPosition durable, bool intact = true);
+
+  // A new chain for this member's mark (ZooKeeper's view; may not include
+  // this member).
+  void OnConfig(const ChainConfig& config, int64_t now, ChainOutput* out);
+  // The ZooKeeper session is lost or too long disconnected (true), or good
+  // again (false). Fenced, a member refuses clients and fails pending writes.
+  void SetFenced(bool fenced, ChainOutput* out);
+  // The shell registered this member's node (after out->register_now); its
+  // creation zxid names this registration in ChainConfig::epochs: a config
+  // listing this address with another zxid (an earlier registration) does
+  // not count as this member being in the chain.
+  void OnRegistered(int64_t czxid) { registration_ = czxid; }
+  // The ZooKeeper lease: false once this member may have been expired
+  // without knowing it (disconnected for over half the session timeout, or
+  // the process was frozen that long), true when ZooKeeper answers again.
+  // Without it a member answers no write and serves no sync read, unless it
+  // is alone (a chain of one that has had no joiner or other member since
+  // it last held the lease: nobody could have taken over from it).
+  void SetLease(bool valid, ChainOutput* out);
+  // A client write at the head; answered through out->replies (maybe later).
+  void OnWrite(uint64_t request, std::vector<uint64_t> keys, std::string op, int64_t now,
+               ChainOutput* out);
+  void OnMessage(const std::string& from, const ChainMessage& msg, int64_t now,
+                 ChainOutput* out);
+  // Resends what a silent neighbour has not acknowledged; drops a silent
+  // joiner. Call every resend_ms / 2 or so.
+  void OnTick(int64_t now, ChainOutput* out);
+  // Not in the chain (new, returning, fenced): catch up from the tail, then
+  // register (out->register_now).
+  void StartJoin(int64_t now, ChainOutput* out);
+  // A snapshot stream from "from" (out->snapshots there) begins. Returns
+  // its token, or 0 if this member does not expect one from it (the shell
+  // refuses the stream). The shell empties the store (out->wipe) and loads
+  // the stream's records only while snapshot_current(token): a later
+  // stream replaces an earlier one.
+  uint64_t OnSnapshotBegin(const std::string& from, ChainPosition at, int64_t now,
+                           ChainOutput* out);
+  bool snapshot_current(uint64_t token) const { return snapshotting_ && token == snapshot_token_; }
+  // The whole stream of "token" is loaded.
+  void OnSnapshotLoaded(uint64_t token, int64_t now, ChainOutput* out);
+  // The stream of "token" broke (its source failed or stalled): ask again.
+  void OnSnapshotFailed(uint64_t token, int64_t now, ChainOutput* out);
+  // May a read of the key with hash "key" be served now? kWait parks it:
+  // "request" comes back in out->reads once it may (kRefuse: UNAVAILABLE,
+  // or not the member that serves reads).
+  Read OnRead(uint64_t request, uint64_t key, ChainOutput* out);
+
+  // "single", "head", "middle", "tail", "syncing" (catching up, not in the
+  // chain), "fenced", or "none" (no chain yet).
+  const char* role() const;
+  const std::string& self() const { return self_; }
+  // The shell registers the member node (after out->register_now) only
+  // while this holds: a registration that comes too late is withdrawn.
+  bool wants_registration() const { return joining_ && register_sent_; }
+  ChainPosition applied() const { return applied_; }
+  uint64_t committed() const { return committed_; }
+  size_t pending_writes() const { return pending_.size(); }
+  // The member after this one (successor, or a joiner at the tail), its
+  // acknowledged position, and what it lacks of this member's log.
+  const std::string& downstream() const { return down_; }
+  uint64_t downstream_applied() const { return down_applied_; }
+  uint64_t lag_writes() const;
+  uint64_t lag_bytes() const;
+  uint64_t log_bytes() const { return log_bytes_; }
+  uint64_t refused_messages() const { return refused_; }
+
+ private:
+  bool in_chain() const { return index_ >= 0; }
+  bool is_head() const { return index_ == 0; }
+  bool is_tail() const { return in_chain() && index_ + 1 == static_cast<int>(config_.members.size()); }
+  // The last member that must apply a write before it commits: no one
+  // after this member (tail without joiner).
+  bool is_end() const { return is_tail() && down_.empty(); }
+  const std::string& predecessor() const;
+  void Apply(ChainEntry entry, ChainOutput* out);
+  // out->deregister, and forget the registration.
+  void Deregister(ChainOutput* out);
+  void Pump(int64_t now, ChainOutput* out);
+  void SendAck(int64_t now, ChainOutput* out);
+  void Commit(uint64_t committed, ChainOutput* out);
+  void FailPending(const Status& status, ChainOutput* out);
+  // Head: answers the pending writes that may be answered (committed under
+  // sync, applied under async; the chain recorded either way).
+  void Release(ChainOutput* out);
+  bool Recorded() const { return config_.recorded == config_.members; }
+  // May answer writes and sync reads: the lease holds, or it is alone.
+  bool Leased() const { return lease_ || !company_; }
+  void Trim();
+  bool Covers(const ChainPosition& p) const;
+  // Highest seq in (committed_, applied_] touching "key", or 0.
+  uint64_t DirtyUntil(uint64_t key) const;
+  void DropDownstream();
+  void HandleReplicate(const std::string& from, const ChainMessage& msg, int64_t now,
+                       ChainOutput* out);
+  void HandleAck(const std::string& from, const ChainMessage& msg, int64_t now, ChainOutput* out);
+  void HandleSyncRequest(const std::string& from, const ChainMessage& msg, int64_t now,
+                         ChainOutput* out);
+  void SendSyncRequest(int64_t now, ChainOutput* out);
+  // Has "to" start over from a copy of this store (out->snapshots), keeping
+  // the log from here for its catch-up.
+  void RequestSnapshot(const std::string& to, int64_t now, ChainOutput* out);
+  // An empty kReplicate to the downstream: the commit point, and "I am
+  // your predecessor".
+  void Heartbeat(ChainOutput* out);
+
+  const std::string self_;
+  const ChainOptions options_;
+
+  ChainConfig config_;
+  bool have_config_ = false;
+  int index_ = -1;          // in config_.members, -1 if not there
+  bool was_member_ = false; // in the chain at some point (then leaving = fenced)
+  // A member that joined serves reads only once its predecessor showed a
+  // commit point it has reached (it registered holding every committed write).
+  bool verified_ = true;
+  bool fenced_ = false;     // SetFenced(true)
+  bool lease_ = true;       // SetLease
+  bool company_ = false;    // other members or a joiner since the lease last held
+  int64_t epoch_ = 0;       // as head: the epoch of new writes
+
+  ChainPosition applied_;
+  // The commit point: the highest seq known applied by a tail (any chain's),
+  // and the one reported under the current chain (what answers writes and
+  // gates reads; acks carry it).
+  uint64_t committed_ = 0;
+  uint64_t chain_committed_ = 0;
+  uint64_t record_at_ = 0;       // head: record the chain once chain_committed_ reaches it
+  bool record_sent_ = false;
+  std::deque<ChainEntry> log_;   // (log_base_, applied_], contiguous
+  ChainPosition log_base_;
+  uint64_t log_bytes_ = 0;
+  uint64_t pin_ = UINT64_MAX;    // keep entries after this for a snapshot in flight
+  int64_t pin_until_ = 0;
+
+  // Downstream: the successor, or a joiner after the tail.
+  std::string down_;
+  bool down_is_joiner_ = false;
+  uint64_t down_applied_ = 0;
+  bool down_known_ = true;  // down_applied_ came from its ack (not assumed)
+  uint64_t sent_upto_ = 0;
+  int64_t down_progress_ms_ = 0;  // last ack from downstream (or start)
+
+  // Upstream acks.
+  uint64_t acked_applied_ = UINT64_MAX;  // last ack sent: applied, committed
+  uint64_t acked_committed_ = 0;
+  int64_t last_ack_ms_ = 0;
+
+  // Head: writes waiting for the commit point (sync), in seq order.
+  struct Pending {
+    uint64_t seq;
+    uint64_t request;
+  };
+  std::deque<Pending> pending_;
+  // Tail with a joiner: reads waiting for a key's writes to commit.
+  struct ParkedRead {
+    uint64_t request;
+    uint64_t key;
+    uint64_t until;
+  };
+  std::vector<ParkedRead> parked_;
+
+  // Joiner.
+  bool joining_ = false;
+  bool snapshotting_ = false;    // loading a snapshot taken at snapshot_at_
+  ChainPosition snapshot_at_;
+  std::string snapshot_from_;
+  uint64_t snapshot_token_ = 0;
+  bool register_sent_ = false;
+  bool registered_alone_ = false;  // registered on an empty chain
+  bool intact_ = true;             // holds every write it applied
+  bool left_ = false;              // was in the chain, then not: out until it rejoins
+  int64_t registration_ = 0;       // czxid of our member node (OnRegistered), 0 if none
+  int64_t join_progress_ms_ = 0;
+  uint64_t refused_ = 0;
+};
+
+}  // namespace flatkv::partition
