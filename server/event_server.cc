@@ -31,6 +31,22 @@
 // frees what Stop() left (workers joined by then, so nothing points to it).
 // The worker only reads and writes its Call, never the Connection.
 //
+// Asynchronous calls: ServeFrames() offers each frame to the thread's
+// AsyncCalls first. On kTaken the Connection is marked waiting and the
+// frame drained; the loop stops serving it (later frames stay in the input)
+// but its read event stays registered: a client with one call in flight
+// sends nothing meanwhile, so keeping it costs nothing, and deleting and
+// adding it again would cost two epoll_ctl per call. A pipelining client
+// may fill the input up to one frame; Read() then deletes the read event
+// (stalled) until the answer. The AsyncCalls answers through the
+// Connection (its Reply): AsyncAnswered() appends the answer, re-adds a
+// stalled read event and serves the rest of the input, like Resume(). Or it
+// hands the call back (AsyncRedo()): a Call with a copy of the message and
+// a wrapper the worker runs it in, exactly as an offloaded call. Close() of
+// a waiting Connection cancels its call (AsyncCalls::Cancel()) and frees
+// the Connection at once: the AsyncCalls forgets the Reply. Free() destroys
+// the AsyncCalls before the Connections, so it never calls a freed Reply.
+//
 // Stop() order: every thread frees its listener and breaks its loop from
 // the wake-up callback, so no connection is accepted after Stop() began and
 // no inline call is half-answered (they run inline in OnReadable); then the
