@@ -68,10 +68,14 @@ namespace {
 
 constexpr size_t kFrameHeader = 4;
 constexpr int kReadChunk = 64 << 10;
-// Nonblocking connections per peer per I/O thread. One suffices: the calls
-// of all the thread's clients are pipelined on it, and the peer serves
-// every frame it has read in one pass.
-constexpr size_t kConnectionsPerPeer = 1;
+// Nonblocking connections per peer per I/O thread. One usually suffices:
+// the calls of all the thread's clients are pipelined on it, and a peer on
+// the EventServer serves every frame it has read in one pass. But a peer
+// with a worker pool (server.workers > 0, e.g. storage.sync: always) runs
+// the frames of one connection one at a time, so when every connection has
+// kDeepPipeline calls waiting another is opened, up to kMaxConnectionsPerPeer.
+constexpr size_t kMaxConnectionsPerPeer = 4;
+constexpr size_t kDeepPipeline = 16;
 
 enum class Result { kVoid, kBool, kGetResult };
 
@@ -313,7 +317,8 @@ bool Forwarder::Send(Peer* peer, Op* op) {
   for (Conn* c : peer->conns) {
     if (conn == nullptr || c->pending.size() < conn->pending.size()) conn = c;
   }
-  if (conn == nullptr || (!conn->pending.empty() && peer->conns.size() < kConnectionsPerPeer)) {
+  if (conn == nullptr ||
+      (conn->pending.size() >= kDeepPipeline && peer->conns.size() < kMaxConnectionsPerPeer)) {
     Conn* fresh = Open(peer);
     if (fresh != nullptr) conn = fresh;
   }

@@ -16,14 +16,14 @@
 // a member named by a host name go to the EventServer's worker pool, which
 // forwards on blocking pooled connections (Cluster::Forward()).
 //
-// How: each I/O thread keeps kConnectionsPerPeer nonblocking connections
-// per member it forwards to, registered in its own event loop. A forwarded
-// call is the peer* method of the IDL carrying a PeerContext (token, ring
-// version, mark), exactly as the blocking path sends it. A peer answers the
-// frames of one connection in order, so each connection keeps a FIFO of the
-// calls it sent; the calls of many client connections share it (pipelined),
-// and the frames queued while the loop serves the ready client connections
-// go out in one write. The peer's answer is decoded and re-encoded as the
+// How: each I/O thread keeps a nonblocking connection per member it
+// forwards to (up to 4 while calls pile up: forwarder.cc), registered in
+// its own event loop. A forwarded call is the peer* method of the IDL
+// carrying a PeerContext (token, ring version, mark), exactly as the
+// blocking path sends it. A peer answers the frames of one connection in
+// order, so each connection keeps a FIFO of the calls it sent; the calls of
+// many client connections share it (pipelined), and the frames queued while
+// the loop serves the ready client connections go out in one write. The peer's answer is decoded and re-encoded as the
 // client method's answer (same result fields), then written to the client
 // connection by the EventServer.
 //

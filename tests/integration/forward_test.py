@@ -3,7 +3,8 @@
 ZooKeeper and real ring members, every call sent to ONE instance (the
 entry, mark A) as a plain Thrift client of any language would:
 
-  * many connections at once, each with its own keys in every mark's range:
+  * many connections at once, each with its own keys in every mark's range
+    (one owner, c, runs a worker pool: Thrift's TNonblockingServer):
     get/put/remove/append and sget/sput/sremove with self-verifying values
     ("k=<key> t=<thread> v=<n>"), every answer judged against a model;
   * the single-key forwards are made by the I/O thread: server.offloaded
@@ -63,8 +64,8 @@ def owner(h):
 
 
 class Member:
-    def __init__(self, name, mark, session_ms=1000, advertise_host="127.0.0.1"):
-        self.name, self.mark, self.session_ms = name, mark, session_ms
+    def __init__(self, name, mark, session_ms=1000, advertise_host="127.0.0.1", extra=()):
+        self.name, self.mark, self.session_ms, self.extra = name, mark, session_ms, list(extra)
         self.port = free_port()
         self.address = "%s:%d" % (advertise_host, self.port)
         self.data = os.path.join(work, name, "data")
@@ -77,7 +78,7 @@ class Member:
             server_bin, self.port, self.data, zk, self.mark,
             "--set", "cluster.peer_token=" + TOKEN,
             "--set", "cluster.advertise=" + self.address,
-            "--set", "cluster.peer_timeout_ms=%d" % PEER_TIMEOUT_MS,
+            "--set", "cluster.peer_timeout_ms=%d" % PEER_TIMEOUT_MS, *self.extra,
             log=self.log, session_timeout_ms=self.session_ms)
 
     def client(self):
@@ -113,7 +114,11 @@ def error_of(fn):
 zk = harness.ZooKeeper(work)
 # b's session outlives a SIGSTOP of a few peer timeouts: the ring keeps
 # naming it, so calls for mark B are forwarded to a member that is silent.
-ma, mb, mc = Member("a", A), Member("b", B, session_ms=20000), Member("c", C)
+# c runs a worker pool (Thrift's TNonblockingServer, which serves the frames
+# of one connection one at a time): the entry's pipelined forwards to it
+# must still be answered in order.
+ma, mb = Member("a", A), Member("b", B, session_ms=20000)
+mc = Member("c", C, extra=["--set", "server.workers=4"])
 members = [ma, mb, mc]
 for m in members:
     m.start()
