@@ -73,7 +73,8 @@ constexpr int kReadChunk = 64 << 10;
 // the EventServer serves every frame it has read in one pass. But a peer
 // with a worker pool (server.workers > 0, e.g. storage.sync: always) runs
 // the frames of one connection one at a time, so when every connection has
-// kDeepPipeline calls waiting another is opened, up to kMaxConnectionsPerPeer.
+// kDeepPipeline calls waiting another is opened, up to kMaxConnectionsPerPeer,
+// and a call goes to the first connection that is not that deep.
 constexpr size_t kMaxConnectionsPerPeer = 4;
 constexpr size_t kDeepPipeline = 16;
 
@@ -313,8 +314,15 @@ Forwarder::Peer* Forwarder::FindPeer(const std::string& address) {
 // Encodes op's peer call (the blocking path's FlatKVClient::send_peer*
 // writes the same bytes) onto the least loaded connection.
 bool Forwarder::Send(Peer* peer, Op* op) {
+  // The first connection not kDeepPipeline deep: the others carry only the
+  // overflow, so against a peer that keeps up one connection takes
+  // (nearly) all the calls and its answers come back in few reads.
   Conn* conn = nullptr;
   for (Conn* c : peer->conns) {
+    if (c->pending.size() < kDeepPipeline) {
+      conn = c;
+      break;
+    }
     if (conn == nullptr || c->pending.size() < conn->pending.size()) conn = c;
   }
   if (conn == nullptr ||
