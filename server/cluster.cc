@@ -132,8 +132,7 @@ void Cluster::Return(std::unique_ptr<client::Client> connection) {
 Status Cluster::PeerFailure(const Target& target, const client::Client& connection,
                             Status st) const {
   if (!connection.network_failed()) return st;  // the peer answered: keep its code
-  return Status::Unavailable("mark " + std::to_string(target.mark) + ": member " +
-                             target.address + " did not answer: " + st.message());
+  return PeerUnanswered(target, st.message());
 }
 
 Status Cluster::Forward(const Target& target, const char* method, bool idempotent,
@@ -150,8 +149,17 @@ Status Cluster::Forward(const Target& target, const char* method, bool idempoten
 }
 
 void Cluster::CountForward(const std::string& address) {
+  ForwardCounter(address)->fetch_add(1, std::memory_order_relaxed);
+}
+
+std::atomic<int64_t>* Cluster::ForwardCounter(const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++forwarded_[address];
+  return &forwarded_.try_emplace(address, 0).first->second;  // map nodes never move
+}
+
+Status Cluster::PeerUnanswered(const Target& target, const std::string& why) const {
+  return Status::Unavailable("mark " + std::to_string(target.mark) + ": member " +
+                             target.address + " did not answer: " + why);
 }
 
 Status Cluster::CheckToken(const rpc::PeerContext& context) {
@@ -238,10 +246,12 @@ void Cluster::AddStats(std::map<std::string, int64_t>* out) const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t total = 0;
   for (const auto& [address, n] : forwarded_) {
-    (*out)["cluster.forwarded." + address] = n;
-    total += n;
+    (*out)["cluster.forwarded." + address] = n.load(std::memory_order_relaxed);
+    total += n.load(std::memory_order_relaxed);
   }
   (*out)["cluster.forwarded"] = total;
+  (*out)["cluster.forwarded_async"] = forwarded_async_.load(std::memory_order_relaxed);
+  (*out)["cluster.peer_connections_async"] = async_connections_.load(std::memory_order_relaxed);
 }
 
 }  // namespace flatkv::server

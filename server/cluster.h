@@ -91,6 +91,22 @@ class Cluster {
   void Return(std::unique_ptr<client::Client> connection);
   // The Status Forward() gives for a failure of "connection".
   Status PeerFailure(const Target& target, const client::Client& connection, Status st) const;
+  // The Unavailable status of a forwarded call the member of "target" did
+  // not answer; "why" names the member and the failure ("host:port:
+  // peerGet: ...", "host:port: cannot connect: ...").
+  Status PeerUnanswered(const Target& target, const std::string& why) const;
+
+  // For the I/O threads' Forwarders (server/forwarder.h), which forward
+  // without Forward(): the counter of calls forwarded to "address"
+  // (cluster.forwarded.<address>; valid as long as the Cluster), and the
+  // counts of their own (cluster.forwarded_async, cluster.peer_failures,
+  // cluster.peer_connections_async).
+  std::atomic<int64_t>* ForwardCounter(const std::string& address);
+  void CountForwardedAsync() { forwarded_async_.fetch_add(1, std::memory_order_relaxed); }
+  void CountPeerFailure() { peer_failures_.fetch_add(1, std::memory_order_relaxed); }
+  void CountAsyncConnections(int delta) {
+    async_connections_.fetch_add(delta, std::memory_order_relaxed);
+  }
 
   // Checks a call from another instance: the token, and that this
   // instance's mark owns its keys in its own ring (NOT_OWNER otherwise,
@@ -124,11 +140,14 @@ class Cluster {
 
   mutable std::mutex mu_;
   std::map<std::string, std::vector<std::unique_ptr<client::Client>>> idle_;  // GUARDED_BY(mu_)
-  std::map<std::string, int64_t> forwarded_;                                 // GUARDED_BY(mu_)
+  // The map is GUARDED_BY(mu_); its counters are atomics, updated without it.
+  std::map<std::string, std::atomic<int64_t>> forwarded_;
   std::atomic<int64_t> not_owner_sent_{0};     // NOT_OWNER answers this instance gave
   std::atomic<int64_t> not_owner_retries_{0};  // re-reads after a NOT_OWNER it got
   std::atomic<int64_t> peer_failures_{0};      // forwarded calls without an answer
   std::atomic<int64_t> unauthorized_{0};       // peer calls with a wrong token
+  std::atomic<int64_t> forwarded_async_{0};    // of forwarded_: by an I/O thread
+  std::atomic<int64_t> async_connections_{0};  // the I/O threads' open peer connections
 };
 
 }  // namespace flatkv::server

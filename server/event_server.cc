@@ -31,6 +31,22 @@
 // frees what Stop() left (workers joined by then, so nothing points to it).
 // The worker only reads and writes its Call, never the Connection.
 //
+// Asynchronous calls: ServeFrames() offers each frame to the thread's
+// AsyncCalls first. On kTaken the Connection is marked waiting and the
+// frame drained; the loop stops serving it (later frames stay in the input)
+// but its read event stays registered: a client with one call in flight
+// sends nothing meanwhile, so keeping it costs nothing, and deleting and
+// adding it again would cost two epoll_ctl per call. A pipelining client
+// may fill the input up to one frame; Read() then deletes the read event
+// (stalled) until the answer. The AsyncCalls answers through the
+// Connection (its Reply): AsyncAnswered() appends the answer, re-adds a
+// stalled read event and serves the rest of the input, like Resume(). Or it
+// hands the call back (AsyncRedo()): a Call with a copy of the message and
+// a wrapper the worker runs it in, exactly as an offloaded call. Close() of
+// a waiting Connection cancels its call (AsyncCalls::Cancel()) and frees
+// the Connection at once: the AsyncCalls forgets the Reply. Free() destroys
+// the AsyncCalls before the Connections, so it never calls a freed Reply.
+//
 // Stop() order: every thread frees its listener and breaks its loop from
 // the wake-up callback, so no connection is accepted after Stop() began and
 // no inline call is half-answered (they run inline in OnReadable); then the
@@ -238,13 +254,22 @@ class Fifo {
 
 // A client connection: a bufferevent (its buffers, and libevent's writing
 // of answers the socket could not take at once) plus our own read event.
-// Touched only by its I/O thread.
-struct EventServer::Connection {
+// Touched only by its I/O thread. It is the Reply of its call taken by the
+// thread's AsyncCalls.
+struct EventServer::Connection final : public AsyncCalls::Reply {
+  Connection(IoThread* thread, bufferevent* b) : io(thread), bev(b) {}
+  void Answer(const uint8_t* frame, size_t len) override;
+  void Redo(std::unique_ptr<uint8_t[]> message, uint32_t len,
+            std::function<void(const std::function<void()>&)> wrap) override;
+
   IoThread* io;
-  bufferevent* bev;     // EV_READ never enabled: read_event reads; null once closed
-  event* read_event;    // null once closed
-  bool paused = false;  // input not read until the pending answers are written
-  bool busy = false;    // a call is on a worker: input neither read nor served
+  bufferevent* bev;              // EV_READ never enabled: read_event reads; null once closed
+  event* read_event = nullptr;   // null once closed
+  bool paused = false;   // input not read until the pending answers are written
+  bool busy = false;     // a call is on a worker: input neither read nor served
+  bool waiting = false;  // a call is with the AsyncCalls: input read (one frame at most), not served
+  bool stalled = false;  // waiting with a full input: read_event deleted until the answer
+  void* ticket = nullptr;  // the waiting call's, for AsyncCalls::Cancel()
 };
 
 // A call handed to a worker and, once run, its answer handed back. Owned by
@@ -257,6 +282,8 @@ struct EventServer::Call {
   uint32_t len = 0;
   std::vector<uint8_t> answer;          // with its frame header; empty: oneway
   bool ok = false;                      // false: close the connection
+  // Set by Reply::Redo(): the worker runs the call inside it.
+  std::function<void(const std::function<void()>&)> wrap;
   Call* next = nullptr;                 // in a Fifo
 };
 
@@ -343,6 +370,11 @@ class EventServer::IoThread {
   // From a worker: hands back "call" (taken), answered; this thread then
   // writes the answer and serves its connection again (Resume()).
   void Answered(Call* call);
+  // On this thread: the AsyncCalls answered the waiting call of "conn", or
+  // handed it back for a worker (Connection's Reply methods).
+  void AsyncAnswered(Connection* conn, const uint8_t* frame, size_t len);
+  void AsyncRedo(Connection* conn, std::unique_ptr<uint8_t[]> message, uint32_t len,
+                 std::function<void(const std::function<void()>&)> wrap);
   // Connections served by this thread now (read by the other threads).
   int load() const { return load_.load(std::memory_order_relaxed); }
   void Join() {
@@ -368,6 +400,7 @@ class EventServer::IoThread {
   void ServeFrames(Connection* conn);
   bool WantsWorker(const uint8_t* message, uint32_t len) const;
   bool Offload(Connection* conn, const uint8_t* message, uint32_t len);
+  bool Submit(Connection* conn, std::unique_ptr<Call> call);
   void Resume(std::unique_ptr<Call> call);
   bool Answer(uint8_t* message, uint32_t len, evbuffer* output);
   bool Flush(Connection* conn);
@@ -391,6 +424,7 @@ class EventServer::IoThread {
   std::unordered_set<Connection*> connections_;
   std::unique_ptr<uint8_t[]> scratch_{new uint8_t[kMaxSingleRead]};
   Caller caller_;
+  std::unique_ptr<AsyncCalls> async_;  // SetAsync(): this thread's
   std::mutex answered_mu_;
   Fifo<Call> answered_;            // GUARDED_BY(answered_mu_)
   bool answered_posted_ = false;   // GUARDED_BY(answered_mu_): a kAnswered is on its way
@@ -403,6 +437,7 @@ Status EventServer::IoThread::Init(int fd) {
     return Status::IOError("cannot create an event loop");
   }
   wakeup_ = event_new(base_, wake_fds_[0], EV_READ | EV_PERSIST, &IoThread::OnWakeup, this);
+  if (server_->async_factory_) async_ = server_->async_factory_(base_);
   // -1: the socket already listens.
   listener_ = evconnlistener_new(base_, &IoThread::OnAccept, this, LEV_OPT_CLOSE_ON_FREE, -1, fd);
   if (listener_ == nullptr) close(fd);
@@ -479,6 +514,9 @@ void EventServer::IoThread::TakeAnswers() {
 
 void EventServer::IoThread::Free() {
   if (wake_fds_[0] >= 0) DrainPipe(true);  // sockets handed over too late
+  // Drops the calls it holds without answering them: their connections
+  // are freed below.
+  async_.reset();
   {
     // The workers are joined (Stop()): nothing points to a Connection any
     // more, busy or not, and the answers left are dropped.
@@ -536,8 +574,7 @@ void EventServer::IoThread::Adopt(evutil_socket_t fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   bufferevent* bev = bufferevent_socket_new(base_, fd, BEV_OPT_CLOSE_ON_FREE);
-  Connection* conn = bev != nullptr ? new (std::nothrow) Connection{this, bev, nullptr}
-                                    : nullptr;
+  Connection* conn = bev != nullptr ? new (std::nothrow) Connection(this, bev) : nullptr;
   if (conn != nullptr) {
     conn->read_event = event_new(base_, fd, EV_READ | EV_PERSIST, &IoThread::OnReadable, conn);
   }
@@ -567,14 +604,20 @@ void EventServer::IoThread::OnReadable(evutil_socket_t fd, short, void* arg) {
 void EventServer::IoThread::Read(Connection* conn, evutil_socket_t fd) {
   evbuffer* input = bufferevent_get_input(conn->bev);
   const size_t room = max_frame_ + kFrameHeader - evbuffer_get_length(input);
-  // room is never 0 here: a full input holds a complete frame, answered
-  // (and drained) before the connection reads again.
+  // A full input holds a complete frame, answered (and drained) before the
+  // connection reads again; only a connection waiting for its call's
+  // answer gets here with no room: it stops reading until the answer.
+  if (room == 0) {
+    conn->stalled = true;
+    event_del(conn->read_event);
+    return;
+  }
   const ssize_t got = recv(fd, scratch_.get(), std::min(room, kMaxSingleRead), 0);
   if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   // A socket bufferevent keeps its input's end frozen outside its own read
   // callback; thawed here for this one append on the same thread.
   evbuffer_unfreeze(input, 0);
-  const bool ok = got > 0 && room > 0 && evbuffer_add(input, scratch_.get(), got) == 0;
+  const bool ok = got > 0 && evbuffer_add(input, scratch_.get(), got) == 0;
   evbuffer_freeze(input, 0);
   if (!ok) {
     Close(conn);  // end of stream, a reset, or out of memory
@@ -614,7 +657,7 @@ void EventServer::IoThread::OnEvent(bufferevent*, short what, void* arg) {
 void EventServer::IoThread::ServeFrames(Connection* conn) {
   evbuffer* input = bufferevent_get_input(conn->bev);
   evbuffer* output = bufferevent_get_output(conn->bev);
-  while (!conn->busy) {
+  while (!conn->busy && !conn->waiting) {
     // A client that sends calls without reading the answers: stop reading
     // it until they are written.
     if (evbuffer_get_length(output) > max_frame_) {
@@ -646,7 +689,12 @@ void EventServer::IoThread::ServeFrames(Connection* conn) {
     }
     uint8_t* message = frame + kFrameHeader;
     const auto size = static_cast<uint32_t>(len);
-    if (WantsWorker(message, size)) {
+    AsyncCalls::Decision decision = AsyncCalls::Decision::kNotTaken;
+    if (async_ != nullptr) decision = async_->Start(message, size, conn, &conn->ticket);
+    if (decision == AsyncCalls::Decision::kTaken) {
+      conn->waiting = true;  // ends the loop: answered in AsyncAnswered()
+      server_->async_taken_.fetch_add(1, std::memory_order_relaxed);
+    } else if (decision == AsyncCalls::Decision::kNotTaken && WantsWorker(message, size)) {
       if (!Offload(conn, message, size)) {
         spdlog::error("cannot hand a call to a worker: out of memory; connection closed");
         Close(conn);
@@ -675,17 +723,71 @@ bool EventServer::IoThread::WantsWorker(const uint8_t* message, uint32_t len) co
 bool EventServer::IoThread::Offload(Connection* conn, const uint8_t* message, uint32_t len) {
   std::unique_ptr<Call> call(new (std::nothrow) Call);
   if (call == nullptr) return false;
-  call->io = this;
-  call->conn = conn;
   call->message.reset(new (std::nothrow) uint8_t[len]);
   if (call->message == nullptr) return false;
   std::memcpy(call->message.get(), message, len);
   call->len = len;
+  return Submit(conn, std::move(call));
+}
+
+// Queues "call" (message and len set) for a worker on behalf of "conn",
+// which is neither read nor served until it comes back. False (conn then
+// untouched) without workers.
+bool EventServer::IoThread::Submit(Connection* conn, std::unique_ptr<Call> call) {
+  if (server_->workers_ == nullptr) return false;
+  call->io = this;
+  call->conn = conn;
   conn->busy = true;
   event_del(conn->read_event);
   server_->workers_->Submit(call.release());
   server_->offloaded_.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+void EventServer::Connection::Answer(const uint8_t* frame, size_t len) {
+  io->AsyncAnswered(this, frame, len);
+}
+
+void EventServer::Connection::Redo(std::unique_ptr<uint8_t[]> message, uint32_t len,
+                                   std::function<void(const std::function<void()>&)> wrap) {
+  io->AsyncRedo(this, std::move(message), len, std::move(wrap));
+}
+
+// The AsyncCalls answered the call "conn" waited for: written like an
+// answer given inline, then the frames that arrived meanwhile are served.
+void EventServer::IoThread::AsyncAnswered(Connection* conn, const uint8_t* frame, size_t len) {
+  conn->waiting = false;
+  conn->ticket = nullptr;
+  if (evbuffer_add(bufferevent_get_output(conn->bev), frame, len) != 0) {
+    ProtocolError(conn, "a call could not be answered; connection closed");
+    return;
+  }
+  if (conn->stalled) {
+    conn->stalled = false;
+    if (event_add(conn->read_event, nullptr) != 0) {
+      Close(conn);
+      return;
+    }
+  }
+  ServeFrames(conn);
+}
+
+void EventServer::IoThread::AsyncRedo(Connection* conn, std::unique_ptr<uint8_t[]> message,
+                                      uint32_t len,
+                                      std::function<void(const std::function<void()>&)> wrap) {
+  conn->waiting = false;
+  conn->ticket = nullptr;
+  conn->stalled = false;  // Resume() adds the read event again
+  std::unique_ptr<Call> call(new (std::nothrow) Call);
+  if (call != nullptr) {
+    call->message = std::move(message);
+    call->len = len;
+    call->wrap = std::move(wrap);
+  }
+  if (call == nullptr || !Submit(conn, std::move(call))) {
+    spdlog::error("cannot hand a call to a worker; connection closed");
+    Close(conn);
+  }
 }
 
 // The call of "call->conn" came back from its worker: its answer is written
@@ -750,6 +852,11 @@ void EventServer::IoThread::ProtocolError(Connection* conn, const std::string& w
 }
 
 void EventServer::IoThread::Close(Connection* conn) {
+  if (conn->waiting) {  // its call is dropped: nothing will answer it
+    conn->waiting = false;
+    async_->Cancel(conn->ticket);
+    conn->ticket = nullptr;
+  }
   Disconnect(conn);
   // A call on a worker still points to a busy connection: it is freed when
   // the call comes back (Resume()) or by Free().
@@ -777,18 +884,26 @@ void EventServer::WorkerPool::Run(Caller* caller) {
       if (stopping_) return;
       call = queue_.Pop();
     }
-    uint8_t* answer = nullptr;
-    uint32_t size = 0;
-    call->ok = caller->Run(server_->processor_.get(), call->message.get(), call->len, &answer,
-                           &size);
-    if (call->ok) {
-      try {
-        call->answer.assign(answer, answer + size);
-      } catch (const std::bad_alloc&) {
-        call->ok = false;
+    const auto run = [&] {
+      uint8_t* answer = nullptr;
+      uint32_t size = 0;
+      call->ok = caller->Run(server_->processor_.get(), call->message.get(), call->len, &answer,
+                             &size);
+      if (call->ok) {
+        try {
+          call->answer.assign(answer, answer + size);
+        } catch (const std::bad_alloc&) {
+          call->ok = false;
+        }
       }
+      caller->Trim();
+    };
+    if (call->wrap) {
+      call->wrap(run);
+      call->wrap = nullptr;  // on this thread: what it holds is freed here
+    } else {
+      run();
     }
-    caller->Trim();
     call->message.reset();
     call->io->Answered(call);
   }

@@ -39,6 +39,16 @@
 // queue is not limited by server.max_queued_calls: each connection has at
 // most one call on a worker, so at most server.max_connections calls wait.
 //
+// Asynchronous calls (SetAsync()): an AsyncCalls object per I/O thread,
+// created on that thread's event_base, may take a call instead of running
+// it: it starts the call (a forward to a peer over a nonblocking connection
+// of the same event loop, server/forwarder.h) and answers it later on the
+// same thread, with no other thread involved. While its call is taken, a
+// connection is not served (its input is still read, up to one frame), so
+// pipelined calls are still answered in order; a client that goes away
+// meanwhile cancels the call. The AsyncCalls may instead hand the call back
+// to be run on a worker (a retry that may block).
+//
 // Limits: a frame length of 0, negative or over server.max_frame_bytes
 // closes the connection (server.protocol_errors); a connection buffers at
 // most one frame of max_frame_bytes + 4 bytes of input; while more than
@@ -46,7 +56,7 @@
 // client's input is not read. Exactly server.max_connections connections
 // are served; one accepted past that is closed at once.
 //
-// Thread safety: SetOffload(), Start() and Stop() are called from one thread
+// Thread safety: SetOffload(), SetAsync(), Start() and Stop() are called from one thread
 // (main); the counters may be read from any thread.
 #pragma once
 
@@ -61,7 +71,49 @@
 #include "engine/status.h"
 #include "server/config.h"
 
+struct event_base;
+
 namespace flatkv::server {
+
+// Calls that an I/O thread starts and answers later itself (see
+// "Asynchronous calls" above). One object per I/O thread, created on that
+// thread's event_base by the factory given to EventServer::SetAsync(), and
+// used only by that thread; destroyed (after its thread ended) before the
+// base is freed, without answering the calls it still holds.
+class AsyncCalls {
+ public:
+  // The connection a taken call came from. Each method may be called once
+  // per taken call, on the I/O thread, and never from within Start() or
+  // Cancel(); after either, the Reply is not the AsyncCalls' to use again.
+  class Reply {
+   public:
+    // The answer: "len" bytes of a whole frame (header included), copied.
+    virtual void Answer(const uint8_t* frame, size_t len) = 0;
+    // Instead of an answer: runs the call "message" ("len" bytes, taken) on
+    // a worker, as if the offload function had picked it, inside "wrap"
+    // (which must call its argument once, on the worker). Without workers
+    // (no SetOffload()) the connection is closed.
+    virtual void Redo(std::unique_ptr<uint8_t[]> message, uint32_t len,
+                      std::function<void(const std::function<void()>&)> wrap) = 0;
+
+   protected:
+    ~Reply() = default;
+  };
+
+  enum class Decision {
+    kNotTaken,  // not ours: the offload function decides, as without SetAsync()
+    kInline,    // run it now on the I/O thread (skips the offload function)
+    kTaken,     // started: "reply" gets the answer later
+  };
+
+  virtual ~AsyncCalls() = default;
+  // Called for every frame ("message": a frame's body, one binary-protocol
+  // message of "len" bytes, valid only during the call). On kTaken, *ticket
+  // names the call for Cancel(). Must not throw.
+  virtual Decision Start(const uint8_t* message, uint32_t len, Reply* reply, void** ticket) = 0;
+  // The connection of a taken call closed: its Reply is gone.
+  virtual void Cancel(void* ticket) = 0;
+};
 
 class EventServer {
  public:
@@ -70,6 +122,9 @@ class EventServer {
   // it may block. Called on the I/O threads, concurrently, for every frame:
   // must be cheap and must not throw (a throw counts as false).
   using OffloadFn = std::function<bool(const uint8_t* message, uint32_t len)>;
+  // Makes the AsyncCalls of one I/O thread (called on the thread that calls
+  // Start(), once per I/O thread). Null: no asynchronous calls.
+  using AsyncFactory = std::function<std::unique_ptr<AsyncCalls>(event_base* base)>;
 
   // Serves "processor" (shared with the caller; its process() runs on every
   // I/O thread concurrently) on config.server.host:config.server.port.
@@ -80,6 +135,9 @@ class EventServer {
   // "workers" threads of the server's own (see Offload above). Without it,
   // or with a null "fn" or "workers" < 1, every call runs inline.
   void SetOffload(OffloadFn fn, int workers);
+  // Before Start(): every frame is offered to the I/O thread's AsyncCalls
+  // first (see Asynchronous calls above).
+  void SetAsync(AsyncFactory factory) { async_factory_ = std::move(factory); }
 
   // Binds server.io_threads listening sockets to host:port (port 0: a free
   // port, the same for all) and starts the I/O threads. Returns IOError
@@ -103,8 +161,11 @@ class EventServer {
   // Connections closed for a bad frame length or a call that could not be
   // answered (an exception out of the processor).
   int64_t protocol_errors() const { return protocol_errors_.load(std::memory_order_relaxed); }
-  // Calls handed to a worker (SetOffload()) since start.
+  // Calls handed to a worker since start: picked by the offload function,
+  // or handed back by an AsyncCalls (Reply::Redo()).
   int64_t offloaded() const { return offloaded_.load(std::memory_order_relaxed); }
+  // Calls taken by the I/O threads' AsyncCalls (SetAsync()) since start.
+  int64_t async_taken() const { return async_taken_.load(std::memory_order_relaxed); }
 
   EventServer(const EventServer&) = delete;
   EventServer& operator=(const EventServer&) = delete;
@@ -124,6 +185,7 @@ class EventServer {
   const Config config_;
   OffloadFn offload_;  // null: every call inline
   int offload_workers_ = 0;
+  AsyncFactory async_factory_;  // null: no asynchronous calls
   int port_ = 0;
   std::unique_ptr<WorkerPool> workers_;  // with offload_, from Start() to Stop()
   std::vector<std::unique_ptr<IoThread>> threads_;
@@ -131,6 +193,7 @@ class EventServer {
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> protocol_errors_{0};
   std::atomic<int64_t> offloaded_{0};
+  std::atomic<int64_t> async_taken_{0};
 };
 
 }  // namespace flatkv::server

@@ -8,7 +8,10 @@
 // In a ring (SetCluster) every data method is served here only for the keys
 // this instance's mark owns and forwarded to the owner otherwise
 // (handler_cluster.cc: Routed(), the Ring* methods); the peer* methods are
-// the forwarded calls, served only when this mark owns the key.
+// the forwarded calls, served only when this mark owns the key. Under the
+// EventServer, single-key calls for other marks do not reach the handler at
+// all: the I/O thread's Forwarder (server/forwarder.h) forwards them and
+// counts them here (CountCall(), Finish()).
 //
 // Thread safety: called from the server's worker threads concurrently; the
 // Store and the cache are thread-safe, counters are atomics.
@@ -32,6 +35,13 @@ namespace flatkv::server {
 
 class Handler : public rpc::FlatKVIf {
  public:
+  enum Method {
+    kGet, kPut, kRemove, kAppend, kMultiGet, kMultiPut, kScan, kScanLog, kSGet, kSPut,
+    kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
+    kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
+    kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kMethods
+  };
+
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
 
   void get(rpc::GetResult& result, int64_t key) override;
@@ -76,6 +86,23 @@ class Handler : public rpc::FlatKVIf {
   // runs those on a worker instead of the I/O thread. Cheap; never throws.
   bool MayBlock(const uint8_t* message, uint32_t len) const;
 
+  // For calls answered without the handler (the Forwarder's): counts a
+  // call of "method" when it starts, then its latency from "start" and
+  // whether it failed with a KvError, as the handler's own calls are.
+  void CountCall(Method method) { calls_[method].fetch_add(1, std::memory_order_relaxed); }
+  void Finish(Method method, std::chrono::steady_clock::time_point start, bool error);
+
+  // Runs "run" (a call of the processor, on this thread) as the retry of a
+  // call that the Forwarder sent and the peer answered NOT_OWNER, exactly
+  // as Routed() retries: the ring is re-read first, then one attempt, no
+  // further retry. The call is not counted again and its latency runs from
+  // "start". Never throws.
+  static void RunAsRetry(std::chrono::steady_clock::time_point start,
+                         const std::function<void()>& run);
+
+  // The hash of a string key in the current ring (0 standalone).
+  int64_t StringHash(const std::string& key) const;
+
   // Empty when data calls can be served; else why not (a ring member that
   // has not reached ZooKeeper yet), for /health.
   std::string NotReady() const;
@@ -103,12 +130,14 @@ class Handler : public rpc::FlatKVIf {
   std::vector<NamedLatency> latencies() const;
 
  private:
-  enum Method {
-    kGet, kPut, kRemove, kAppend, kMultiGet, kMultiPut, kScan, kScanLog, kSGet, kSPut,
-    kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
-    kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
-    kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kMethods
+  // Set on a worker by RunAsRetry() for the one call it runs.
+  struct Retry {
+    bool active = false;   // Run(): not counted again, timed from start
+    bool refresh = false;  // Routed(): re-read the ring, one attempt only
+    std::chrono::steady_clock::time_point start;
   };
+  static thread_local Retry retry_;
+
   // Runs "body" for "method": counts and times the call, turns a non-OK
   // Status into a KvError, and anything thrown other than KvError into
   // STORAGE_ERROR.
@@ -141,7 +170,6 @@ class Handler : public rpc::FlatKVIf {
   void Routed(int64_t hash, bool write, const char* peer_method, bool idempotent,
               const std::function<void()>& local,
               const std::function<void(rpc::FlatKVClient&, const rpc::PeerContext&)>& remote);
-  int64_t StringHash(const std::string& key) const;
   void RingMultiGet(std::vector<rpc::GetResult>& result, const std::vector<int64_t>& keys);
   void RingMultiPut(const std::vector<rpc::KvPair>& pairs);
   void RingScan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse);
@@ -164,8 +192,12 @@ class Handler : public rpc::FlatKVIf {
 
 template <typename Body>
 void Handler::Run(Method method, Body&& body) {
-  calls_[method].fetch_add(1, std::memory_order_relaxed);
-  ScopedLatency timer(&latency_[method]);  // records on every exit, error or not
+  const bool retry = retry_.active;
+  retry_.active = false;
+  if (!retry) calls_[method].fetch_add(1, std::memory_order_relaxed);
+  // Records on every exit, error or not.
+  ScopedLatency timer(&latency_[method],
+                      retry ? retry_.start : std::chrono::steady_clock::now());
   try {
     body();
   } catch (const rpc::KvError&) {

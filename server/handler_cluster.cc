@@ -117,6 +117,22 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
   return !target.local;
 }
 
+thread_local Handler::Retry Handler::retry_;
+
+void Handler::RunAsRetry(std::chrono::steady_clock::time_point start,
+                         const std::function<void()>& run) {
+  retry_.active = true;
+  retry_.refresh = true;
+  retry_.start = start;
+  run();
+  retry_ = Retry();  // whatever the call did not consume
+}
+
+void Handler::Finish(Method method, std::chrono::steady_clock::time_point start, bool error) {
+  latency_[method].Record(std::chrono::steady_clock::now() - start);
+  if (error) errors_[method].fetch_add(1, std::memory_order_relaxed);
+}
+
 int64_t Handler::StringHash(const std::string& key) const {
   if (cluster_ == nullptr) return 0;
   const auto ring = cluster_->ring();
@@ -129,7 +145,13 @@ void Handler::Routed(
     const std::function<void()>& local,
     const std::function<void(rpc::FlatKVClient&, const rpc::PeerContext&)>& remote) {
   if (cluster_ == nullptr) return local();
-  for (int attempt = 0;; ++attempt) {
+  int attempt = 0;
+  if (retry_.refresh) {  // RunAsRetry(): the first attempt was the Forwarder's
+    retry_.refresh = false;
+    cluster_->Refresh();
+    attempt = 1;
+  }
+  for (;; ++attempt) {
     Cluster::Target target;
     Status st = cluster_->Route(hash, write, &target);
     if (!st.ok()) ThrowKvError(st);

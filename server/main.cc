@@ -35,6 +35,7 @@
 #include "server/cluster.h"
 #include "server/config.h"
 #include "server/event_server.h"
+#include "server/forwarder.h"
 #include "server/handler.h"
 #include "server/http.h"
 
@@ -47,8 +48,11 @@ using apache::thrift::server::TNonblockingServer;
 using apache::thrift::transport::TNonblockingServerSocket;
 
 constexpr int kExitBadConfig = 2;
-// Threads that run a ring member's forwarded calls (each blocks for one
-// round trip to another instance, or its timeout).
+// Threads that run the ring member's calls that may block: batches and
+// scans (which may fan out), calls to a member named by a host name, and the
+// retry after a NOT_OWNER answer (each blocks for a round trip to another
+// instance or to ZooKeeper, or its timeout). Single-key calls for other
+// marks are forwarded by the I/O threads themselves (server/forwarder.h).
 constexpr int kForwardThreads = 16;
 
 void Usage(FILE* out) {
@@ -144,7 +148,11 @@ class EventPort final : public ThriftPort {
       : server_(std::move(processor), config) {}
   // Calls "may_block" says yes to run on "threads" workers (a ring member's
   // forwarded calls), the rest inline on the I/O threads.
-  void Offload(flatkv::server::EventServer::OffloadFn may_block, int threads) {
+  // Single-key calls for other marks are forwarded by each I/O thread's own
+  // AsyncCalls (made by "async").
+  void Offload(flatkv::server::EventServer::OffloadFn may_block, int threads,
+               flatkv::server::EventServer::AsyncFactory async) {
+    server_.SetAsync(std::move(async));
     server_.SetOffload(std::move(may_block), threads);
   }
 
@@ -168,6 +176,7 @@ class EventPort final : public ThriftPort {
     (*out)["server.connections_accepted"] = server_.accepted();
     (*out)["server.protocol_errors"] += server_.protocol_errors();
     (*out)["server.offloaded"] = server_.offloaded();
+    (*out)["server.async_calls"] = server_.async_taken();
   }
 
  private:
@@ -310,13 +319,18 @@ int Serve(const flatkv::server::Config& config) {
     port = std::make_unique<PoolPort>(processor, workers, config);
   } else {
     auto events = std::make_unique<EventPort>(processor, config);
-    // A ring member answers its own keys inline and hands the calls it
-    // forwards (a blocking round trip to another instance) to workers, so
-    // they never stall the I/O thread's other connections.
+    // A ring member answers its own keys inline, forwards single-key
+    // calls for other marks from the I/O thread over nonblocking
+    // connections (no hand-off between threads), and hands the calls that
+    // may block (batches, scans, retries) to workers, so they never stall
+    // the I/O thread's other connections.
     if (cluster) {
       events->Offload(
           [h = handler.get()](const uint8_t* m, uint32_t n) { return h->MayBlock(m, n); },
-          kForwardThreads);
+          kForwardThreads,
+          [h = handler.get(), c = cluster.get(), &config](event_base* base) {
+            return std::make_unique<flatkv::server::Forwarder>(base, h, c, config);
+          });
     }
     port = std::move(events);
   }

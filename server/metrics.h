@@ -58,6 +58,9 @@ class ScopedLatency {
  public:
   explicit ScopedLatency(LatencyHistogram* histogram)
       : histogram_(histogram), start_(std::chrono::steady_clock::now()) {}
+  // Counts from "start" instead (a call begun earlier, elsewhere).
+  ScopedLatency(LatencyHistogram* histogram, std::chrono::steady_clock::time_point start)
+      : histogram_(histogram), start_(start) {}
   ~ScopedLatency() { histogram_->Record(std::chrono::steady_clock::now() - start_); }
 
   ScopedLatency(const ScopedLatency&) = delete;

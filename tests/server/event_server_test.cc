@@ -11,10 +11,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -22,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include <event2/event.h>
 #include <thrift/protocol/TBinaryProtocol.h>
 #include <thrift/transport/TBufferTransports.h>
 #include <thrift/transport/TSocket.h>
@@ -107,7 +110,9 @@ bool IsSlowGet(const uint8_t* message, uint32_t len) {
 
 // An EventServer on 127.0.0.1, a free port, one I/O thread.
 struct TestServer {
-  explicit TestServer(int workers) {
+  explicit TestServer(int workers) : TestServer(0, nullptr, workers) {}
+  // "setup" is called before Start() (e.g. SetAsync()).
+  TestServer(int, const std::function<void(EventServer*)>& setup, int workers) {
     signal(SIGPIPE, SIG_IGN);  // as main.cc: a write to a reset client fails, not kills
     Config config;
     config.server.host = "127.0.0.1";
@@ -116,6 +121,7 @@ struct TestServer {
     server = std::make_unique<EventServer>(
         std::make_shared<flatkv::rpc::FlatKVProcessor>(handler), config);
     if (workers > 0) server->SetOffload(&IsSlowGet, workers);
+    if (setup) setup(server.get());
     REQUIRE(server->Start().ok());
   }
 
@@ -343,4 +349,205 @@ TEST_CASE("EventServer Stop waits for the call on a worker and drops the queued 
   CHECK_THROWS_AS(running.client.recv_get(result), TTransportException);
   CHECK_THROWS_AS(queued.client.recv_get(result), TTransportException);
   s.server->Stop();  // again: a no-op
+}
+
+// --- AsyncCalls (SetAsync()) -------------------------------------------------
+
+namespace {
+
+constexpr int64_t kAsyncBase = -1'000'000;  // get(key < kAsyncBase) is taken
+constexpr int64_t kRedo = -2'000'000;       // ... and handed back to a worker
+
+// Takes get(key) for key < kAsyncBase and answers "async <key>" after
+// (kAsyncBase - key) ms, from a timer of the same event loop; get(kRedo) is
+// handed back to run on a worker instead. Counts what it sees; the counters
+// are read by the test thread.
+class TestAsync final : public flatkv::server::AsyncCalls {
+ public:
+  struct Pending {
+    TestAsync* owner;
+    Reply* reply;  // null once cancelled
+    int32_t seqid;
+    int64_t key;
+  };
+
+  explicit TestAsync(event_base* base) : base_(base) {}
+  ~TestAsync() override {
+    for (Pending* p : live_) delete p;  // never answered: the loop ended
+  }
+
+  Decision Start(const uint8_t* message, uint32_t len, Reply* reply, void** ticket) override {
+    auto in = std::make_shared<TMemoryBuffer>(const_cast<uint8_t*>(message), len);
+    TBinaryProtocol protocol(in);
+    std::string name;
+    apache::thrift::protocol::TMessageType type;
+    int32_t seqid = 0;
+    flatkv::rpc::FlatKV_get_args args;
+    try {
+      protocol.readMessageBegin(name, type, seqid);
+      if (name != "get") return Decision::kNotTaken;
+      args.read(&protocol);
+    } catch (const std::exception&) {
+      return Decision::kInline;
+    }
+    if (args.key >= kAsyncBase) return args.key > 0 ? Decision::kNotTaken : Decision::kInline;
+    auto* p = new Pending{this, reply, seqid, args.key};
+    live_.push_back(p);
+    *ticket = p;
+    taken++;
+    const int64_t ms = args.key == kRedo ? 0 : kAsyncBase - args.key;
+    const timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>(ms % 1000 * 1000)};
+    event_base_once(base_, -1, EV_TIMEOUT, &TestAsync::OnTimer, p, &tv);
+    return Decision::kTaken;
+  }
+
+  void Cancel(void* ticket) override {
+    static_cast<Pending*>(ticket)->reply = nullptr;
+    cancelled++;
+  }
+
+  std::atomic<int> taken{0};
+  std::atomic<int> answered{0};
+  std::atomic<int> cancelled{0};
+  static std::atomic<int> wrapped;  // wraps run on a worker
+
+ private:
+  static void OnTimer(evutil_socket_t, short, void* arg) {
+    auto* p = static_cast<Pending*>(arg);
+    TestAsync* self = p->owner;
+    self->live_.erase(std::find(self->live_.begin(), self->live_.end(), p));
+    std::unique_ptr<Pending> owned(p);
+    if (p->reply == nullptr) return;
+    if (p->key == kRedo) {
+      const std::string frame = EncodeGet(p->key);
+      std::unique_ptr<uint8_t[]> message(new uint8_t[frame.size() - 4]);
+      std::memcpy(message.get(), frame.data() + 4, frame.size() - 4);
+      p->reply->Redo(std::move(message), static_cast<uint32_t>(frame.size() - 4),
+                     [](const std::function<void()>& run) {
+                       wrapped++;
+                       run();
+                     });
+      return;
+    }
+    auto out = std::make_shared<TMemoryBuffer>();
+    TBinaryProtocol protocol(out);
+    flatkv::rpc::FlatKV_get_result result;
+    result.success.found = true;
+    result.success.value = "async " + std::to_string(p->key);
+    result.__isset.success = true;
+    protocol.writeMessageBegin("get", apache::thrift::protocol::T_REPLY, p->seqid);
+    result.write(&protocol);
+    protocol.writeMessageEnd();
+    const std::string body = out->getBufferAsString();
+    const auto n = static_cast<uint32_t>(body.size());
+    const char head[4] = {static_cast<char>(n >> 24), static_cast<char>(n >> 16),
+                          static_cast<char>(n >> 8), static_cast<char>(n)};
+    const std::string frame = std::string(head, 4) + body;
+    self->answered++;
+    p->reply->Answer(reinterpret_cast<const uint8_t*>(frame.data()), frame.size());
+  }
+
+  event_base* const base_;
+  std::vector<Pending*> live_;  // on the I/O thread only
+};
+
+std::atomic<int> TestAsync::wrapped{0};
+
+// A TestServer whose I/O thread has a TestAsync (and "workers" workers).
+struct AsyncServer {
+  explicit AsyncServer(int workers)
+      : made(std::make_shared<TestAsync*>(nullptr)),
+        test(0,
+             [made = made](EventServer* s) {
+               s->SetAsync([made](event_base* base) {
+                 auto calls = std::make_unique<TestAsync>(base);
+                 *made = calls.get();
+                 return calls;
+               });
+             },
+             workers),
+        server(test.server.get()),
+        async(*made) {}
+  bool WaitForConnections(int64_t n) const { return test.WaitForConnections(n); }
+
+  std::shared_ptr<TestAsync*> made;
+  TestServer test;
+  EventServer* server;
+  TestAsync* async;
+};
+
+}  // namespace
+
+TEST_CASE("EventServer answers pipelined calls in order when some are taken by its AsyncCalls",
+          "[server][event_server][async]") {
+  AsyncServer s(1);
+  TestClient c(s.server->port());
+  // The first taken call is answered last by its timer: a server writing
+  // answers in completion order would reverse them.
+  const std::vector<int64_t> keys = {kAsyncBase - 80, 0, kAsyncBase - 1, -3, 5, kAsyncBase - 20};
+  for (int64_t k : keys) c.client.send_get(k);
+  c.client.send_put(7, "v");
+  for (int64_t k : keys) {
+    GetResult result;
+    c.client.recv_get(result);
+    const std::string want = k < kAsyncBase ? "async " + std::to_string(k)
+                             : k < 0        ? std::string(static_cast<size_t>(-k), 'x')
+                                            : std::to_string(k);
+    CHECK(result.value == want);
+  }
+  c.client.recv_put();
+  CHECK(s.async->taken == 3);
+  CHECK(s.async->answered == 3);
+  CHECK(s.server->async_taken() == 3);
+  CHECK(s.server->offloaded() == 1);  // get(5): the offload function's
+  CHECK(c.Get(kAsyncBase - 2) == "async " + std::to_string(kAsyncBase - 2));
+}
+
+TEST_CASE("EventServer cancels the taken call of a client that leaves and keeps serving",
+          "[server][event_server][async]") {
+  AsyncServer s(1);
+  {
+    TestClient gone(s.server->port());
+    gone.client.send_get(kAsyncBase - 300);
+    REQUIRE(Eventually([&] { return s.async->taken == 1; }));
+    gone.transport->close();
+  }
+  REQUIRE(s.WaitForConnections(0));
+  CHECK(s.async->cancelled == 1);
+  TestClient other(s.server->port());
+  CHECK(other.Get(kAsyncBase - 1) == "async " + std::to_string(kAsyncBase - 1));
+  CHECK(other.Get(0) == "0");
+  // The cancelled call's timer fires later and answers nothing.
+  REQUIRE(Eventually([&] { return s.async->taken == 2 && s.async->answered == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  CHECK(s.async->answered == 1);
+  CHECK(other.Get(-2) == "xx");
+  CHECK(s.server->protocol_errors() == 0);
+}
+
+TEST_CASE("EventServer runs a call its AsyncCalls hands back on a worker, inside the wrap",
+          "[server][event_server][async]") {
+  AsyncServer s(1);
+  TestClient c(s.server->port());
+  const int wrapped = TestAsync::wrapped;
+  c.client.send_get(kRedo);
+  c.client.send_get(kAsyncBase - 1);  // pipelined behind it: still in order
+  GetResult first, second;
+  c.client.recv_get(first);
+  c.client.recv_get(second);
+  CHECK(first.value == std::string(static_cast<size_t>(-kRedo), 'x'));  // the handler's
+  CHECK(second.value == "async " + std::to_string(kAsyncBase - 1));
+  CHECK(TestAsync::wrapped == wrapped + 1);
+  CHECK(s.server->offloaded() == 1);
+  CHECK(s.server->async_taken() == 2);
+}
+
+TEST_CASE("EventServer Stop drops the calls its AsyncCalls still holds", "[server][event_server][async]") {
+  AsyncServer s(1);
+  TestClient c(s.server->port());
+  c.client.send_get(kAsyncBase - 60000);  // answered in a minute: never
+  REQUIRE(Eventually([&] { return s.async->taken == 1; }));
+  s.server->Stop();
+  GetResult result;
+  CHECK_THROWS_AS(c.client.recv_get(result), TTransportException);
 }
