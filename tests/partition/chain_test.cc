@@ -57,6 +57,9 @@ struct Net {
       Take(send.to, out);
     }
   }
+  // Members "names" with epochs 1..n, registered, told the (recorded)
+  // chain of id "id", and every first message delivered.
+  void Start(const std::vector<std::string>& names, uint64_t id, bool sync = true);
   void Write(const std::string& at, uint64_t request, uint64_t key) {
     ChainOutput out;
     members.at(at)->OnWrite(request, {key}, "op" + std::to_string(request), now, &out);
@@ -81,16 +84,22 @@ void Register(Net& net, const std::vector<std::string>& names, const std::vector
   for (size_t i = 0; i < names.size(); ++i) net.members.at(names[i])->OnRegistered(epochs[i]);
 }
 
+void Net::Start(const std::vector<std::string>& names, uint64_t id, bool sync) {
+  std::vector<int64_t> epochs;
+  for (const std::string& name : names) {
+    Add(name);
+    epochs.push_back(static_cast<int64_t>(epochs.size()) + 1);
+  }
+  Register(*this, names, epochs);
+  Config(Make(1, id, names, epochs, sync));
+  Deliver();
+}
+
 }  // namespace
 
 TEST_CASE("sync: a write is answered only once the tail applied it; reads go to the tail") {
   Net net;
-  net.Add("a");
-  net.Add("b");
-  net.Add("c");
-  Register(net, {"a", "b", "c"}, {1, 2, 3});
-  net.Config(Make(1, 7, {"a", "b", "c"}, {1, 2, 3}));
-  net.Deliver();
+  net.Start({"a", "b", "c"}, 7);
   net.Write("a", 100, 5);
   CHECK(net.replies.count(100) == 0);  // not yet: nothing reached the tail
   CHECK(net.applied["a"] == std::vector<uint64_t>{1});
@@ -106,11 +115,7 @@ TEST_CASE("sync: a write is answered only once the tail applied it; reads go to 
 
 TEST_CASE("async: the head answers after its own apply; any member reads") {
   Net net;
-  net.Add("a");
-  net.Add("b");
-  Register(net, {"a", "b"}, {1, 2});
-  net.Config(Make(1, 7, {"a", "b"}, {1, 2}, /*sync=*/false));
-  net.Deliver();
+  net.Start({"a", "b"}, 7, /*sync=*/false);
   net.Write("a", 100, 5);
   REQUIRE(net.replies.count(100) == 1);  // before anything was delivered
   CHECK(net.applied["b"].empty());
@@ -123,11 +128,7 @@ TEST_CASE("async: the head answers after its own apply; any member reads") {
 
 TEST_CASE("writes are batched: many client writes go down in one message") {
   Net net;
-  net.Add("a");
-  net.Add("b");
-  Register(net, {"a", "b"}, {1, 2});
-  net.Config(Make(1, 7, {"a", "b"}, {1, 2}));
-  net.Deliver();
+  net.Start({"a", "b"}, 7);
   ChainOutput out;
   for (uint64_t r = 1; r <= 50; ++r) net.members["a"]->OnWrite(r, {r}, "x", 0, &out);
   size_t replicates = 0, entries = 0;
@@ -143,12 +144,7 @@ TEST_CASE("writes are batched: many client writes go down in one message") {
 
 TEST_CASE("a message from another chain is refused: a woken old head gets no ack") {
   Net net;
-  net.Add("a");
-  net.Add("b");
-  net.Add("c");
-  Register(net, {"a", "b", "c"}, {1, 2, 3});
-  net.Config(Make(1, 7, {"a", "b", "c"}, {1, 2, 3}));
-  net.Deliver();
+  net.Start({"a", "b", "c"}, 7);
   // ZooKeeper dropped "a"; b and c know, a does not (it was paused).
   ChainConfig next = Make(2, 8, {"b", "c"}, {2, 3});
   for (const char* name : {"b", "c"}) {
@@ -171,11 +167,7 @@ TEST_CASE("a message from another chain is refused: a woken old head gets no ack
 
 TEST_CASE("a lost lease stops answers unless the member is provably alone") {
   Net net;
-  net.Add("a");
-  net.Add("b");
-  Register(net, {"a", "b"}, {1, 2});
-  net.Config(Make(1, 7, {"a", "b"}, {1, 2}));
-  net.Deliver();
+  net.Start({"a", "b"}, 7);
   ChainOutput out;
   net.members["a"]->SetLease(false, &out);
   net.Write("a", 300, 1);
