@@ -244,6 +244,15 @@ const std::vector<Key>& Schema() {
        "connect and I/O timeout of a call forwarded to another instance",
        Int<int>([](Config* c) { return &c->cluster.peer_timeout_ms; }, 10, 600000,
                 "cluster.peer_timeout_ms")},
+      {"cluster.backlog_bytes", "67108864",
+       "committed replicated writes each member keeps so a returning member catches up from "
+       "them instead of a full copy",
+       Int<int64_t>([](Config* c) { return &c->cluster.backlog_bytes; }, 0, kI64Max,
+                    "cluster.backlog_bytes")},
+      {"cluster.resync_mb_per_sec", "0",
+       "rate limit of a full copy to a joining member, MiB/s; 0 = none",
+       Int<int64_t>([](Config* c) { return &c->cluster.resync_mb_per_sec; }, 0, 1000000,
+                    "cluster.resync_mb_per_sec")},
   };
   return keys;
 }
