@@ -76,7 +76,7 @@ class Cluster : public ChainCoordinator {
   void Deregister() override;
   Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) override;
   int64_t disconnected_ms() const override { return registry_->disconnected_ms(); }
-  Status Ping(int timeout_ms) override { return registry_->Ping(timeout_ms); }
+  Status Ping(int timeout_ms) override;
   // Closes the ZooKeeper session (the member node goes at once). Idempotent.
   void Close();
 

@@ -126,7 +126,7 @@ Status DecodeChainOps(const std::string& bytes, std::vector<rpc::ChainOp>* ops) 
         reinterpret_cast<uint8_t*>(const_cast<char*>(bytes.data())),
         static_cast<uint32_t>(bytes.size()), TMemoryBuffer::OBSERVE);
     TBinaryProtocol protocol(buffer, static_cast<int32_t>(bytes.size()),
-                             static_cast<int32_t>(bytes.size()));
+                             static_cast<int32_t>(bytes.size()), true, true);
     rpc::ChainOps wrapper;
     wrapper.read(&protocol);
     *ops = std::move(wrapper.ops);
@@ -442,22 +442,28 @@ void Replicator::Post(Event event) {
   queue_cv_.notify_one();
 }
 
+void Replicator::PostRun(std::function<void(int64_t now, ChainOutput* out)> run) {
+  Event ev;
+  ev.run = std::move(run);
+  Post(std::move(ev));
+}
+
 void Replicator::Join() {
-  Post({[this](int64_t now, ChainOutput* out) {
+  PostRun([this](int64_t now, ChainOutput* out) {
     joined_ = true;
     member_.StartJoin(now, out);
-  }});
+  });
 }
 
 void Replicator::OnRing(std::shared_ptr<const partition::Ring> ring) {
-  Post({[this, ring](int64_t now, ChainOutput* out) {
+  PostRun([this, ring](int64_t now, ChainOutput* out) {
     ring_ = ring;
     member_.OnConfig(ConfigOf(*ring), now, out);
-  }});
+  });
 }
 
 void Replicator::OnRegistered(int64_t czxid) {
-  Post({[this, czxid](int64_t now, ChainOutput* out) {
+  PostRun([this, czxid](int64_t now, ChainOutput* out) {
     if (!member_.wants_registration()) {
       // Registered too late (the tail changed meanwhile): withdraw it.
       out->deregister = true;
@@ -466,7 +472,7 @@ void Replicator::OnRegistered(int64_t czxid) {
     member_.OnRegistered(czxid);
     intact_ = true;
     if (ring_) member_.OnConfig(ConfigOf(*ring_), now, out);
-  }});
+  });
 }
 
 partition::ChainConfig Replicator::ConfigOf(const partition::Ring& ring) const {
@@ -507,12 +513,12 @@ Status Replicator::Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> ke
     request = next_request_++;
     waiters_[request] = &w;
   }
-  Post({[this, request, keys = std::move(keys), op = std::move(op)](
+  PostRun([this, request, keys = std::move(keys), op = std::move(op)](
             int64_t now, ChainOutput* out) mutable {
     const size_t before = out->apply.size();
     member_.OnWrite(request, std::move(keys), std::move(op), now, out);
     if (out->apply.size() > before) seq_of_request_[request] = out->apply.back().seq;
-  }});
+  });
   std::unique_lock<std::mutex> lk(mu_);
   const auto limit = std::chrono::milliseconds(2 * options_.session_timeout_ms + 2000);
   if (!w.cv.wait_for(lk, limit, [&] { return w.done; })) {
@@ -533,7 +539,7 @@ Status Replicator::Append(int64_t key, const std::string& suffix, uint64_t max_v
     waiters_[request] = &w;
   }
   Event ev;
-  ev.append = true;
+  ev.serial = true;
   ev.run = [this, request, key, suffix, max_value_bytes](int64_t now, ChainOutput* out) {
     // Every earlier write is applied (the loop processed them first).
     std::string value;

@@ -2,10 +2,10 @@
 // flatkv-server. It turns the member's actions into real effects and real
 // events into the member's calls:
 //
-//   handler threads ---- Write/Append ----\
-//   peerChain/peerSnapshot (peer calls) ---+--> event queue --> loop thread:
-//   ring changes (registry thread) --------/      ChainMember (under mu_)
-//   ticks (loop thread itself) -----------/       then, in order: apply to
+//   handler threads: Write/Append --------+
+//   peerChain/peerSnapshot (peer calls) --+--> event queue --> loop thread:
+//   ring changes (registry thread) -------+      ChainMember (under mu_)
+//   ticks (loop thread itself) -----------+      then, in order: apply to
 //                                                  the store (one group commit
 //                                                  per batch of events), save
 //                                                  the position, send, answer
@@ -158,6 +158,7 @@ class Replicator {
              engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
              partition::ChainPosition durable, bool intact);
   void Post(Event event);
+  void PostRun(std::function<void(int64_t now, partition::ChainOutput* out)> run);
   void Loop();
   void Tick(int64_t now, partition::ChainOutput* out);
   // Carries out "out" (outside mu_), in ChainOutput's order.

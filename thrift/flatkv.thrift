@@ -213,14 +213,14 @@ service FlatKV {
   void peerSPut(1: required PeerContext ctx, 2: required binary key, 3: required binary value) throws (1: KvError err),
   bool peerSRemove(1: required PeerContext ctx, 2: required binary key) throws (1: KvError err),
 
-  // Chain replication: one message from member "from" (host:port) of
+  // Chain replication: one message from member "sender" (host:port) of
   // ctx.mark to this member. Answered once handled (applied, for writes);
   // its effects (acks, resends) travel as calls of their own.
-  void peerChain(1: required PeerContext ctx, 2: required string from, 3: required ChainFrame frame) throws (1: KvError err),
-  // A page of the snapshot stream from "from"; returns the stream's token.
-  // NOT_OWNER (not expected from "from", or replaced by a later stream):
+  void peerChain(1: required PeerContext ctx, 2: required string sender, 3: required ChainFrame frame) throws (1: KvError err),
+  // A page of the snapshot stream from "sender"; returns the stream's token.
+  // NOT_OWNER (not expected from "sender", or replaced by a later stream):
   // the sender stops.
-  i64 peerSnapshot(1: required PeerContext ctx, 2: required string from, 3: required SnapshotPage page) throws (1: KvError err),
+  i64 peerSnapshot(1: required PeerContext ctx, 2: required string sender, 3: required SnapshotPage page) throws (1: KvError err),
 
   // Admin: this member's digest (admin.token when one is configured).
   Digest digest(1: required string token) throws (1: KvError err),
