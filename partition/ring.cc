@@ -129,8 +129,10 @@ Status RecordedChain::FromJson(std::string_view json, RecordedChain* out) {
   bool have_version = false, have_members = false;
   std::string_view s = json;
   const auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument("recorded chain '" + std::string(json) + "': " +
-                                   std::string(why));
+    // Anyone can write the node: quote only the start of what is there.
+    const std::string quoted = json.size() <= 120 ? std::string(json)
+                                                  : std::string(json.substr(0, 120)) + "...";
+    return Status::InvalidArgument("recorded chain '" + quoted + "': " + std::string(why));
   };
   if (!Consume(&s, '{')) return bad("not a JSON object");
   SkipSpace(&s);

@@ -256,7 +256,7 @@ TEST_CASE("A recorded chain round-trips through JSON and anything else is refuse
   }
 }
 
-TEST_CASE("Recorded chains land on their marks; one of a mark not in the ring is ignored",
+TEST_CASE("Recorded chains land on their marks, and one of a mark not in the ring is ignored",
           "[partition][ring]") {
   auto ring = Ring::Make(7, RingSettings{}, {10, 20}, {Reg(10, "h", 1, 100), Reg(10, "h", 2, 200)},
                          {{10, RecordedChain{5, {"h:1", "h:2"}}}, {30, RecordedChain{6, {"h:9"}}}});
