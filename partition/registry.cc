@@ -532,6 +532,9 @@ void Registry::Impl::OnConnected() {
 bool Registry::Impl::SetRegistered(bool registered, int64_t czxid) {
   std::lock_guard<std::mutex> lock(mu_);
   if (registered && deregister_) registered = false;
+  // A registration lost (session expired, node gone): without
+  // reregister_after_expiry the owner decides when to register again.
+  if (!registered && registered_ && !opt_.reregister_after_expiry) want_register_ = false;
   registered_ = registered;
   czxid_ = registered ? czxid : 0;
   need_register_ = want_register_ && !registered;

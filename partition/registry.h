@@ -74,6 +74,10 @@ struct RegistryOptions {
   // with the member node's creation zxid: the registration's name in
   // ChainConfig::epochs (ChainMember::OnRegistered).
   std::function<void(int64_t czxid)> on_registered;
+  // After a registration is lost (session expiry, the node deleted), make
+  // it again by itself. A chain member turns this off: it must catch up
+  // before it registers again (server/replicator.h calls Register()).
+  bool reregister_after_expiry = true;
 };
 
 // Counters for stats() and /metrics.

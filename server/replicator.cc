@@ -617,6 +617,9 @@ Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame
     FLATKV_RETURN_IF_ERROR(DecodeChainOps(e.op, &ops));
   }
   frames_received_.fetch_add(1, std::memory_order_relaxed);
+  spdlog::trace("chain: from {}: kind {} chain {:x} entries {} applied {} committed {}", from,
+               static_cast<int>(msg.kind), msg.chain, msg.entries.size(), msg.applied,
+               msg.committed);
   Waiter w;
   Event ev;
   ev.done = &w;
@@ -952,6 +955,9 @@ void Replicator::Send(const std::string& to, const ChainMessage& msg) {
     it = links_.emplace(to, std::make_unique<PeerLink>(to, options_, &frames_sent_,
                                                        &frames_failed_)).first;
   }
+  spdlog::trace("chain: to {}: kind {} chain {:x} entries {} applied {} committed {}", to,
+               static_cast<int>(msg.kind), msg.chain, msg.entries.size(), msg.applied,
+               msg.committed);
   it->second->Push(ToFrame(msg));
 }
 
