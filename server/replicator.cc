@@ -423,6 +423,15 @@ void Replicator::Stop() {
   }
   queue_cv_.notify_all();
   if (loop_.joinable()) loop_.join();
+  // Events the loop did not take: their callers are still waiting.
+  std::deque<Event> left;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    left.swap(queue_);
+  }
+  for (Event& ev : left) {
+    if (ev.done != nullptr) SignalDone(ev.done, Status::Unavailable("the server is stopping"));
+  }
   senders_.clear();
   links_.clear();
   std::lock_guard<std::mutex> lock(mu_);
@@ -437,14 +446,28 @@ void Replicator::Stop() {
 void Replicator::Post(Event event) {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
-    queue_.push_back(std::move(event));
+    if (!stopping_) {
+      queue_.push_back(std::move(event));
+      queue_cv_.notify_one();
+      return;
+    }
   }
-  queue_cv_.notify_one();
+  // Stopped: nothing will run it. Whoever waits for it is told so.
+  if (event.done != nullptr) SignalDone(event.done, Status::Unavailable("the server is stopping"));
+  if (event.request != 0) Finish(event.request, Status::Unavailable("the server is stopping"));
 }
 
 void Replicator::PostRun(std::function<void(int64_t now, ChainOutput* out)> run) {
   Event ev;
   ev.run = std::move(run);
+  Post(std::move(ev));
+}
+
+void Replicator::PostRequest(uint64_t request,
+                             std::function<void(int64_t now, ChainOutput* out)> run) {
+  Event ev;
+  ev.run = std::move(run);
+  ev.request = request;
   Post(std::move(ev));
 }
 
@@ -513,7 +536,7 @@ Status Replicator::Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> ke
     request = next_request_++;
     waiters_[request] = &w;
   }
-  PostRun([this, request, keys = std::move(keys), op = std::move(op)](
+  PostRequest(request, [this, request, keys = std::move(keys), op = std::move(op)](
             int64_t now, ChainOutput* out) mutable {
     const size_t before = out->apply.size();
     member_.OnWrite(request, std::move(keys), std::move(op), now, out);
@@ -539,7 +562,8 @@ Status Replicator::Append(int64_t key, const std::string& suffix, uint64_t max_v
     waiters_[request] = &w;
   }
   Event ev;
-  ev.serial = true;
+  ev.request = request;
+  ev.serial = true;  // reads the value every earlier write left
   ev.run = [this, request, key, suffix, max_value_bytes](int64_t now, ChainOutput* out) {
     // Every earlier write is applied (the loop processed them first).
     std::string value;
@@ -777,19 +801,18 @@ void Replicator::Tick(int64_t now, ChainOutput* out) {
     // Renewed only by an answer through the session after the gap.
     lease = coordinator_->Ping(std::min(1000, options_.session_timeout_ms)).ok();
   }
-  const bool fenced = disconnected > options_.session_timeout_ms;
+  // Not fenced for being disconnected: a member learns that its session
+  // expired from the ring (its registration gone) once ZooKeeper answers;
+  // until then a chain of one keeps serving (DESIGN.md, "ZooKeeper
+  // unreachable") and a longer chain is held back by the lease.
   std::lock_guard<std::mutex> lock(mu_);
   if (lease != lease_) {
     spdlog::warn("chain: ZooKeeper lease {}", lease ? "renewed" : "lost (writes and sync reads refused)");
     lease_ = lease;
     member_.SetLease(lease, out);
   }
-  if (fenced != fenced_) {
-    fenced_ = fenced;
-    member_.SetFenced(fenced, out);
-  }
   const std::string role = member_.role();
-  if (joined_ && !fenced_ && (role == "fenced" || role == "none") && ring_ != nullptr) {
+  if (joined_ && (role == "fenced" || role == "none") && ring_ != nullptr) {
     spdlog::info("chain: not in mark {}'s chain: catching up to join it", options_.mark);
     member_.StartJoin(now, out);
   }

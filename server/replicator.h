@@ -152,6 +152,7 @@ class Replicator {
     bool serial = false;
     std::function<void(int64_t now, partition::ChainOutput* out)> after;
     Waiter* done = nullptr;  // signalled once the event's output was processed
+    uint64_t request = 0;    // a write's request: answered Unavailable if never run
   };
 
   Replicator(ReplicatorOptions options, engine::Store* store,
@@ -159,6 +160,8 @@ class Replicator {
              partition::ChainPosition durable, bool intact);
   void Post(Event event);
   void PostRun(std::function<void(int64_t now, partition::ChainOutput* out)> run);
+  void PostRequest(uint64_t request,
+                   std::function<void(int64_t now, partition::ChainOutput* out)> run);
   void Loop();
   void Tick(int64_t now, partition::ChainOutput* out);
   // Carries out "out" (outside mu_), in ChainOutput's order.
@@ -204,7 +207,6 @@ class Replicator {
   int64_t last_tick_ = 0;
   int64_t last_freeze_check_ = 0;
   bool lease_ = true;
-  bool fenced_ = false;
   bool joined_ = false;  // Join() called
   partition::ChainPosition saved_;
   bool saved_intact_ = false;
