@@ -194,9 +194,10 @@ class Replicator::PeerLink {
     while (true) {
       cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
-      std::deque<rpc::ChainFrame> batch;
-      batch.swap(queue_);
+      std::deque<rpc::ChainFrame> queued;
+      queued.swap(queue_);
       lk.unlock();
+      std::vector<rpc::ChainFrame> batch = Coalesce(&queued);
       bool broken = false;
       for (rpc::ChainFrame& frame : batch) {
         if (broken) {
@@ -222,6 +223,37 @@ class Replicator::PeerLink {
         cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_; });
       }
     }
+  }
+
+  // Frames that queued while the last one was in flight, merged: acks are
+  // cumulative (the last one says all), and consecutive replicate frames
+  // of one chain whose entries follow each other become one (the newest
+  // commit point wins). So a slow hop costs a round trip per batch, not
+  // per write.
+  static std::vector<rpc::ChainFrame> Coalesce(std::deque<rpc::ChainFrame>* queued) {
+    constexpr size_t kMaxEntries = 4096;
+    std::vector<rpc::ChainFrame> out;
+    for (rpc::ChainFrame& f : *queued) {
+      if (!out.empty() && out.back().kind == f.kind && out.back().chain == f.chain) {
+        rpc::ChainFrame& last = out.back();
+        if (f.kind == rpc::ChainKind::ACK) {
+          last = std::move(f);
+          continue;
+        }
+        if (f.kind == rpc::ChainKind::REPLICATE &&
+            last.entries.size() + f.entries.size() <= kMaxEntries &&
+            (last.entries.empty() || f.entries.empty() ||
+             f.entries.front().seq == last.entries.back().seq + 1)) {
+          for (rpc::ChainEntry& e : f.entries) last.entries.push_back(std::move(e));
+          last.applied = f.applied;
+          last.committed = f.committed;
+          last.floor = f.floor;
+          continue;
+        }
+      }
+      out.push_back(std::move(f));
+    }
+    return out;
   }
 
   const std::string address_;
