@@ -135,8 +135,8 @@ class Registry {
   //     session expired cannot; a write by another instance between our
   //     read and our write is seen (version check) and the rule applied
   //     again, a few times at most.
-  // OK once written and, unless ZooKeeper failed right after, once ring()
-  // shows it. Unavailable "not registered" when this instance does not
+  // OK once written (or found not to need writing) and, unless ZooKeeper
+  // failed right after, once ring() shows what the node holds now. Unavailable "not registered" when this instance does not
   // hold its member node (never registered, after Deregister(), after
   // session expiry, an observer): nothing written. Unavailable when
   // ZooKeeper does not answer within the session timeout (the message says

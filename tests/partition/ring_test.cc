@@ -254,6 +254,10 @@ TEST_CASE("A recorded chain round-trips through JSON and anything else is refuse
     INFO(bad);
     CHECK(RecordedChain::FromJson(bad, &parsed).IsInvalidArgument());
   }
+  // Whatever was written by hand, the message is one printable line of bounded size.
+  const flatkv::Status s = RecordedChain::FromJson(std::string("\0\n{", 3) + std::string(500, 'x'), &parsed);
+  CHECK(s.message().find_first_of(std::string("\0\n", 2)) == std::string::npos);
+  CHECK(s.message().size() < 250);
 }
 
 TEST_CASE("Recorded chains land on their marks, and one of a mark not in the ring is ignored",
