@@ -26,8 +26,13 @@
 #if defined(__SANITIZE_THREAD__)
 // libzookeeper_mt formats log text into a static buffer (a race between the
 // threads of two handles; this file runs several in one process). It only
-// garbles a log line; not ours to fix.
-extern "C" const char* __tsan_default_suppressions() { return "race:libzookeeper_mt.so\n"; }
+// garbles a log line; not ours to fix. spdlog's default registry is a
+// function-local static built inside the uninstrumented libspdlog, so TSan
+// does not see the guard and reports two registries' first log lines (any
+// case that starts two at once) as a race on it.
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:libzookeeper_mt.so\nrace:spdlog::details::registry::registry\n";
+}
 #endif
 
 namespace flatkv::partition {
@@ -914,7 +919,7 @@ TEST_CASE("Ping answers from ZooKeeper on a live session, and Unavailable in tim
     CHECK(Clock::now() - t0 < 1s);
     const Status r = a->RecordChain({"127.0.0.1:9001"}, 1);
     CHECK(r.IsUnavailable());
-    CHECK_THAT(r.message(), Catch::Contains("ZooKeeper"));
+    CHECK_THAT(r.message(), Catch::Contains("zookeeper", Catch::CaseSensitive::No));
     CHECK(Clock::now() - t0 < std::chrono::milliseconds(kSessionTimeoutMs) + 1500ms);
     REQUIRE(Eventually([&] { return !a->connected(); }, 3s));
   }
