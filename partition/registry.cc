@@ -760,7 +760,9 @@ std::vector<std::shared_ptr<Request>> Registry::Impl::ServeRecords() {
   std::vector<std::shared_ptr<Request>> records = Take(Request::Kind::kRecord);
   for (const auto& record : records) {
     const Status s = RecordNow(record->chain);
-    if (!s.ok()) spdlog::warn("registry: recording the chain of mark {}: {}", opt_.mark, s.ToString());
+    if (!s.ok()) {
+      spdlog::warn("registry: recording the chain of mark {}: {}", opt_.mark, s.ToString());
+    }
     std::lock_guard<std::mutex> lock(mu_);
     record->status = s;
   }
