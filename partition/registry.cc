@@ -763,7 +763,9 @@ std::vector<std::shared_ptr<Request>> Registry::Impl::ServeRecords() {
   std::vector<std::shared_ptr<Request>> records = Take(Request::Kind::kRecord);
   for (const auto& record : records) {
     const Status s = RecordNow(record->chain);
-    if (!s.ok()) spdlog::warn("registry: recording the chain of mark {}: {}", opt_.mark, s.ToString());
+    if (!s.ok()) {
+      spdlog::warn("registry: recording the chain of mark {}: {}", opt_.mark, s.ToString());
+    }
     std::lock_guard<std::mutex> lock(mu_);
     record->status = s;
   }
@@ -804,12 +806,18 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
     const bool exists = rc == ZOK;
     RecordedChain current;
     if (exists && RecordedChain::FromJson(data, &current).ok()) {
+      // Nothing to write. Read the ring anyway: the caller then finds in
+      // ring() the chain that stands (our watch may not have fired yet).
       if (current.ring_version > chain.ring_version) {
         spdlog::info("registry: not recording {} for ring version {}: {} holds ring version {}",
                      json, chain.ring_version, chain_path_, current.ring_version);
+        need_read_ = true;
         return Status::OK();
       }
-      if (current == chain) return Status::OK();
+      if (current == chain) {
+        need_read_ = true;
+        return Status::OK();
+      }
     }  // else absent, empty or unreadable: ours replaces it
 
     zoo_op_t ops[2];

@@ -139,14 +139,15 @@ class Registry {
   //     session expired cannot; a write by another instance between our
   //     read and our write is seen (version check) and the rule applied
   //     again, a few times at most.
-  // OK once written and, unless ZooKeeper failed right after, once ring()
-  // shows it. Unavailable "not registered" when this instance does not
-  // hold its member node (never registered, after Deregister(), after
-  // session expiry, an observer): nothing written. Unavailable when
-  // ZooKeeper does not answer within the session timeout (the message says
-  // whether the write may still have happened). InvalidArgument for an
-  // empty chain, a member that is not host:port or a negative version.
-  // Blocks the caller (never the ZooKeeper or the registry thread).
+  // OK once written (or found not to need writing) and, unless ZooKeeper
+  // failed right after, once ring() shows what the node holds now.
+  // Unavailable "not registered" when this instance does not hold its
+  // member node (never registered, after Deregister(), after session
+  // expiry, an observer): nothing written. Unavailable when ZooKeeper does
+  // not answer within the session timeout (the message says whether the
+  // write may still have happened). InvalidArgument for an empty chain, a
+  // member that is not host:port or a negative version. Blocks the caller:
+  // never call it from a callback (the registry thread).
   Status RecordChain(const std::vector<std::string>& members, int64_t ring_version);
 
   // One round trip to ZooKeeper through the current session. OK means

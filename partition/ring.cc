@@ -129,9 +129,13 @@ Status RecordedChain::FromJson(std::string_view json, RecordedChain* out) {
   bool have_version = false, have_members = false;
   std::string_view s = json;
   const auto bad = [&](std::string_view why) {
-    // Anyone can write the node: quote only the start of what is there.
-    const std::string quoted = json.size() <= 120 ? std::string(json)
-                                                  : std::string(json.substr(0, 120)) + "...";
+    // Anyone can write the node: quote only the start of what is there,
+    // printable (it goes to the log).
+    std::string quoted(json.substr(0, 120));
+    for (char& c : quoted) {
+      if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    if (json.size() > 120) quoted += "...";
     return Status::InvalidArgument("recorded chain '" + quoted + "': " + std::string(why));
   };
   if (!Consume(&s, '{')) return bad("not a JSON object");

@@ -26,8 +26,13 @@
 #if defined(__SANITIZE_THREAD__)
 // libzookeeper_mt formats log text into a static buffer (a race between the
 // threads of two handles; this file runs several in one process). It only
-// garbles a log line; not ours to fix.
-extern "C" const char* __tsan_default_suppressions() { return "race:libzookeeper_mt.so\n"; }
+// garbles a log line; not ours to fix. spdlog's default registry is a
+// function-local static built inside the uninstrumented libspdlog, so TSan
+// does not see the guard and reports two registries' first log lines (any
+// case that starts two at once) as a race on it.
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:libzookeeper_mt.so\nrace:spdlog::details::registry::registry\n";
+}
 #endif
 
 namespace flatkv::partition {
@@ -776,10 +781,10 @@ TEST_CASE("registration_czxid names the member node, and Deregister removes it u
     registered.push_back(czxid);
   };
   std::unique_ptr<Registry> a = StartRegistry(std::move(o));
-  std::unique_ptr<Registry> b = StartRegistry(Options(zk, 100, 9002));
-  std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
   REQUIRE(a->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> b = StartRegistry(Options(zk, 100, 9002));  // after a: its tail
   REQUIRE(b->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
   REQUIRE(AllSee({observer.get()}, "100=[127.0.0.1:9001,127.0.0.1:9002]", 1s));
 
   const std::string node = "/flatkv/thriftbinary100:127.0.0.1:9001";
@@ -790,7 +795,13 @@ TEST_CASE("registration_czxid names the member node, and Deregister removes it u
   CHECK(first != 0);
   CHECK(first == stat.czxid);
   CHECK(observer->ring()->Find(100)->chain.at(0).czxid == first);
-  CHECK(a->ring()->Find(100)->chain.at(0).czxid == first);
+  CHECK(Eventually(
+      [&] {
+        const std::shared_ptr<const Ring> ring = a->ring();
+        const Partition* p = ring ? ring->Find(100) : nullptr;
+        return p != nullptr && !p->chain.empty() && p->chain[0].czxid == first;
+      },
+      1s));
   CHECK(Eventually([&] { return calls() == std::vector<int64_t>{first}; }, 1s));
 
   a->Deregister();
@@ -838,11 +849,11 @@ TEST_CASE("A malformed chain node gives no recorded chain, a warning and no cras
   REQUIRE(AllSee({a.get(), observer.get()}, "100=[127.0.0.1:9001]", 1s));
   Inspector zoo(zk.address());
   const std::string node = "/flatkv/.cluster/chains/100";
+  int64_t v = observer->ring()->version();
   zoo.Create("/flatkv/.cluster/chains");
   zoo.Create(node, "garbage");
   zoo.Create("/flatkv/.cluster/chains/not-a-mark", "{}");
   zoo.Create("/flatkv/.cluster/chains/999", R"({"ring_version": 1, "members": ["h:1"]})");
-  int64_t v = observer->ring()->version();
   CHECK(Eventually([&] { return observer->ring()->version() >= v + 3; }, 1s));
   CHECK(RecordedOf(*observer, 100) == "v0 []");
   CHECK(RingOf(*observer) == "100=[127.0.0.1:9001]");  // 999 is not brought in by its chain
@@ -860,9 +871,15 @@ TEST_CASE("A malformed chain node gives no recorded chain, a warning and no cras
     zoo.Set(node, bad);
     CHECK(Eventually([&] { return observer->ring()->version() > v; }, 1s));
     CHECK(RecordedOf(*observer, 100) == "v0 []");
+    CHECK(Eventually([&] { return a->ring()->version() > v; }, 1s));
     CHECK(RecordedOf(*a, 100) == "v0 []");
     zoo.Set(node, R"({"ring_version": 5, "members": ["127.0.0.1:9001"]})");
-    CHECK(Eventually([&] { return RecordedOf(*observer, 100) == "v5 [127.0.0.1:9001]"; }, 1s));
+    CHECK(Eventually(
+        [&] {
+          return RecordedOf(*observer, 100) == "v5 [127.0.0.1:9001]" &&
+                 RecordedOf(*a, 100) == "v5 [127.0.0.1:9001]";
+        },
+        1s));
   }
 
   // An empty node (created by a tool) is no recorded chain, silently.
@@ -902,7 +919,7 @@ TEST_CASE("Ping answers from ZooKeeper on a live session, and Unavailable in tim
     CHECK(Clock::now() - t0 < 1s);
     const Status r = a->RecordChain({"127.0.0.1:9001"}, 1);
     CHECK(r.IsUnavailable());
-    CHECK_THAT(r.message(), Catch::Contains("ZooKeeper"));
+    CHECK_THAT(r.message(), Catch::Contains("zookeeper", Catch::CaseSensitive::No));
     CHECK(Clock::now() - t0 < std::chrono::milliseconds(kSessionTimeoutMs) + 1500ms);
     REQUIRE(Eventually([&] { return !a->connected(); }, 3s));
   }

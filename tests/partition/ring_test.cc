@@ -241,7 +241,8 @@ TEST_CASE("A recorded chain round-trips through JSON and anything else is refuse
   RecordedChain parsed;
   REQUIRE(RecordedChain::FromJson(c.ToJson(), &parsed).ok());
   CHECK(parsed == c);
-  REQUIRE(RecordedChain::FromJson(R"( {"members":[ "[::1]:5" ] ,"ring_version":0} )", &parsed).ok());
+  REQUIRE(
+      RecordedChain::FromJson(R"( {"members":[ "[::1]:5" ] ,"ring_version":0} )", &parsed).ok());
   CHECK(parsed == RecordedChain{0, {"[::1]:5"}});
   for (const char* bad :
        {"", "garbage", "{}", "[]", R"({"ring_version": 1})", R"({"members": ["h:1"]})",
@@ -250,10 +251,16 @@ TEST_CASE("A recorded chain round-trips through JSON and anything else is refuse
         R"({"ring_version": 1, "members": "h:1"})", R"({"ring_version": 1, "members": ["h:1",]})",
         R"({"ring_version": 1, "members": ["h:1"], "x": 1})",
         R"({"ring_version": 1, "ring_version": 2, "members": ["h:1"]})",
-        R"({"ring_version": 1, "members": ["h:1"]} x)", "{\"ring_version\": 1, \"members\": [\"h:1\""}) {
+        R"({"ring_version": 1, "members": ["h:1"]} x)",
+        R"({"ring_version": 1, "members": ["h:1")"}) {
     INFO(bad);
     CHECK(RecordedChain::FromJson(bad, &parsed).IsInvalidArgument());
   }
+  // Whatever was written by hand, the message is one printable line of bounded size.
+  const flatkv::Status s =
+      RecordedChain::FromJson(std::string("\0\n{", 3) + std::string(500, 'x'), &parsed);
+  CHECK(s.message().find_first_of(std::string("\0\n", 2)) == std::string::npos);
+  CHECK(s.message().size() < 250);
 }
 
 TEST_CASE("Recorded chains land on their marks, and one of a mark not in the ring is ignored",
