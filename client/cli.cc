@@ -82,6 +82,10 @@ constexpr const char* kUsage =
     "                              stderr and prints what it reclaimed\n"
     "  admin stats                 print 'name value' counter lines, sorted\n"
     "  admin info                  print the server's identity, 'name value'\n"
+    "  admin digest                print what the instance holds: key counts, an\n"
+    "                              order-independent digest of keys and values,\n"
+    "                              and its chain position (equal on every member\n"
+    "                              of a chain once writes stop)\n"
     "  ring                        print the ring: each mark, the hash ranges it\n"
     "                              owns and their share of the hash space, its\n"
     "                              chain with roles (--zk, or any one instance)\n"
@@ -397,6 +401,7 @@ class Cli {
   int Compact(const Operands& ops);
   int WaitForCompaction(const rpc::CompactionStatus& before);
   int Stats(const Operands& ops);
+  int Digest(const Operands& ops);
   int Info(const Operands& ops);
   int PrintRing(const Operands& ops);
 
@@ -433,6 +438,7 @@ const Cli::Command Cli::kCommands[] = {
     {"admin compact", 0, 0, &Cli::Compact},
     {"admin stats", 0, 0, &Cli::Stats},
     {"admin info", 0, 0, &Cli::Info},
+    {"admin digest", 0, 0, &Cli::Digest},
     {"ring", 0, 0, &Cli::PrintRing},
 };
 
@@ -442,7 +448,7 @@ int Cli::Run() {
   std::string name = ops[0];
   ops.erase(ops.begin());
   if (name == "admin") {
-    if (ops.empty()) return Usage("admin needs a subcommand: write-mode, compact, stats, info");
+    if (ops.empty()) return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest");
     name += " " + ops[0];
     ops.erase(ops.begin());
   }
@@ -692,6 +698,18 @@ int Cli::Stats(const Operands&) {
   for (const auto& [name, value] : stats) {
     std::printf("%s %lld\n", name.c_str(), static_cast<long long>(value));
   }
+  return kExitOk;
+}
+
+int Cli::Digest(const Operands&) {
+  rpc::Digest d;
+  const std::string token = Token();
+  Status st = client_.Call("digest", true, [&](rpc::FlatKVClient& c) { c.digest(d, token); });
+  if (!st.ok()) return Fail(st);
+  std::printf("keys %lld\nstring_keys %lld\ndigest %s\napplied_epoch %lld\napplied_seq %lld\n",
+              static_cast<long long>(d.keys), static_cast<long long>(d.stringKeys),
+              d.digest.c_str(), static_cast<long long>(d.appliedEpoch),
+              static_cast<long long>(d.appliedSeq));
   return kExitOk;
 }
 

@@ -202,6 +202,11 @@ class ChainMember {
   uint64_t OnSnapshotBegin(const std::string& from, ChainPosition at, int64_t now,
                            ChainOutput* out);
   bool snapshot_current(uint64_t token) const { return snapshotting_ && token == snapshot_token_; }
+  // A page of the stream of "token" arrived: the stream is alive (a joiner
+  // gives up on a stream silent for 3 x joiner_timeout_ms).
+  void OnSnapshotProgress(uint64_t token, int64_t now) {
+    if (snapshot_current(token)) join_progress_ms_ = now;
+  }
   // The whole stream of "token" is loaded.
   void OnSnapshotLoaded(uint64_t token, int64_t now, ChainOutput* out);
   // The stream of "token" broke (its source failed or stalled): ask again.

@@ -12,7 +12,14 @@
 //     handle and runs a reconcile loop: each pass (Step()) compares what is
 //     wanted with what is known and does what is missing, in this order:
 //
-//       handle? -> connected? -> settings checked? -> registered? -> ring read?
+//       handle? -> connected? -> pings -> settings checked? -> deregistered?
+//         -> registered? -> chains to record -> ring read?
+//
+//     RecordChain() and Ping() queue a Request and wait for a pass to serve
+//     it (or for their deadline: a request not started by then is taken
+//     back, so a late pass never writes what the caller gave up on). A
+//     recorded chain's request is answered after the ring read of the same
+//     pass, so the caller finds it in ring().
 //
 //     A pass that fails for a transient reason (connection loss, a node that
 //     vanished meanwhile) retries after a back-off; one that fails for a
@@ -48,6 +55,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -67,6 +75,8 @@ constexpr int kRetryMinMs = 50;         // first back-off after a failed pass
 constexpr int kRetryMaxMs = 2000;       // back-off ceiling
 constexpr int kInitRetryMs = 1000;      // zookeeper_init2 itself failed (bad host name)
 constexpr int kClusterDataMax = 4096;   // .cluster holds ~60 bytes of JSON
+constexpr int kChainDataMax = 16384;    // a chain node: ~25 bytes per member
+constexpr int kRecordAttempts = 5;      // RecordChain: re-reads after a lost race
 constexpr int kLogBurst = 5;            // ZooKeeper log lines per window...
 constexpr int64_t kLogWindowMs = 10000; // ...then one "suppressed" line
 
@@ -210,8 +220,21 @@ std::vector<std::string> TakeStrings(String_vector* v) {
 
 }  // namespace
 
+// A RecordChain() or Ping() waiting for the registry thread.
+struct Request {
+  enum class Kind { kPing, kRecord };
+  Kind kind = Kind::kPing;
+  RecordedChain chain;  // kRecord
+  bool started = false;  // GUARDED_BY(Impl::mu_): taken by the registry thread
+  bool done = false;     // GUARDED_BY(Impl::mu_)
+  Status status;         // GUARDED_BY(Impl::mu_): the answer, once done
+};
+
 struct Registry::Impl {
   explicit Impl(RegistryOptions o);
+
+  // Callers' threads.
+  Status Submit(const std::shared_ptr<Request>& request, int timeout_ms, std::string_view what);
 
   // Completion thread.
   static void Watch(zhandle_t* zh, int type, int state, const char* path, void* ctx);
@@ -230,16 +253,24 @@ struct Registry::Impl {
   Status CreateParents();
   Status CheckClusterNode();
   Status RegisterNode();
-  Status TakeOver(int64_t session);
+  Status TakeOver(int64_t session, int64_t* czxid);
+  Status RemoveNode();
+  std::vector<std::shared_ptr<Request>> Take(Request::Kind kind);
+  void Answer(const std::vector<std::shared_ptr<Request>>& requests);
+  void ServePings();
+  std::vector<std::shared_ptr<Request>> ServeRecords();
+  Status RecordNow(const RecordedChain& chain);
   Status ReadRing();
   Status ReadMembers(const std::vector<std::string>& children,
                      std::vector<Ring::Registration>* regs);
-  Status ReadMarks(std::vector<int64_t>* marks);
+  Status ReadMarks(std::vector<int64_t>* marks, int64_t* version);
+  Status ReadChains(std::map<int64_t, RecordedChain>* chains, int64_t* version);
+  int GetData(const std::string& path, bool watch, std::string* data, Stat* stat);
   void Publish(std::shared_ptr<const Ring> ring, uint64_t ticket);
   void WarnOnce(const std::string& child, std::string_view why);
   void Fatal(const Status& s);
   int Create(const std::string& path, const std::string& data, int mode);
-  void SetRegistered(bool registered);
+  bool SetRegistered(bool registered, int64_t czxid = 0);
   std::shared_ptr<const Ring> LoadRing() const {
     std::lock_guard<std::mutex> lock(ring_mu_);
     return ring_;
@@ -251,6 +282,8 @@ struct Registry::Impl {
   const std::string cluster_path_;  // <service_path>/.cluster
   const std::string marks_path_;    // <service_path>/.cluster/marks
   const std::string mark_path_;     // <service_path>/.cluster/marks/<mark>
+  const std::string chains_path_;   // <service_path>/.cluster/chains
+  const std::string chain_path_;    // <service_path>/.cluster/chains/<mark>
   std::thread thread_;
   std::mutex close_mu_;             // serializes Close()
   // The published ring. Its own mutex, held only to copy the pointer, so
@@ -269,8 +302,12 @@ struct Registry::Impl {
   bool ring_event_ = false;           // GUARDED_BY(mu_): a watched node changed
   bool register_event_ = false;       // GUARDED_BY(mu_): Register() was called
   bool refresh_event_ = false;        // GUARDED_BY(mu_): Refresh() was called
+  bool request_event_ = false;        // GUARDED_BY(mu_): a Request was queued
   bool want_register_ = false;        // GUARDED_BY(mu_)
+  bool deregister_ = false;           // GUARDED_BY(mu_): delete our node (Deregister())
   bool registered_ = false;           // GUARDED_BY(mu_): our member node exists
+  int64_t czxid_ = 0;                 // GUARDED_BY(mu_): its czxid while registered_
+  std::deque<std::shared_ptr<Request>> requests_;  // GUARDED_BY(mu_): not yet started
   bool connected_ = false;            // GUARDED_BY(mu_)
   int64_t disconnected_since_ms_;     // GUARDED_BY(mu_)
   uint64_t refresh_asked_ = 0;        // GUARDED_BY(mu_): Refresh() tickets issued
@@ -300,6 +337,8 @@ Registry::Impl::Impl(RegistryOptions o)
       cluster_path_(opt_.service_path + "/.cluster"),
       marks_path_(cluster_path_ + "/marks"),
       mark_path_(marks_path_ + "/" + std::to_string(opt_.mark)),
+      chains_path_(cluster_path_ + "/chains"),
+      chain_path_(chains_path_ + "/" + std::to_string(opt_.mark)),
       disconnected_since_ms_(NowMs()) {
   stats_.ring_version = -1;
 }
@@ -320,8 +359,8 @@ void Registry::Impl::OnEvent(int type, int state) {
     zk_state_ = state;
     state_event_ = true;
   } else {
-    // A child of the service path or of .cluster/marks came or went, or
-    // .cluster/marks was created.
+    // A child of the service path, .cluster/marks or .cluster/chains came
+    // or went, one of those two was created, or a chain node was written.
     ring_event_ = true;
   }
   wake_.notify_one();
@@ -338,7 +377,8 @@ void Registry::Impl::Run() {
     // One-shot flags only: a condition that stays true while disconnected
     // (an unserved Refresh()) would spin this loop.
     const auto pending = [this] {
-      return stop_ || state_event_ || ring_event_ || register_event_ || refresh_event_;
+      return stop_ || state_event_ || ring_event_ || register_event_ || refresh_event_ ||
+             request_event_;
     };
     if (gave_up_) {
       wake_.wait(lock, [this] { return stop_; });
@@ -357,10 +397,13 @@ void Registry::Impl::Run() {
 int Registry::Impl::Step() {
   int state;
   bool state_event;
+  bool deregister;
   {
     std::lock_guard<std::mutex> lock(mu_);
     state = zk_state_;
     state_event = std::exchange(state_event_, false);
+    request_event_ = false;  // the queue itself says what is left
+    deregister = deregister_;
     // A Refresh() is served by the next successful read, however late.
     need_read_ = std::exchange(ring_event_, false) || std::exchange(refresh_event_, false) ||
                  need_read_;
@@ -374,10 +417,16 @@ int Registry::Impl::Step() {
   if (zh_ == nullptr) return OpenSession() ? -1 : kInitRetryMs;
   if (state_event) NoteState(state);
   if (state != ZOO_CONNECTED_STATE) return -1;  // Watch() tells us when it connects
+  // A lease renewal waits for nothing else.
+  ServePings();
   Status s;
   if (!settings_ok_) s = opt_.observer ? ReadSettings() : EnsureSettings();
+  if (s.ok() && deregister) s = RemoveNode();
   if (s.ok() && need_register_ && !yielded_) s = RegisterNode();
+  std::vector<std::shared_ptr<Request>> records;
+  if (s.ok()) records = ServeRecords();
   if (s.ok() && need_read_) s = ReadRing();
+  Answer(records);
   if (!s.ok()) return Failed(s);
   backoff_ms_ = kRetryMinMs;
   // The read found our node gone: register again at once.
@@ -478,11 +527,19 @@ void Registry::Impl::OnConnected() {
                opt_.zookeeper, timeout_ms);
 }
 
-void Registry::Impl::SetRegistered(bool registered) {
+// False if a registration just made does not count: Deregister() was
+// called meanwhile, and the next pass deletes the node.
+bool Registry::Impl::SetRegistered(bool registered, int64_t czxid) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (registered && deregister_) registered = false;
+  // A registration lost (session expired, node gone): without
+  // reregister_after_expiry the owner decides when to register again.
+  if (!registered && registered_ && !opt_.reregister_after_expiry) want_register_ = false;
   registered_ = registered;
+  czxid_ = registered ? czxid : 0;
   need_register_ = want_register_ && !registered;
   if (registered) progress_.notify_all();
+  return registered;
 }
 
 int Registry::Impl::Create(const std::string& path, const std::string& data, int mode) {
@@ -580,17 +637,28 @@ Status Registry::Impl::RegisterNode() {
     std::lock_guard<std::mutex> lock(mu_);
     session = session_id_;
   }
-  const int rc = Create(member_path_, member_name_, ZOO_EPHEMERAL);
+  // zoo_create2: the node's Stat comes with the answer, so the czxid is
+  // the one this create made.
+  Stat stat{};
+  const int rc = zoo_create2(zh_, member_path_.c_str(), member_name_.data(),
+                             static_cast<int>(member_name_.size()), &ZOO_OPEN_ACL_UNSAFE,
+                             ZOO_EPHEMERAL, nullptr, 0, &stat);
+  int64_t czxid = stat.czxid;
   Status s = rc == ZOK ? Status::OK()
-             : rc == ZNODEEXISTS ? TakeOver(session)
+             : rc == ZNODEEXISTS ? TakeOver(session, &czxid)
                                  : ZkError("create", member_path_, rc);
   if (!s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.registrations;
   }
-  SetRegistered(true);
-  spdlog::info("registry: registered {} (session 0x{:x})", member_path_, session);
+  if (!SetRegistered(true, czxid)) {
+    spdlog::info("registry: registered {} as Deregister() was called; deleting it", member_path_);
+    return Status::OK();
+  }
+  spdlog::info("registry: registered {} (session 0x{:x}, czxid 0x{:x})", member_path_, session,
+               czxid);
+  if (opt_.on_registered) opt_.on_registered(czxid);
   return Status::OK();
 }
 
@@ -598,10 +666,13 @@ Status Registry::Impl::RegisterNode() {
 // answer was lost to a disconnection) it is ours. Otherwise it is left by an
 // earlier process at the same address whose session has not expired yet:
 // delete it and create ours, which rejoins the chain at the tail.
-Status Registry::Impl::TakeOver(int64_t session) {
+Status Registry::Impl::TakeOver(int64_t session, int64_t* czxid) {
   Stat stat{};
   int rc = zoo_exists(zh_, member_path_.c_str(), 0, &stat);
-  if (rc == ZOK && stat.ephemeralOwner == session) return Status::OK();
+  if (rc == ZOK && stat.ephemeralOwner == session) {
+    *czxid = stat.czxid;
+    return Status::OK();
+  }
   if (rc == ZOK) {
     spdlog::warn("registry: {} is held by session 0x{:x}, not ours; replacing it",
                  member_path_, stat.ephemeralOwner);
@@ -610,8 +681,188 @@ Status Registry::Impl::TakeOver(int64_t session) {
   } else if (rc != ZNONODE) {
     return ZkError("exists", member_path_, rc);
   }
-  rc = Create(member_path_, member_name_, ZOO_EPHEMERAL);
+  stat = Stat{};
+  rc = zoo_create2(zh_, member_path_.c_str(), member_name_.data(),
+                   static_cast<int>(member_name_.size()), &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL,
+                   nullptr, 0, &stat);
+  *czxid = stat.czxid;
   return rc == ZOK ? Status::OK() : ZkError("create", member_path_, rc);
+}
+
+// Deregister(): delete our member node if our session holds it (a node of
+// our address held by another session is not ours to delete). After
+// expiry there is nothing left to delete.
+Status Registry::Impl::RemoveNode() {
+  int64_t session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    session = session_id_;
+  }
+  Stat stat{};
+  int rc = zoo_exists(zh_, member_path_.c_str(), 0, &stat);
+  if (rc == ZOK && stat.ephemeralOwner == session) {
+    rc = zoo_delete(zh_, member_path_.c_str(), -1);
+    if (rc == ZOK) spdlog::info("registry: deregistered {}", member_path_);
+  }
+  if (rc != ZOK && rc != ZNONODE) return ZkError("delete", member_path_, rc);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deregister_ = false;
+  }
+  SetRegistered(false);
+  need_read_ = true;
+  return Status::OK();
+}
+
+// ---- registry thread: requests (RecordChain, Ping) -----------------------
+
+// Takes the queued requests of one kind, marking them started: from here
+// their callers wait for the answer rather than take them back.
+std::vector<std::shared_ptr<Request>> Registry::Impl::Take(Request::Kind kind) {
+  std::vector<std::shared_ptr<Request>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    if ((*it)->kind == kind) {
+      (*it)->started = true;
+      out.push_back(std::move(*it));
+      it = requests_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+void Registry::Impl::Answer(const std::vector<std::shared_ptr<Request>>& requests) {
+  if (requests.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& r : requests) r->done = true;
+  }
+  progress_.notify_all();
+}
+
+// One exists() each: any answer from the server (the service path may not
+// exist yet for an observer) means the session is alive now.
+void Registry::Impl::ServePings() {
+  std::vector<std::shared_ptr<Request>> pings = Take(Request::Kind::kPing);
+  for (const auto& ping : pings) {
+    Stat stat{};
+    const int rc = zoo_exists(zh_, opt_.service_path.c_str(), 0, &stat);
+    const Status s = rc == ZOK || rc == ZNONODE ? Status::OK()
+                                                : ZkError("exists", opt_.service_path, rc);
+    std::lock_guard<std::mutex> lock(mu_);
+    ping->status = s;
+  }
+  Answer(pings);
+}
+
+// Writes each queued chain; answered by the caller of this (Step) after the
+// ring read that follows, so ring() shows what was recorded.
+std::vector<std::shared_ptr<Request>> Registry::Impl::ServeRecords() {
+  std::vector<std::shared_ptr<Request>> records = Take(Request::Kind::kRecord);
+  for (const auto& record : records) {
+    const Status s = RecordNow(record->chain);
+    if (!s.ok()) {
+      spdlog::warn("registry: recording the chain of mark {}: {}", opt_.mark, s.ToString());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    record->status = s;
+  }
+  return records;
+}
+
+// RecordChain()'s rules (registry.h). The multi holds two ops:
+//   check  <our member node>, at the data version just read
+//   set    .cluster/chains/<mark>, at the data version just read
+//          (create it instead if it did not exist)
+// The check makes the write conditional on our member node existing; it
+// runs through our session, and we checked just before that the node is
+// held by this very session, so an expired member (its node gone, or a new
+// one of the same address held by another session) cannot record. A
+// ZBADVERSION or ZNODEEXISTS on the chain node is another head's write
+// since our read: read again and apply the rules again.
+Status Registry::Impl::RecordNow(const RecordedChain& chain) {
+  const std::string json = chain.ToJson();
+  const Status not_registered = Status::Unavailable(
+      "cannot record the chain of mark " + std::to_string(opt_.mark) + ": not registered (" +
+      member_path_ + " is not held by this instance's session)");
+  for (int attempt = 0; attempt < kRecordAttempts; ++attempt) {
+    int64_t session;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!registered_) return not_registered;
+      session = session_id_;
+    }
+    Stat mine{};
+    int rc = zoo_exists(zh_, member_path_.c_str(), 0, &mine);
+    if (rc == ZNONODE || (rc == ZOK && mine.ephemeralOwner != session)) return not_registered;
+    if (rc != ZOK) return ZkError("exists", member_path_, rc);
+
+    std::string data;
+    Stat stat{};
+    rc = GetData(chain_path_, /*watch=*/false, &data, &stat);
+    if (rc != ZOK && rc != ZNONODE) return ZkError("get", chain_path_, rc);
+    const bool exists = rc == ZOK;
+    RecordedChain current;
+    if (exists && RecordedChain::FromJson(data, &current).ok()) {
+      // Nothing to write. Read the ring anyway: the caller then finds in
+      // ring() the chain that stands (our watch may not have fired yet).
+      if (current.ring_version > chain.ring_version) {
+        spdlog::info("registry: not recording {} for ring version {}: {} holds ring version {}",
+                     json, chain.ring_version, chain_path_, current.ring_version);
+        need_read_ = true;
+        return Status::OK();
+      }
+      if (current == chain) {
+        need_read_ = true;
+        return Status::OK();
+      }
+    }  // else absent, empty or unreadable: ours replaces it
+
+    zoo_op_t ops[2];
+    zoo_op_result_t results[2] = {};
+    Stat written{};
+    char created[1];  // the created path is not needed
+    zoo_check_op_init(&ops[0], member_path_.c_str(), mine.version);
+    if (exists) {
+      zoo_set_op_init(&ops[1], chain_path_.c_str(), json.data(), static_cast<int>(json.size()),
+                      stat.version, &written);
+    } else {
+      zoo_create_op_init(&ops[1], chain_path_.c_str(), json.data(), static_cast<int>(json.size()),
+                         &ZOO_OPEN_ACL_UNSAFE, ZOO_PERSISTENT, created, sizeof(created));
+    }
+    rc = zoo_multi(zh_, 2, ops, results);
+    if (rc == ZOK) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.chains_recorded;
+      }
+      need_read_ = true;
+      spdlog::info("registry: recorded {} in {}", json, chain_path_);
+      return Status::OK();
+    }
+    // The server answers a failed multi with each op's error: ZOK before
+    // the failed one, its own error, ZRUNTIMEINCONSISTENCY after it. A
+    // failure of the call itself (connection loss) leaves them as zeroed.
+    const int check = results[0].err;
+    const int write = results[1].err;
+    if (check == ZNONODE) return not_registered;
+    if (check == ZBADVERSION) continue;  // our node's data was set: read it again
+    if (write == ZBADVERSION || write == ZNODEEXISTS) continue;
+    if (write == ZNONODE && exists) continue;  // deleted since our read: create it
+    if (write == ZNONODE) {
+      // .cluster/chains is missing: create it (empty, persistent) and retry.
+      const int made = Create(chains_path_, "", ZOO_PERSISTENT);
+      if (made == ZNONODE) settings_ok_ = false;  // .cluster was deleted: recreate it
+      if (made != ZOK && made != ZNODEEXISTS) return ZkError("create", chains_path_, made);
+      continue;
+    }
+    return ZkError("multi (check, write)", chain_path_, rc);
+  }
+  return Status::Unavailable("cannot record the chain of mark " + std::to_string(opt_.mark) +
+                             ": " + chain_path_ + " kept changing (" +
+                             std::to_string(kRecordAttempts) + " attempts)");
 }
 
 // ---- registry thread: reading the ring ----------------------------------
@@ -630,11 +881,16 @@ Status Registry::Impl::ReadRing() {
   if (rc != ZOK) return ZkError("get children", opt_.service_path, rc);
   std::vector<Ring::Registration> regs;
   Status s = ReadMembers(TakeStrings(&children), &regs);
+  // The version: registry.h. Each read below adds its terms.
+  int64_t version = stat.cversion;
   std::vector<int64_t> marks;
-  if (s.ok()) s = ReadMarks(&marks);
+  if (s.ok()) s = ReadMarks(&marks, &version);
+  std::map<int64_t, RecordedChain> chains;
+  if (s.ok()) s = ReadChains(&chains, &version);
   if (!s.ok()) return s;
   need_read_ = false;
-  Publish(Ring::Make(stat.cversion, opt_.settings, std::move(marks), std::move(regs)), ticket);
+  Publish(Ring::Make(version, opt_.settings, std::move(marks), std::move(regs), std::move(chains)),
+          ticket);
   return Status::OK();
 }
 
@@ -684,7 +940,7 @@ Status Registry::Impl::ReadMembers(const std::vector<std::string>& children,
 
 // The recorded marks (.cluster/marks/<mark>). Watches the children, or, if
 // no mark was ever recorded, the creation of .cluster/marks.
-Status Registry::Impl::ReadMarks(std::vector<int64_t>* marks) {
+Status Registry::Impl::ReadMarks(std::vector<int64_t>* marks, int64_t* version) {
   String_vector children{};
   Stat stat{};  // the synchronous *_children2 calls write it unchecked: never nullptr
   int rc = zoo_wget_children2(zh_, marks_path_.c_str(), &Impl::Watch, this, &children, &stat);
@@ -694,6 +950,7 @@ Status Registry::Impl::ReadMarks(std::vector<int64_t>* marks) {
     return rc == ZNONODE || rc == ZOK ? Status::OK() : ZkError("exists", marks_path_, rc);
   }
   if (rc != ZOK) return ZkError("get children", marks_path_, rc);
+  *version += stat.cversion;
   for (const std::string& child : TakeStrings(&children)) {
     int64_t mark;
     if (ParseMark(child, &mark)) {
@@ -705,6 +962,59 @@ Status Registry::Impl::ReadMarks(std::vector<int64_t>* marks) {
   return Status::OK();
 }
 
+// The recorded chains (.cluster/chains/<mark>), watching the children (or
+// the creation of .cluster/chains) and each node's data. A node that cannot
+// be parsed counts as no recorded chain (warned once per write).
+Status Registry::Impl::ReadChains(std::map<int64_t, RecordedChain>* chains, int64_t* version) {
+  String_vector children{};
+  Stat stat{};
+  int rc = zoo_wget_children2(zh_, chains_path_.c_str(), &Impl::Watch, this, &children, &stat);
+  if (rc == ZNONODE) {
+    rc = zoo_wexists(zh_, chains_path_.c_str(), &Impl::Watch, this, &stat);
+    return rc == ZNONODE || rc == ZOK ? Status::OK() : ZkError("exists", chains_path_, rc);
+  }
+  if (rc != ZOK) return ZkError("get children", chains_path_, rc);
+  *version += stat.cversion;
+  for (const std::string& child : TakeStrings(&children)) {
+    int64_t mark;
+    if (!ParseMark(child, &mark)) {
+      WarnOnce(".cluster/chains/" + child, "not a decimal mark");
+      continue;
+    }
+    const std::string path = chains_path_ + "/" + child;
+    std::string data;
+    Stat node{};
+    rc = GetData(path, /*watch=*/true, &data, &node);
+    if (rc == ZNONODE) continue;  // deleted since the listing; the children watch fires
+    if (rc != ZOK) return ZkError("get", path, rc);
+    *version += node.version;
+    if (data.empty()) continue;  // created empty (by hand): nothing recorded
+    RecordedChain chain;
+    Status s = node.dataLength > kChainDataMax
+                   ? Status::InvalidArgument(std::to_string(node.dataLength) + " bytes, over " +
+                                             std::to_string(kChainDataMax))
+                   : RecordedChain::FromJson(data, &chain);
+    if (!s.ok()) {
+      WarnOnce(".cluster/chains/" + child + " (data version " + std::to_string(node.version) + ")",
+               s.message() + "; no recorded chain for mark " + child);
+      continue;
+    }
+    (*chains)[mark] = std::move(chain);
+  }
+  return Status::OK();
+}
+
+// zoo_get/zoo_wget of a small node into "data" (at most kChainDataMax
+// bytes; stat->dataLength tells if there was more).
+int Registry::Impl::GetData(const std::string& path, bool watch, std::string* data, Stat* stat) {
+  data->resize(kChainDataMax);
+  int len = kChainDataMax;
+  const int rc = watch ? zoo_wget(zh_, path.c_str(), &Impl::Watch, this, data->data(), &len, stat)
+                       : zoo_get(zh_, path.c_str(), 0, data->data(), &len, stat);
+  data->resize(rc == ZOK && len > 0 ? static_cast<size_t>(std::min(len, kChainDataMax)) : 0);
+  return rc;
+}
+
 void Registry::Impl::WarnOnce(const std::string& child, std::string_view why) {
   if (!warned_.insert(child).second) return;
   spdlog::warn("registry: skipping {}/{}: {}", opt_.service_path, child, why);
@@ -714,8 +1024,7 @@ void Registry::Impl::WarnOnce(const std::string& child, std::string_view why) {
 // every Refresh() ticket issued before this read started.
 void Registry::Impl::Publish(std::shared_ptr<const Ring> ring, uint64_t ticket) {
   const std::shared_ptr<const Ring> old = LoadRing();
-  const bool changed =
-      !old || old->version() != ring->version() || old->ToString() != ring->ToString();
+  const bool changed = !old || !old->SameAs(*ring);
   if (changed) {
     std::lock_guard<std::mutex> lock(ring_mu_);
     ring_ = ring;
@@ -769,6 +1078,74 @@ Status Registry::WaitRegistered(int timeout_ms) {
   if (impl_->fatal_set_) return impl_->fatal_status_;
   return Status::Unavailable("not registered in ZooKeeper (" + impl_->opt_.zookeeper +
                              ") after " + std::to_string(timeout_ms) + " ms");
+}
+
+void Registry::Deregister() {
+  if (impl_->opt_.observer) return;
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  impl_->want_register_ = false;
+  impl_->deregister_ = true;
+  impl_->registered_ = false;
+  impl_->czxid_ = 0;
+  impl_->register_event_ = true;
+  impl_->wake_.notify_one();
+}
+
+int64_t Registry::registration_czxid() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->registered_ ? impl_->czxid_ : 0;
+}
+
+Status Registry::RecordChain(const std::vector<std::string>& members, int64_t ring_version) {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kRecord;
+  request->chain = RecordedChain{ring_version, members};
+  // Refuse here what the ring would read back as malformed.
+  Status s = RecordedChain::FromJson(request->chain.ToJson(), &request->chain);
+  if (!s.ok()) return Status::InvalidArgument("RecordChain: " + s.message());
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    if (!impl_->registered_ && !impl_->fatal_set_ && !impl_->stop_) {
+      return Status::Unavailable("cannot record the chain of mark " +
+                                 std::to_string(impl_->opt_.mark) + ": not registered");
+    }
+  }
+  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "recording the chain");
+}
+
+Status Registry::Ping(int timeout_ms) {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kPing;
+  return impl_->Submit(request, timeout_ms, "ping");
+}
+
+// Queues "request" for the registry thread and waits for its answer. A
+// request the thread has not started by the deadline is taken back, so it
+// never takes effect; one it started may still (a write in flight).
+Status Registry::Impl::Submit(const std::shared_ptr<Request>& request, int timeout_ms,
+                              std::string_view what) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (fatal_set_) return fatal_status_;
+  if (stop_) return Status::Unavailable("the registry is closed");
+  requests_.push_back(request);
+  request_event_ = true;
+  wake_.notify_one();
+  progress_.wait_for(lock, std::chrono::milliseconds(std::max(timeout_ms, 0)),
+                     [&] { return request->done || fatal_set_ || stop_; });
+  if (request->done) return request->status;
+  if (!request->started) {
+    requests_.erase(std::find(requests_.begin(), requests_.end(), request));
+  }
+  if (fatal_set_) return fatal_status_;
+  std::string msg = std::string(what) + ": ";
+  msg += stop_ ? std::string("the registry is closed")
+               : "no answer from ZooKeeper (" + opt_.zookeeper + ") within " +
+                     std::to_string(timeout_ms) + " ms" +
+                     (connected_ ? "" : " (not connected)");
+  if (request->started && request->kind == Request::Kind::kRecord) {
+    msg += "; the chain may still have been recorded";
+  }
+  return Status::Unavailable(msg);
 }
 
 std::shared_ptr<const Ring> Registry::ring() const { return impl_->LoadRing(); }

@@ -7,20 +7,34 @@
 //     them (a mismatch is fatal: on_fatal, nothing written);
 //   - on Register(): creates .cluster/marks/<mark> (persistent, empty), then
 //     the ephemeral member node <service_path>/thriftbinary<mark>:<host>:<port>
-//     whose data is the same string;
-//   - watches the children of <service_path> and re-reads them (and each
-//     member's creation zxid, and .cluster/marks) on every event and on every
-//     reconnect, builds a new Ring and publishes it (ring() swaps a
+//     whose data is the same string; Deregister() deletes it again;
+//   - on RecordChain(): writes the chain of this instance's mark to
+//     .cluster/chains/<mark> (persistent; JSON, RecordedChain in ring.h),
+//     only through the session that holds this instance's member node;
+//   - watches the children of <service_path>, .cluster/marks and
+//     .cluster/chains and the data of each chain node, and re-reads them (and
+//     each member's creation zxid) on every event and on every reconnect,
+//     builds a new Ring and publishes it (ring() swaps a
 //     shared_ptr<const Ring>; on_ring is told);
 //   - after session expiry makes a new session by itself and, if it was
-//     registered, registers again;
+//     registered (and not deregistered since), registers again;
 //   - Close() closes the session so the member node goes at once.
 // ZooKeeper's own log goes through spdlog, rate-limited. The ZooKeeper
 // completion thread never blocks: watchers only wake the registry's own
-// thread, which makes every (synchronous) ZooKeeper call.
+// thread, which makes every (synchronous) ZooKeeper call; the blocking
+// methods (RecordChain, Ping) hand their work to it and wait.
+//
+// The ring's version is
+//   cversion(<service_path>) + cversion(.cluster/marks)
+//     + cversion(.cluster/chains) + sum of data versions of .cluster/chains/*
+// so it grows with every member that comes or goes, every new mark and every
+// recorded chain, and every instance that read the same nodes computes the
+// same number. It goes down only if someone deletes a chain node (never
+// done by FlatKV itself).
 //
 // Thread safety: every public method may be called from any thread.
-// Callbacks run on the registry's thread; they must not call Close().
+// Callbacks run on the registry's thread; they must not call Close(),
+// RecordChain() or Ping() (those wait for that thread).
 #pragma once
 
 #include <atomic>
@@ -29,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/status.h"
 #include "partition/ring.h"
@@ -54,6 +69,15 @@ struct RegistryOptions {
   std::function<void(const Status&)> on_fatal;
   // Called after each new Ring is published.
   std::function<void(std::shared_ptr<const Ring>)> on_ring;
+  // Called after each successful registration (the first, after Register()
+  // following Deregister(), and every re-registration after session expiry)
+  // with the member node's creation zxid: the registration's name in
+  // ChainConfig::epochs (ChainMember::OnRegistered).
+  std::function<void(int64_t czxid)> on_registered;
+  // After a registration is lost (session expiry, the node deleted), make
+  // it again by itself. A chain member turns this off: it must catch up
+  // before it registers again (server/replicator.h calls Register()).
+  bool reregister_after_expiry = true;
 };
 
 // Counters for stats() and /metrics.
@@ -64,6 +88,7 @@ struct RegistryStats {
   int64_t connected = 0;         // 1 while the session is connected
   int64_t members_seen = 0;      // members in the current ring
   int64_t ring_version = 0;      // version of the current ring (-1: none yet)
+  int64_t chains_recorded = 0;   // chain nodes written by RecordChain()
 };
 
 class Registry {
@@ -87,6 +112,51 @@ class Registry {
   // Blocks until the member node exists or "timeout_ms" passes (Unavailable
   // then). For tests and start-up logs.
   Status WaitRegistered(int timeout_ms);
+
+  // Deletes this instance's member node (if it exists and is held by our
+  // session) and stops registering again after session expiry, until the
+  // next Register(), which registers anew (a new node, a new czxid: the
+  // member rejoins at the tail). Returns at once; the registry thread
+  // deletes the node as soon as it is connected. registration_czxid() is 0
+  // from the moment it returns.
+  void Deregister();
+  // The creation zxid of this instance's current member node, 0 while it is
+  // not registered (before the first registration, after Deregister(), and
+  // from session expiry until the registry has registered again). Equals
+  // the czxid of this member in ring()'s chain once that ring was read.
+  int64_t registration_czxid() const;
+
+  // Records "members" (chain order, head first, each "host:port") as this
+  // instance's mark's chain, decided on the ring of version "ring_version"
+  // (ChainOutput::record and record_version):
+  //   - if .cluster/chains/<mark> already holds a greater ring_version, a
+  //     later chain is recorded: nothing is written, OK;
+  //   - if it already holds this very chain, nothing is written, OK (a
+  //     write would only change the ring's version);
+  //   - else it is written in one zoo_multi with a check of this instance's
+  //     member node, so only a currently registered member can record, and
+  //     only through the session that holds its node: a member whose
+  //     session expired cannot; a write by another instance between our
+  //     read and our write is seen (version check) and the rule applied
+  //     again, a few times at most.
+  // OK once written (or found not to need writing) and, unless ZooKeeper
+  // failed right after, once ring() shows what the node holds now.
+  // Unavailable "not registered" when this instance does not hold its
+  // member node (never registered, after Deregister(), after session
+  // expiry, an observer): nothing written. Unavailable when ZooKeeper does
+  // not answer within the session timeout (the message says whether the
+  // write may still have happened). InvalidArgument for an empty chain, a
+  // member that is not host:port or a negative version. Blocks the caller:
+  // never call it from a callback (the registry thread).
+  Status RecordChain(const std::vector<std::string>& members, int64_t ring_version);
+
+  // One round trip to ZooKeeper through the current session. OK means
+  // ZooKeeper answered, after this call began, on a session it still holds
+  // valid: the lease can be renewed (after the process was frozen, say).
+  // It says nothing about the registration: after session expiry the new
+  // session answers too, so compare registration_czxid(). Unavailable if
+  // no answer within "timeout_ms". Blocks the caller.
+  Status Ping(int timeout_ms);
 
   // The newest ring, or nullptr while none has been read yet (ZooKeeper
   // unreachable since start). Never blocks.

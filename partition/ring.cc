@@ -113,9 +113,72 @@ Status RingSettings::CheckSame(const RingSettings& ring) const {
   return Status::OK();
 }
 
+std::string RecordedChain::ToJson() const {
+  std::string out = "{\"ring_version\": " + std::to_string(ring_version) + ", \"members\": [";
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += "\"" + members[i] + "\"";
+  }
+  return out + "]}";
+}
+
+Status RecordedChain::FromJson(std::string_view json, RecordedChain* out) {
+  // Strict like RingSettings: a key we do not know may change what the
+  // chain means, so the chain counts as unreadable rather than half-read.
+  RecordedChain result;
+  bool have_version = false, have_members = false;
+  std::string_view s = json;
+  const auto bad = [&](std::string_view why) {
+    // Anyone can write the node: quote only the start of what is there,
+    // printable (it goes to the log).
+    std::string quoted(json.substr(0, 120));
+    for (char& c : quoted) {
+      if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    if (json.size() > 120) quoted += "...";
+    return Status::InvalidArgument("recorded chain '" + quoted + "': " + std::string(why));
+  };
+  if (!Consume(&s, '{')) return bad("not a JSON object");
+  SkipSpace(&s);
+  if (!s.empty() && s.front() == '}') return bad("empty");
+  while (true) {
+    std::string key;
+    if (!ReadString(&s, &key) || !Consume(&s, ':')) return bad("expected \"key\": value");
+    if (key == "ring_version" && !have_version) {
+      if (!ReadInteger(&s, &result.ring_version) || result.ring_version < 0) {
+        return bad("ring_version must be a non-negative integer");
+      }
+      have_version = true;
+    } else if (key == "members" && !have_members) {
+      if (!Consume(&s, '[')) return bad("members must be an array of \"host:port\"");
+      while (true) {
+        std::string member, host;
+        int port = 0;
+        if (!ReadString(&s, &member) || !ParseHostPort(member, "member", &host, &port).ok()) {
+          return bad("members must be a non-empty array of \"host:port\"");
+        }
+        result.members.push_back(std::move(member));
+        if (Consume(&s, ']')) break;
+        if (!Consume(&s, ',')) return bad("expected ',' or ']' in members");
+      }
+      have_members = true;
+    } else {
+      return bad("unknown or repeated key '" + key + "'");
+    }
+    if (Consume(&s, '}')) break;
+    if (!Consume(&s, ',')) return bad("expected ',' or '}'");
+  }
+  SkipSpace(&s);
+  if (!s.empty()) return bad("trailing characters");
+  if (!have_version || !have_members) return bad("needs ring_version and members");
+  *out = std::move(result);
+  return Status::OK();
+}
+
 std::shared_ptr<const Ring> Ring::Make(int64_t version, RingSettings settings,
                                        std::vector<int64_t> marks,
-                                       std::vector<Registration> registrations) {
+                                       std::vector<Registration> registrations,
+                                       std::map<int64_t, RecordedChain> recorded) {
   for (const Registration& r : registrations) marks.push_back(r.mark);
   std::sort(marks.begin(), marks.end());
   marks.erase(std::unique(marks.begin(), marks.end()), marks.end());
@@ -131,7 +194,7 @@ std::shared_ptr<const Ring> Ring::Make(int64_t version, RingSettings settings,
   ring->version_ = version;
   ring->settings_ = std::move(settings);
   ring->partitions_.reserve(marks.size());
-  for (int64_t m : marks) ring->partitions_.push_back(Partition{m, {}});
+  for (int64_t m : marks) ring->partitions_.push_back(Partition{m, {}, {}, 0});
   for (Registration& r : registrations) {
     Partition* p = const_cast<Partition*>(ring->Find(r.mark));
     // The same address registered twice (a stale node not yet expired)
@@ -139,6 +202,12 @@ std::shared_ptr<const Ring> Ring::Make(int64_t version, RingSettings settings,
     if (std::find(p->chain.begin(), p->chain.end(), r.member) == p->chain.end()) {
       p->chain.push_back(std::move(r.member));
     }
+  }
+  for (auto& [mark, chain] : recorded) {
+    Partition* p = const_cast<Partition*>(ring->Find(mark));
+    if (p == nullptr) continue;
+    p->recorded = std::move(chain.members);
+    p->recorded_ring_version = chain.ring_version;
   }
   return ring;
 }
@@ -218,6 +287,26 @@ std::string Ring::ToString() const {
     out += ']';
   }
   return out;
+}
+
+bool Ring::SameAs(const Ring& o) const {
+  if (version_ != o.version_ || settings_.hash_bound != o.settings_.hash_bound ||
+      settings_.replication != o.settings_.replication ||
+      partitions_.size() != o.partitions_.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < partitions_.size(); ++i) {
+    const Partition& a = partitions_[i];
+    const Partition& b = o.partitions_[i];
+    if (a.mark != b.mark || a.recorded != b.recorded ||
+        a.recorded_ring_version != b.recorded_ring_version || a.chain.size() != b.chain.size()) {
+      return false;
+    }
+    for (size_t j = 0; j < a.chain.size(); ++j) {
+      if (!(a.chain[j] == b.chain[j]) || a.chain[j].czxid != b.chain[j].czxid) return false;
+    }
+  }
+  return true;
 }
 
 std::string MemberNodeName(int64_t mark, std::string_view address) {

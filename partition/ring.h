@@ -1,9 +1,10 @@
 // Ring: the cluster as one immutable, versioned value (shared/DESIGN.md,
 // "Cluster"). It is built from what ZooKeeper holds under the service path
-// (the recorded marks and the registered member nodes with their creation
-// zxids) and answers, without any I/O: which mark owns a hash, the hash of
-// an integer or string key, each mark's chain in registration order, each
-// member's role, and the key ranges each mark owns in key order (for scans).
+// (the recorded marks, the registered member nodes with their creation
+// zxids, and each mark's recorded chain) and answers, without any I/O: which
+// mark owns a hash, the hash of an integer or string key, each mark's chain
+// in registration order, each member's role, and the key ranges each mark
+// owns in key order (for scans).
 //
 //   marks N0 < N1 < ... < Np
 //   owner(h) = smallest Ni > h, or N0 if there is none
@@ -15,12 +16,24 @@
 // hash(k) = k for an integer key; hash(s) = XXH64(s, seed 0) mod hash_bound
 // for a string key.
 //
+// The version grows with every change ZooKeeper makes to any of it (a
+// member, a mark, a recorded chain): the registry computes it as
+//
+//   cversion(<service_path>) + cversion(.cluster/marks)
+//     + cversion(.cluster/chains) + sum of the data versions of .cluster/chains/*
+//
+// (cversion counts child creations and deletions, a data version counts
+// writes; each term only grows, so the sum does, as long as no chain node
+// is deleted: deleting one takes its data version out of the sum). Every
+// instance that read the same nodes computes the same version.
+//
 // Thread safety: a Ring is immutable once built; share it as
 // std::shared_ptr<const Ring> and swap the pointer atomically to publish a
 // new one (registry.h does).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -60,11 +73,37 @@ struct Member {
   bool operator==(const Member& o) const { return host == o.host && port == o.port; }
 };
 
+// The chain a mark's head last recorded in ZooKeeper, as the JSON data of
+// <service_path>/.cluster/chains/<mark> (partition/README.md, "The recorded
+// chain"):
+//   {"ring_version": 17, "members": ["127.0.0.1:9001", "127.0.0.1:9002"]}
+// members in chain order (head first), each "host:port"; ring_version is
+// the version of the ring the head saw when it decided to record it, so a
+// chain decided on an older ring never replaces one decided on a newer.
+struct RecordedChain {
+  int64_t ring_version = 0;
+  std::vector<std::string> members;
+
+  std::string ToJson() const;
+  // Parses ToJson()'s output (keys in any order, whitespace allowed; both
+  // keys needed, no others; ring_version >= 0; every member host:port).
+  // InvalidArgument naming what is wrong for anything else.
+  static Status FromJson(std::string_view json, RecordedChain* out);
+  bool operator==(const RecordedChain& o) const {
+    return ring_version == o.ring_version && members == o.members;
+  }
+};
+
 // The instances of one mark, ordered into a chain: head (oldest
 // registration) first, tail (newest) last. Empty when no member serves.
 struct Partition {
   int64_t mark = 0;
   std::vector<Member> chain;
+  // The recorded chain (RecordedChain::members) and the ring version it was
+  // recorded under; empty and 0 when none was recorded, or when its node
+  // could not be read or parsed. ChainConfig::recorded takes it.
+  std::vector<std::string> recorded;
+  int64_t recorded_ring_version = 0;
 
   const Member* head() const { return chain.empty() ? nullptr : &chain.front(); }
   const Member* tail() const { return chain.empty() ? nullptr : &chain.back(); }
@@ -89,10 +128,14 @@ class Ring {
   // Builds a ring. "marks" are the recorded marks (.cluster/marks, any order,
   // duplicates allowed); the mark of every registration is included too.
   // Each partition's chain is its registrations sorted by czxid (ties by
-  // address, so the order is the same on every instance).
+  // address, so the order is the same on every instance). "recorded" are
+  // the recorded chains by mark (.cluster/chains); one of a mark not in the
+  // ring is ignored (it never brings its mark back: a mark is in the ring by
+  // .cluster/marks or a member).
   static std::shared_ptr<const Ring> Make(int64_t version, RingSettings settings,
                                           std::vector<int64_t> marks,
-                                          std::vector<Registration> registrations);
+                                          std::vector<Registration> registrations,
+                                          std::map<int64_t, RecordedChain> recorded = {});
   // What a standalone instance answers: one partition of mark 0 holding
   // itself.
   static std::shared_ptr<const Ring> Standalone(const std::string& host, int port);
@@ -132,8 +175,12 @@ class Ring {
   // mark's chain; empty if it is not there.
   std::string RoleOf(int64_t mark, std::string_view address) const;
 
-  // Every member of every mark, for logs: "10=[a:1,b:2] 20=[]".
+  // Every member of every mark, for logs: "10=[a:1,b:2] 20=[]". Without
+  // the recorded chains (see SameAs).
   std::string ToString() const;
+  // True if "o" has the same version, settings, marks, chains (with czxids)
+  // and recorded chains.
+  bool SameAs(const Ring& o) const;
 
  private:
   Ring() = default;

@@ -5,18 +5,12 @@
 #include <map>
 
 namespace flatkv::partition {
-namespace {
-
-constexpr bool kHeadOnly = true;
-
-}  // namespace
-
 const Member* Router::Target(const Partition& partition, bool write,
                              std::string_view replication, uint64_t spread) {
   if (partition.chain.empty()) return nullptr;
-  // Until chain replication (issue 10) copies writes down the chain, only
-  // the head holds the mark's data: reads go there too.
-  if (write || kHeadOnly) return partition.head();
+  // Writes enter at the head; under sync only the tail serves reads (it
+  // holds exactly the acknowledged writes), under async any member does.
+  if (write) return partition.head();
   if (replication == "sync") return partition.tail();
   return &partition.chain[spread % partition.chain.size()];
 }

@@ -38,28 +38,82 @@ Status Cluster::Start(const Config& config, std::function<void(const Status&)> o
   options.settings.replication = config.cluster.replication;
   options.session_timeout_ms = config.cluster.session_timeout_ms;
   options.on_fatal = std::move(on_fatal);
-  options.on_ring = [](std::shared_ptr<const partition::Ring> ring) {
+  auto hooks = std::make_shared<Hooks>();
+  options.on_ring = [hooks](std::shared_ptr<const partition::Ring> ring) {
     spdlog::info("ring version {}: {}", ring->version(), ring->ToString());
+    if (Replicator* r = hooks->replicator.load()) r->OnRing(ring);
   };
+  options.on_registered = [hooks](int64_t czxid) {
+    if (Replicator* r = hooks->replicator.load()) r->OnRegistered(czxid);
+  };
+  // With a chain, a member whose session expired catches up before it
+  // registers again (the replicator decides when).
+  options.reregister_after_expiry = false;
   std::unique_ptr<partition::Registry> registry;
   FLATKV_RETURN_IF_ERROR(partition::Registry::Start(std::move(options), &registry));
-  result->reset(new Cluster(config, std::move(registry)));
+  result->reset(new Cluster(config, std::move(registry), std::move(hooks)));
   return Status::OK();
 }
 
-Cluster::Cluster(const Config& config, std::unique_ptr<partition::Registry> registry)
+Cluster::Cluster(const Config& config, std::unique_ptr<partition::Registry> registry,
+                 std::shared_ptr<Hooks> hooks)
     : options_(config.cluster),
       router_(config.cluster.mark),
       advertise_(config.cluster.advertise),
-      registry_(std::move(registry)) {}
+      registry_(std::move(registry)),
+      hooks_(std::move(hooks)) {}
 
 Cluster::~Cluster() { Close(); }
 
+Status Cluster::StartReplication(const Config& config, engine::Store* store,
+                                 engine::cache::WriteBackCache* cache) {
+  ReplicatorOptions o;
+  o.self = advertise_;
+  o.mark = mark();
+  o.data_dir = config.storage.path;
+  o.sync = options_.replication == "sync";
+  o.sync_always = config.storage.sync == engine::SyncMode::kAlways;
+  o.session_timeout_ms = options_.session_timeout_ms;
+  o.peer_timeout_ms = options_.peer_timeout_ms;
+  o.peer_token = options_.peer_token;
+  o.resync_bytes_per_sec = static_cast<uint64_t>(options_.resync_mb_per_sec) << 20;
+  o.chain.backlog_bytes = static_cast<uint64_t>(options_.backlog_bytes);
+  FLATKV_RETURN_IF_ERROR(Replicator::Start(std::move(o), store, cache, this, &replicator_));
+  hooks_->replicator.store(replicator_.get());
+  if (auto ring = registry_->ring()) replicator_->OnRing(ring);
+  return Status::OK();
+}
+
+void Cluster::Join() {
+  if (replicator_) {
+    replicator_->Join();
+  } else {
+    registry_->Register();
+  }
+}
+
 void Cluster::Register() { registry_->Register(); }
 
-void Cluster::Close() { registry_->Close(); }
+void Cluster::Deregister() { registry_->Deregister(); }
+
+Status Cluster::Ping(int timeout_ms) { return registry_->Ping(timeout_ms); }
+
+Status Cluster::RecordChain(const std::vector<std::string>& members, int64_t ring_version) {
+  return registry_->RecordChain(members, ring_version);
+}
+
+void Cluster::Close() {
+  // The replicator first: it may call the registry until it stops.
+  hooks_->replicator.store(nullptr);
+  if (replicator_) replicator_->Stop();
+  registry_->Close();
+}
 
 std::string Cluster::role() const {
+  if (replicator_) {
+    const std::string role = replicator_->role();
+    return role == "none" ? "syncing" : role;
+  }
   const auto ring = registry_->ring();
   const std::string role = ring ? ring->RoleOf(mark(), advertise_) : "";
   return role.empty() ? "syncing" : role;
@@ -236,6 +290,7 @@ void Cluster::AddStats(std::map<std::string, int64_t>* out) const {
   (*out)["cluster.ring_version"] = r.ring_version;
   (*out)["cluster.members_seen"] = r.members_seen;
   (*out)["cluster.zk_connected"] = r.connected;
+  if (replicator_) replicator_->AddStats(out);
   (*out)["cluster.zk_sessions"] = r.sessions;
   (*out)["cluster.registrations"] = r.registrations;
   (*out)["cluster.ring_reads"] = r.ring_reads;

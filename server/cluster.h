@@ -34,6 +34,7 @@
 #include "partition/ring.h"
 #include "partition/router.h"
 #include "server/config.h"
+#include "server/replicator.h"
 
 namespace flatkv::server {
 
@@ -41,7 +42,7 @@ namespace flatkv::server {
 // so a token cannot be guessed byte by byte.
 bool SameToken(const std::string& a, const std::string& b);
 
-class Cluster {
+class Cluster : public ChainCoordinator {
  public:
   // Where one call goes.
   struct Target {
@@ -57,10 +58,25 @@ class Cluster {
   // settings differ from ours: the instance must stop with exit code 2.
   static Status Start(const Config& config, std::function<void(const Status&)> on_fatal,
                       std::unique_ptr<Cluster>* result);
-  ~Cluster();
+  ~Cluster() override;
 
-  // Registers this instance's member node (now or once ZooKeeper answers).
-  void Register();
+  // Starts chain replication of this member's store (server/replicator.h):
+  // from then on Register() joins the chain (catch up first, then the
+  // member node) instead of registering at once. Before serving.
+  Status StartReplication(const Config& config, engine::Store* store,
+                          engine::cache::WriteBackCache* cache);
+  Replicator* replicator() const { return replicator_.get(); }
+
+  // Serving: joins the chain (with replication) or registers this
+  // instance's member node (now or once ZooKeeper answers).
+  void Join();
+
+  // ChainCoordinator, over the registry.
+  void Register() override;
+  void Deregister() override;
+  Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) override;
+  int64_t disconnected_ms() const override { return registry_->disconnected_ms(); }
+  Status Ping(int timeout_ms) override;
   // Closes the ZooKeeper session (the member node goes at once). Idempotent.
   void Close();
 
@@ -126,7 +142,13 @@ class Cluster {
   Cluster& operator=(const Cluster&) = delete;
 
  private:
-  Cluster(const Config& config, std::unique_ptr<partition::Registry> registry);
+  // The registry's callbacks reach the replicator through this (set once
+  // replication starts; the registry may call before).
+  struct Hooks {
+    std::atomic<Replicator*> replicator{nullptr};
+  };
+  Cluster(const Config& config, std::unique_ptr<partition::Registry> registry,
+          std::shared_ptr<Hooks> hooks);
   Status CheckToken(const rpc::PeerContext& context);
   Status RefuseNotOwner(const rpc::PeerContext& context, const partition::Ring* ring,
                         const std::string& why);
@@ -136,6 +158,8 @@ class Cluster {
   const partition::Router router_;
   const std::string advertise_;
   std::unique_ptr<partition::Registry> registry_;
+  std::shared_ptr<Hooks> hooks_;
+  std::unique_ptr<Replicator> replicator_;
   std::atomic<uint64_t> spread_{0};  // picks a member for async reads
 
   mutable std::mutex mu_;

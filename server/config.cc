@@ -108,7 +108,8 @@ const std::vector<Key>& Schema() {
       {"server.port", "9901", "Thrift port (binary protocol, framed transport); 0 = any",
        Int<int>([](Config* c) { return &c->server.port; }, 0, 65535, "server.port")},
       {"server.workers", "auto",
-       "handler threads; 0 = calls run on the I/O threads; auto = 0, or 16 with storage.sync: always",
+       "handler threads; 0 = calls run on the I/O threads; auto = 0, or with storage.sync: always "
+       "16 (64 for a ring member)",
        [](const std::string& text, Config* c) -> Status {
          if (text == "auto") {
            c->server.workers = -1;
@@ -244,6 +245,15 @@ const std::vector<Key>& Schema() {
        "connect and I/O timeout of a call forwarded to another instance",
        Int<int>([](Config* c) { return &c->cluster.peer_timeout_ms; }, 10, 600000,
                 "cluster.peer_timeout_ms")},
+      {"cluster.backlog_bytes", "67108864",
+       "committed replicated writes each member keeps so a returning member catches up from "
+       "them instead of a full copy",
+       Int<int64_t>([](Config* c) { return &c->cluster.backlog_bytes; }, 0, kI64Max,
+                    "cluster.backlog_bytes")},
+      {"cluster.resync_mb_per_sec", "0",
+       "rate limit of a full copy to a joining member, MiB/s; 0 = none",
+       Int<int64_t>([](Config* c) { return &c->cluster.resync_mb_per_sec; }, 0, 1000000,
+                    "cluster.resync_mb_per_sec")},
   };
   return keys;
 }
@@ -352,7 +362,11 @@ Status LoadConfig(const std::string& path, const std::vector<std::string>& overr
         std::max(1, static_cast<int>(std::thread::hardware_concurrency() / 2));
   }
   if (config->server.workers < 0) {
-    config->server.workers = config->storage.sync == engine::SyncMode::kAlways ? 16 : 0;
+    // A ring member's writes wait for their chain on a worker: more of them
+    // in flight make larger batches down the chain.
+    config->server.workers = config->storage.sync != engine::SyncMode::kAlways ? 0
+                             : config->cluster.enabled()                       ? 64
+                                                                               : 16;
   }
   if (config->storage.key_min >= config->storage.key_max) {
     return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");

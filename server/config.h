@@ -45,6 +45,8 @@ struct ClusterOptions {
   int session_timeout_ms = 6000;           // ZooKeeper session timeout
   std::string peer_token;                  // carried by calls between instances
   int peer_timeout_ms = 2000;              // connect and I/O timeout of a forwarded call
+  int64_t backlog_bytes = 64 << 20;        // replicated writes kept for catch-up
+  int64_t resync_mb_per_sec = 0;           // full-copy rate limit; 0 = none
 
   bool enabled() const { return !zookeeper.empty(); }
 };

@@ -260,8 +260,12 @@ AsyncCalls::Decision Forwarder::Start(const uint8_t* message, uint32_t len, Repl
   // The handler answers these at once, before any forward.
   if (spec.has_value && op->value.size() > handler_->max_value_bytes()) return Decision::kInline;
   const int64_t hash = spec.string_key ? handler_->StringHash(op->string_key) : op->key;
-  if (!cluster_->Route(hash, spec.write, &op->target).ok() || op->target.local) {
-    return Decision::kInline;  // no ring, no member (UNAVAILABLE), or ours
+  if (!cluster_->Route(hash, spec.write, &op->target).ok()) return Decision::kInline;
+  if (op->target.local) {
+    // Ours. A write waits for its chain (server/replicator.h): a worker
+    // runs it (the offload function says so); a read is answered here.
+    return spec.write && cluster_->replicator() != nullptr ? Decision::kNotTaken
+                                                           : Decision::kInline;
   }
   Peer* peer = FindPeer(op->target.address);
   if (peer == nullptr) return Decision::kNotTaken;  // a host name: the worker pool

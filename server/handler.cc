@@ -9,7 +9,8 @@ constexpr const char* kMethodNames[] = {
     "get", "put", "remove", "append", "multiGet", "multiPut", "scan", "scanLog", "sget", "sput",
     "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats",
     "ring", "peerGet", "peerPut", "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
-    "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove"};
+    "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove", "peerChain", "peerSnapshot",
+    "digest"};
 
 // Room a frame needs beside the value: the call's name, sequence id, fields.
 constexpr uint64_t kFrameOverhead = 4096;
@@ -79,6 +80,7 @@ void Handler::CheckAdmin(const std::string& token) const {
 }
 
 void Handler::LocalGet(rpc::GetResult& result, int64_t key) {
+  CheckRead(key);
   Status st = cache_->Get(key, &result.value);
   if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
   result.found = st.ok();
@@ -86,12 +88,28 @@ void Handler::LocalGet(rpc::GetResult& result, int64_t key) {
 
 void Handler::LocalPut(int64_t key, const std::string& value) {
   CheckValue(value.size());
+  if (replicator_ != nullptr) {
+    rpc::ChainOp op;
+    op.kind = rpc::ChainOpKind::PUT;
+    op.__set_key(key);
+    op.__set_value(value);
+    ThrowIfError(store_->CheckKey(key));
+    return ReplicatedWrite({std::move(op)}, {static_cast<uint64_t>(key)}, nullptr);
+  }
   Status st = cache_->Put(key, value);
   if (!st.ok()) ThrowKvError(st);
 }
 
 bool Handler::LocalRemove(int64_t key) {
   bool existed = false;
+  if (replicator_ != nullptr) {
+    rpc::ChainOp op;
+    op.kind = rpc::ChainOpKind::REMOVE;
+    op.__set_key(key);
+    ThrowIfError(store_->CheckKey(key));
+    ReplicatedWrite({std::move(op)}, {static_cast<uint64_t>(key)}, &existed);
+    return existed;
+  }
   Status st = cache_->Remove(key, &existed);
   if (!st.ok()) ThrowKvError(st);
   return existed;
@@ -99,6 +117,11 @@ bool Handler::LocalRemove(int64_t key) {
 
 void Handler::LocalAppend(int64_t key, const std::string& value) {
   CheckValue(value.size());
+  if (replicator_ != nullptr) {
+    ThrowIfError(store_->CheckKey(key));
+    ThrowIfError(replicator_->Append(key, value, max_value_bytes_));
+    return;
+  }
   Status st = cache_->Append(key, value);
   if (!st.ok()) ThrowKvError(st);
 }
@@ -107,6 +130,7 @@ void Handler::LocalMultiGet(std::vector<rpc::GetResult>& result,
                             const std::vector<int64_t>& keys) {
   // One pass through the cache: each shard locked once, misses read from
   // the Store.
+  for (int64_t key : keys) CheckRead(key);
   std::vector<std::string> values;
   std::vector<bool> found;
   Status st = cache_->GetBatch(keys, &values, &found);
@@ -126,6 +150,20 @@ void Handler::LocalMultiPut(const std::vector<rpc::KvPair>& pairs) {
     CheckValue(pairs[i].value.size());
     batch[i] = {pairs[i].key, pairs[i].value};
   }
+  if (replicator_ != nullptr) {
+    // One replicated write: atomic on every member of this partition.
+    std::vector<rpc::ChainOp> ops(pairs.size());
+    std::vector<uint64_t> keys(pairs.size());
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      ThrowIfError(store_->CheckKey(pairs[i].key));
+      ops[i].kind = rpc::ChainOpKind::PUT;
+      ops[i].__set_key(pairs[i].key);
+      ops[i].__set_value(pairs[i].value);
+      keys[i] = static_cast<uint64_t>(pairs[i].key);
+    }
+    if (!ops.empty()) ReplicatedWrite(std::move(ops), std::move(keys), nullptr);
+    return;
+  }
   Status st = cache_->PutBatch(batch);
   if (!st.ok()) ThrowKvError(st);
 }
@@ -133,6 +171,7 @@ void Handler::LocalMultiPut(const std::vector<rpc::KvPair>& pairs) {
 void Handler::LocalScan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse,
                         int64_t lo, int64_t hi) {
   if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
+  CheckRead(from);
   // Async writes still in the cache must be visible to scans too.
   Status st = cache_->Flush();
   if (!st.ok()) ThrowKvError(st);
@@ -149,6 +188,7 @@ void Handler::LocalScan(rpc::ScanResult& result, int64_t from, int32_t limit, bo
 void Handler::LocalScanLog(rpc::LogScanResult& result, const std::string& cursor,
                            int32_t limit) {
   if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
+  CheckRead(0);
   Status st = cache_->Flush();
   if (!st.ok()) ThrowKvError(st);
   std::vector<engine::KeyValue> out;
@@ -161,6 +201,7 @@ void Handler::LocalScanLog(rpc::LogScanResult& result, const std::string& cursor
 
 // String keys go through the cache too, in the same write mode.
 void Handler::LocalSGet(rpc::GetResult& result, const std::string& key) {
+  CheckRead(StringHash(key));
   Status st = cache_->SGet(key, &result.value);
   if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
   result.found = st.ok();
@@ -168,12 +209,28 @@ void Handler::LocalSGet(rpc::GetResult& result, const std::string& key) {
 
 void Handler::LocalSPut(const std::string& key, const std::string& value) {
   CheckValue(value.size());
+  if (replicator_ != nullptr) {
+    ThrowIfError(store_->CheckStringKey(key));
+    rpc::ChainOp op;
+    op.kind = rpc::ChainOpKind::SPUT;
+    op.__set_skey(key);
+    op.__set_value(value);
+    return ReplicatedWrite({std::move(op)}, {static_cast<uint64_t>(StringHash(key))}, nullptr);
+  }
   Status st = cache_->SPut(key, value);
   if (!st.ok()) ThrowKvError(st);
 }
 
 bool Handler::LocalSRemove(const std::string& key) {
   bool existed = false;
+  if (replicator_ != nullptr) {
+    ThrowIfError(store_->CheckStringKey(key));
+    rpc::ChainOp op;
+    op.kind = rpc::ChainOpKind::SREMOVE;
+    op.__set_skey(key);
+    ReplicatedWrite({std::move(op)}, {static_cast<uint64_t>(StringHash(key))}, &existed);
+    return existed;
+  }
   Status st = cache_->SRemove(key, &existed);
   if (!st.ok()) ThrowKvError(st);
   return existed;

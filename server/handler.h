@@ -30,6 +30,7 @@
 #include "server/cluster.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "server/replicator.h"
 
 namespace flatkv::server {
 
@@ -39,7 +40,8 @@ class Handler : public rpc::FlatKVIf {
     kGet, kPut, kRemove, kAppend, kMultiGet, kMultiPut, kScan, kScanLog, kSGet, kSPut,
     kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
     kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
-    kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kMethods
+    kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kPeerChain, kPeerSnapshot,
+    kDigest, kMethods
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
@@ -79,6 +81,11 @@ class Handler : public rpc::FlatKVIf {
   void peerSPut(const rpc::PeerContext& ctx, const std::string& key,
                 const std::string& value) override;
   bool peerSRemove(const rpc::PeerContext& ctx, const std::string& key) override;
+  void peerChain(const rpc::PeerContext& ctx, const std::string& from,
+                 const rpc::ChainFrame& frame) override;
+  int64_t peerSnapshot(const rpc::PeerContext& ctx, const std::string& from,
+                       const rpc::SnapshotPage& page) override;
+  void digest(rpc::Digest& result, const std::string& token) override;
 
   // Whether the call in "message" (a binary-protocol message of "len"
   // bytes) may block: in a ring, a data call for a key another instance
@@ -110,6 +117,9 @@ class Handler : public rpc::FlatKVIf {
   // Makes this handler a member of a ring: set once before serving; null
   // (the default) is standalone. The Cluster outlives the handler's calls.
   void SetCluster(Cluster* cluster) { cluster_ = cluster; }
+  // Chain replication (server/replicator.h): local writes go through it and
+  // local reads ask it first. Set once before serving, with SetCluster.
+  void SetReplicator(Replicator* replicator) { replicator_ = replicator; }
 
   // Adds the server's own counters (connections, overload) to stats();
   // set once before serving.
@@ -177,6 +187,10 @@ class Handler : public rpc::FlatKVIf {
   // Throws NOT_OWNER/UNAUTHORIZED unless this mark owns every hash of
   // [lo, hi] (a peer call's keys).
   void CheckPeer(const rpc::PeerContext& ctx, int64_t lo, int64_t hi);
+  // Chain replication of a local write / the gate of a local read (throw
+  // KvError); no-ops without a replicator.
+  void ReplicatedWrite(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, bool* existed);
+  void CheckRead(int64_t hash);
 
   engine::Store* const store_;
   engine::cache::WriteBackCache* const cache_;
@@ -188,6 +202,7 @@ class Handler : public rpc::FlatKVIf {
   std::array<LatencyHistogram, kMethods> latency_;
   std::function<void(std::map<std::string, int64_t>*)> server_stats_;
   Cluster* cluster_ = nullptr;
+  Replicator* replicator_ = nullptr;
 };
 
 template <typename Body>
@@ -215,5 +230,8 @@ rpc::KvError MakeError(rpc::ErrorCode::type code, const std::string& message);
 
 // Throws the KvError for a non-OK status (used at the Thrift boundary only).
 [[noreturn]] void ThrowKvError(const Status& status);
+inline void ThrowIfError(const Status& status) {
+  if (!status.ok()) ThrowKvError(status);
+}
 
 }  // namespace flatkv::server

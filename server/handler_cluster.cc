@@ -9,6 +9,7 @@
 // not P. A NOT_OWNER answer means the two instances' rings differ: the
 // ring is re-read from ZooKeeper and the call routed once more.
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include "server/handler.h"
 
@@ -90,8 +91,15 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
       !r.Bytes(&name) || !r.I32(&seqid)) {
     return false;  // malformed or old-style: answered at once, inline
   }
+  // Writes through a chain wait for it (server/replicator.h): on a worker.
+  if (replicator_ != nullptr &&
+      (name == "peerChain" || name == "peerSnapshot" || name == "peerPut" ||
+       name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
+       name == "peerSPut" || name == "peerSRemove" || name == "digest")) {
+    return true;
+  }
   // Calls that never forward: served here whatever the ring says.
-  if (name.substr(0, 4) == "peer" || name == "ring" || name == "info" || name == "stats" ||
+  if (name.substr(0, 4) == "peer" || name == "digest" || name == "ring" || name == "info" || name == "stats" ||
       name == "getWriteMode" || name == "setWriteMode" || name == "compact" ||
       name == "compactionStatus") {
     return false;
@@ -114,7 +122,7 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
   const bool write = name != "get" && name != "sget";
   // No ring or no member: answered UNAVAILABLE at once, inline.
   if (!cluster_->Route(hash, write, &target).ok()) return false;
-  return !target.local;
+  return !target.local || (write && replicator_ != nullptr);
 }
 
 thread_local Handler::Retry Handler::retry_;
@@ -352,6 +360,96 @@ void Handler::CheckPeer(const rpc::PeerContext& ctx, int64_t lo, int64_t hi) {
   }
   Status st = cluster_->CheckPeerRange(ctx, lo, hi);
   if (!st.ok()) ThrowKvError(st);
+}
+
+void Handler::ReplicatedWrite(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
+                              bool* existed) {
+  ThrowIfError(replicator_->Write(std::move(ops), std::move(keys), existed));
+}
+
+void Handler::CheckRead(int64_t hash) {
+  if (replicator_ != nullptr) ThrowIfError(replicator_->BeforeRead(static_cast<uint64_t>(hash)));
+}
+
+void Handler::peerChain(const rpc::PeerContext& ctx, const std::string& from,
+                        const rpc::ChainFrame& frame) {
+  Run(kPeerChain, [&] {
+    if (cluster_ == nullptr || replicator_ == nullptr) {
+      ThrowKvError(Status::NotOwner("this instance is not a member of a chain"));
+    }
+    ThrowIfError(cluster_->CheckPeerMark(ctx));
+    ThrowIfError(replicator_->OnFrame(from, frame));
+  });
+}
+
+int64_t Handler::peerSnapshot(const rpc::PeerContext& ctx, const std::string& from,
+                              const rpc::SnapshotPage& page) {
+  int64_t token = 0;
+  Run(kPeerSnapshot, [&] {
+    if (cluster_ == nullptr || replicator_ == nullptr) {
+      ThrowKvError(Status::NotOwner("this instance is not a member of a chain"));
+    }
+    ThrowIfError(cluster_->CheckPeerMark(ctx));
+    for (const rpc::KvPair& p : page.pairs) ThrowIfError(store_->CheckKey(p.key));
+    ThrowIfError(replicator_->OnSnapshotPage(from, page, &token));
+  });
+  return token;
+}
+
+void Handler::digest(rpc::Digest& result, const std::string& token) {
+  Run(kDigest, [&] {
+    CheckAdmin(token);
+    // What the store holds now: writes still in an async cache first.
+    ThrowIfError(cache_->Flush());
+    uint64_t x = 0;
+    int64_t keys = 0;
+    const int64_t lo = store_->options().key_min;
+    const int64_t hi = store_->options().key_max - 1;
+    int64_t from = lo;
+    bool done = false;
+    std::string buf;
+    while (!done) {
+      std::vector<engine::KeyValue> out;
+      int64_t next = 0;
+      ThrowIfError(store_->Scan(from, false, 1024, lo, hi, &out, &next, &done));
+      for (const engine::KeyValue& kv : out) {
+        buf.assign(reinterpret_cast<const char*>(&kv.key), sizeof(kv.key));
+        buf += kv.value;
+        x ^= XXH64(buf.data(), buf.size(), 0);
+      }
+      keys += static_cast<int64_t>(out.size());
+      from = next;
+    }
+    int64_t skeys = 0;
+    std::string cursor;
+    done = false;
+    while (!done) {
+      std::vector<engine::StringKeyValue> out;
+      std::string next;
+      ThrowIfError(store_->SScan(cursor, 1024, &out, &next, &done));
+      for (const engine::StringKeyValue& kv : out) {
+        // Length-prefixed so ("ab", "c") and ("a", "bc") differ; seed 1
+        // keeps string keys apart from integer ones.
+        const uint32_t n = static_cast<uint32_t>(kv.key.size());
+        buf.assign(reinterpret_cast<const char*>(&n), sizeof(n));
+        buf += kv.key;
+        buf += kv.value;
+        x ^= XXH64(buf.data(), buf.size(), 1);
+      }
+      skeys += static_cast<int64_t>(out.size());
+      cursor = std::move(next);
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(x));
+    result.keys = keys;
+    result.stringKeys = skeys;
+    result.digest = hex;
+    if (replicator_ != nullptr) {
+      const partition::ChainPosition p = replicator_->applied();
+      result.appliedEpoch = p.epoch;
+      result.appliedSeq = static_cast<int64_t>(p.seq);
+    }
+  });
 }
 
 void Handler::ring(rpc::RingInfo& result) {

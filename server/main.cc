@@ -53,7 +53,9 @@ constexpr int kExitBadConfig = 2;
 // retry after a NOT_OWNER answer (each blocks for a round trip to another
 // instance or to ZooKeeper, or its timeout). Single-key calls for other
 // marks are forwarded by the I/O threads themselves (server/forwarder.h).
-constexpr int kForwardThreads = 16;
+// Enough that replicated writes waiting for their chain (each holds a
+// worker until the tail has applied it) still batch well down the chain.
+constexpr int kForwardThreads = 64;
 
 void Usage(FILE* out) {
   std::fputs(
@@ -301,6 +303,14 @@ int Serve(const flatkv::server::Config& config) {
       return kExitBadConfig;
     }
     handler->SetCluster(cluster.get());
+    st = cluster->StartReplication(config, store.get(), cache.get());
+    if (!st.ok()) {
+      spdlog::critical("cannot start chain replication: {}", st.ToString());
+      cluster->Close();
+      CloseEngine(cache.get(), store.get());
+      return 1;
+    }
+    handler->SetReplicator(cluster->replicator());
     spdlog::info("ring member: mark {} at {}, ZooKeeper {}{}", config.cluster.mark,
                  config.cluster.advertise, config.cluster.zookeeper, config.cluster.service_path);
   }
@@ -334,7 +344,7 @@ int Serve(const flatkv::server::Config& config) {
     }
     port = std::move(events);
   }
-  if (cluster) port->OnServing([&cluster] { cluster->Register(); });
+  if (cluster) port->OnServing([&cluster] { cluster->Join(); });
   // Reads objects that live until Serve() returns; the HTTP thread, the
   // only caller once the Thrift port stops, is stopped before that.
   handler->SetServerStats([&](std::map<std::string, int64_t>* out) {
@@ -355,6 +365,7 @@ int Serve(const flatkv::server::Config& config) {
     if (!st.ok()) {
       spdlog::critical("cannot serve HTTP: {}", st.ToString());
       if (workers) workers->stop();
+      if (cluster) cluster->Close();
       CloseEngine(cache.get(), store.get());
       return 1;
     }

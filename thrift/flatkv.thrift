@@ -101,6 +101,63 @@ struct PeerContext {
   3: required i64 mark,         // the mark the sender routed the call to
 }
 
+// Chain replication between the members of one mark (partition/chain.h;
+// server/replicator.h). A replicated write is a list of idempotent
+// assignments: an append travels as the put of its result, so replaying a
+// write a member already holds changes nothing.
+enum ChainOpKind { PUT = 0, REMOVE = 1, SPUT = 2, SREMOVE = 3 }
+struct ChainOp {
+  1: required ChainOpKind kind,
+  2: optional i64 key,      // PUT, REMOVE
+  3: optional binary skey,  // SPUT, SREMOVE
+  4: optional binary value, // PUT, SPUT
+}
+struct ChainOps {
+  1: required list<ChainOp> ops,
+}
+struct ChainEntry {
+  1: required i64 seq,
+  2: required i64 epoch,
+  3: required list<i64> keys,  // hashes of the keys it touches
+  4: required binary ops,      // a ChainOps, binary protocol: forwarded as it came
+}
+// partition::ChainMessage on the wire.
+enum ChainKind { REPLICATE = 0, ACK = 1, SYNC_REQUEST = 2, SYNC_REFUSED = 3 }
+struct ChainFrame {
+  1: required ChainKind kind,
+  2: required i64 chain,
+  3: required list<ChainEntry> entries,
+  4: required i64 applied,
+  5: required i64 committed,
+  6: required i64 floor,
+  7: required i64 positionEpoch,
+  8: required i64 positionSeq,
+}
+struct StringKvPair {
+  1: required binary key,
+  2: required binary value,
+}
+// One page of a snapshot stream (the tail's store copied to a joiner).
+// The first page has first = true and names the position the joiner
+// resumes after; the last has last = true.
+struct SnapshotPage {
+  1: required i64 token,   // 0 on the first page; then what the first answered
+  2: required bool first,
+  3: required bool last,
+  4: required i64 atEpoch,
+  5: required i64 atSeq,
+  6: required list<KvPair> pairs,
+  7: required list<StringKvPair> spairs,
+}
+// flatkv admin digest: what a member holds, order-independent.
+struct Digest {
+  1: required i64 keys,        // live integer keys
+  2: required i64 stringKeys,  // live string keys
+  3: required string digest,   // hex: XOR over keys of XXH64(key, value)
+  4: required i64 appliedEpoch,  // chain position (0, 0 standalone)
+  5: required i64 appliedSeq,
+}
+
 // Every argument is "required": a call whose argument is missing or of the
 // wrong type is answered with a TApplicationException naming the method
 // (PROTOCOL_ERROR) instead of running with a default value. The wire format
@@ -155,4 +212,16 @@ service FlatKV {
   GetResult peerSGet(1: required PeerContext ctx, 2: required binary key) throws (1: KvError err),
   void peerSPut(1: required PeerContext ctx, 2: required binary key, 3: required binary value) throws (1: KvError err),
   bool peerSRemove(1: required PeerContext ctx, 2: required binary key) throws (1: KvError err),
+
+  // Chain replication: one message from member "sender" (host:port) of
+  // ctx.mark to this member. Answered once handled (applied, for writes);
+  // its effects (acks, resends) travel as calls of their own.
+  void peerChain(1: required PeerContext ctx, 2: required string sender, 3: required ChainFrame frame) throws (1: KvError err),
+  // A page of the snapshot stream from "sender"; returns the stream's token.
+  // NOT_OWNER (not expected from "sender", or replaced by a later stream):
+  // the sender stops.
+  i64 peerSnapshot(1: required PeerContext ctx, 2: required string sender, 3: required SnapshotPage page) throws (1: KvError err),
+
+  // Admin: this member's digest (admin.token when one is configured).
+  Digest digest(1: required string token) throws (1: KvError err),
 }

@@ -150,6 +150,29 @@ stats = dict((n, int(v)) for n, v in (line.split(" ") for line in lines))
 check(code == 0 and lines == sorted(lines) and stats.get("calls.put", 0) > 1000,
       "admin stats prints sorted name value lines")
 
+# admin digest: what the instance holds, order-independent; it follows
+# every change of a value, and a wrong token is refused.
+def digest():
+    code, out, err = kv("admin", "digest", token="secret")
+    check(code == 0, "admin digest exits 0 (%s)" % err.strip())
+    return dict(line.split(" ", 1) for line in out.decode().splitlines())
+
+
+d0 = digest()
+check(kv("put", "999000", "one")[0] == 0 and kv("sput", "digest-key", "x")[0] == 0, "puts for digest")
+d1 = digest()
+check(kv("put", "999000", "two")[0] == 0, "overwrite for digest")
+d2 = digest()
+check(kv("put", "999000", "one")[0] == 0, "overwrite back for digest")
+d3 = digest()
+check(int(d1["keys"]) == int(d0["keys"]) + 1 and int(d1["string_keys"]) == int(d0["string_keys"]) + 1 and
+      d0["digest"] != d1["digest"] != d2["digest"] and d3["digest"] == d1["digest"] and
+      d1["applied_seq"] == "0",
+      "admin digest counts keys and follows values: the same contents give the same digest "
+      "(%s %s %s %s)" % (d0["digest"], d1["digest"], d2["digest"], d3["digest"]))
+code, _, err = kv("admin", "digest", token="wrong")
+check(code != 0 and "UNAUTHORIZED" in err.upper(), "admin digest with a wrong token is refused")
+
 # Compaction with --wait, stderr a pipe: one line per 10% reached, ending at
 # 100%, then what it reclaimed on stdout.
 for k in range(100, 110):  # 50 kB of garbage to reclaim

@@ -26,8 +26,13 @@
 #if defined(__SANITIZE_THREAD__)
 // libzookeeper_mt formats log text into a static buffer (a race between the
 // threads of two handles; this file runs several in one process). It only
-// garbles a log line; not ours to fix.
-extern "C" const char* __tsan_default_suppressions() { return "race:libzookeeper_mt.so\n"; }
+// garbles a log line; not ours to fix. spdlog's default registry is a
+// function-local static built inside the uninstrumented libspdlog, so TSan
+// does not see the guard and reports two registries' first log lines (any
+// case that starts two at once) as a race on it.
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:libzookeeper_mt.so\nrace:spdlog::details::registry::registry\n";
+}
 #endif
 
 namespace flatkv::partition {
@@ -144,6 +149,20 @@ class Inspector {
                               &ZOO_OPEN_ACL_UNSAFE, mode, nullptr, 0);
     REQUIRE((rc == ZOK || rc == ZNODEEXISTS));
   }
+  // Any version: another tool writing by hand.
+  void Set(const std::string& path, const std::string& data) {
+    REQUIRE(zoo_set(zh_, path.c_str(), data.data(), static_cast<int>(data.size()), -1) == ZOK);
+  }
+  int Delete(const std::string& path) { return zoo_delete(zh_, path.c_str(), -1); }
+  // The node's children and its stat (cversion); empty if it does not exist.
+  std::vector<std::string> Children(const std::string& path, Stat* stat) {
+    String_vector children{};
+    *stat = Stat{};
+    if (zoo_get_children2(zh_, path.c_str(), 0, &children, stat) != ZOK) return {};
+    std::vector<std::string> out(children.data, children.data + children.count);
+    deallocate_String_vector(&children);
+    return out;
+  }
   int64_t session() { return zoo_client_id(zh_)->client_id; }
 
  private:
@@ -226,6 +245,48 @@ double CpuSeconds() {
 int64_t MntrValue(const std::string& mntr, const std::string& key) {
   const size_t at = mntr.find(key + "\t");
   return at == std::string::npos ? -1 : std::stoll(mntr.substr(at + key.size() + 1));
+}
+
+// Expires the registry's session as ZooKeeper's FAQ says: a second handle on
+// the same session, closed. The two handles take the session from each
+// other, and the registry reconnects within milliseconds: if it took the
+// session back before the close, the close did not reach the server. Try
+// again then. Returns the expired session's id.
+int64_t ExpireSession(Registry* r, const ZooKeeperServer& zk) {
+  const int64_t sessions = r->stats().sessions;
+  clientid_t id{};
+  std::string password;
+  REQUIRE(r->TEST_SessionId(&id.client_id, &password));
+  REQUIRE(password.size() == sizeof(id.passwd));
+  std::copy(password.begin(), password.end(), id.passwd);
+  for (int attempt = 0; attempt < 10 && r->stats().sessions == sessions; ++attempt) {
+    Inspector twin(zk.address(), &id);
+    if (twin.WaitConnected(2s)) twin.Close();
+    Eventually([&] { return r->stats().sessions > sessions; }, 1s);
+  }
+  REQUIRE(Eventually([&] { return r->stats().sessions == sessions + 1; }, 5s));
+  return id.client_id;
+}
+
+RegistryOptions ObserverOptions(const ZooKeeperServer& zk,
+                                const std::string& service_path = "/flatkv") {
+  RegistryOptions o;
+  o.zookeeper = zk.address();
+  o.service_path = service_path;
+  o.session_timeout_ms = kSessionTimeoutMs;
+  o.observer = true;
+  return o;
+}
+
+// The recorded chain of "mark" in the registry's ring ("" while it has no
+// ring or no such mark): "v17 [a:1,b:2]".
+std::string RecordedOf(const Registry& r, int64_t mark) {
+  const std::shared_ptr<const Ring> ring = r.ring();
+  const Partition* p = ring ? ring->Find(mark) : nullptr;
+  if (p == nullptr) return "";
+  std::string out = "v" + std::to_string(p->recorded_ring_version) + " [";
+  for (size_t i = 0; i < p->recorded.size(); ++i) out += (i > 0 ? "," : "") + p->recorded[i];
+  return out + "]";
 }
 
 // The inspecting handles log to stderr; the registry's own ZooKeeper log goes
@@ -410,37 +471,38 @@ TEST_CASE("A foreign child under the service path is skipped and the ring is bui
 TEST_CASE("After session expiry the registry makes a new session and registers again by itself",
           "[partition][registry]") {
   ZooKeeperServer zk;
-  std::unique_ptr<Registry> r = StartRegistry(Options(zk, 100, 9001));
+  std::mutex mu;
+  std::vector<int64_t> registered;  // on_registered's czxids
+  RegistryOptions o = Options(zk, 100, 9001);
+  o.on_registered = [&](int64_t czxid) {
+    std::lock_guard<std::mutex> lock(mu);
+    registered.push_back(czxid);
+  };
+  std::unique_ptr<Registry> r = StartRegistry(std::move(o));
   REQUIRE(r->WaitRegistered(5000).ok());
   const std::string node = "/flatkv/thriftbinary100:127.0.0.1:9001";
   Inspector zoo(zk.address());
   Stat before;
   REQUIRE(zoo.Exists(node, &before) == ZOK);
 
-  // ZooKeeper's FAQ: a second handle on the same session, closed, expires it.
-  // The two handles take the session from each other, and the registry
-  // reconnects within milliseconds: if it took the session back before the
-  // close, the close did not reach the server. Try again then.
-  clientid_t id{};
-  std::string password;
-  REQUIRE(r->TEST_SessionId(&id.client_id, &password));
-  REQUIRE(password.size() == sizeof(id.passwd));
-  std::copy(password.begin(), password.end(), id.passwd);
-  for (int attempt = 0; attempt < 10 && r->stats().sessions < 2; ++attempt) {
-    Inspector twin(zk.address(), &id);
-    if (twin.WaitConnected(2s)) twin.Close();
-    Eventually([&] { return r->stats().sessions == 2; }, 1s);
-  }
-  REQUIRE(Eventually([&] { return r->stats().sessions == 2; }, 5s));
+  const int64_t expired = ExpireSession(r.get(), zk);
   REQUIRE(r->WaitRegistered(5000).ok());
   Stat after;
   REQUIRE(Eventually([&] { return zoo.Exists(node, &after) == ZOK; }, 1s));
   int64_t session = 0;
+  std::string password;
   REQUIRE(r->TEST_SessionId(&session, &password));
-  CHECK(session != id.client_id);
+  CHECK(session != expired);
   CHECK(after.ephemeralOwner == session);
   CHECK(after.czxid > before.czxid);  // a new registration: it rejoins at the tail
   CHECK(r->stats().registrations == 2);
+  CHECK(r->registration_czxid() == after.czxid);
+  CHECK(Eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return registered == std::vector<int64_t>{before.czxid, after.czxid};
+      },
+      1s));
   CHECK(Eventually(
       [&] {
         const std::shared_ptr<const Ring> ring = r->ring();
@@ -519,6 +581,356 @@ TEST_CASE("In steady state a registry sends ZooKeeper nothing but pings",
   // Two clients pinging every third of a 2 s timeout: ~6 packets in 2 s.
   CHECK(after - before <= 12);
   CHECK(a->stats().ring_reads + b->stats().ring_reads == reads);
+}
+
+TEST_CASE("RecordChain writes .cluster/chains/<mark> and every ring shows it within 1 s",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
+  REQUIRE(a->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> b = StartRegistry(Options(zk, 100, 9002));
+  REQUIRE(b->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
+  const std::string chain = "100=[127.0.0.1:9001,127.0.0.1:9002]";
+  REQUIRE(AllSee({a.get(), b.get(), observer.get()}, chain, 1s));
+  CHECK(RecordedOf(*observer, 100) == "v0 []");  // nothing recorded yet
+
+  Inspector zoo(zk.address());
+  CHECK(zoo.Exists("/flatkv/.cluster/chains") == ZNONODE);  // created by the first write
+  const int64_t version = a->ring()->version();
+  REQUIRE(a->RecordChain({"127.0.0.1:9001", "127.0.0.1:9002"}, version).ok());
+  const std::string expected = "v" + std::to_string(version) + " [127.0.0.1:9001,127.0.0.1:9002]";
+  // The writer's own ring shows it when RecordChain returns; the others
+  // are told by their watches.
+  CHECK(RecordedOf(*a, 100) == expected);
+  CHECK(a->ring()->version() > version);
+  CHECK(Eventually(
+      [&] { return RecordedOf(*observer, 100) == expected && RecordedOf(*b, 100) == expected; },
+      1s));
+  CHECK(zoo.Get("/flatkv/.cluster/chains/100") ==
+        R"({"ring_version": )" + std::to_string(version) +
+            R"(, "members": ["127.0.0.1:9001", "127.0.0.1:9002"]})");
+  Stat stat;
+  REQUIRE(zoo.Exists("/flatkv/.cluster/chains/100", &stat) == ZOK);
+  CHECK(stat.ephemeralOwner == 0);  // persistent: it outlives the chain's sessions
+  CHECK(zoo.Get("/flatkv/.cluster/marks/100").empty());  // the mark node stays empty
+  CHECK(a->stats().chains_recorded == 1);
+
+  // The same chain again writes nothing: the ring's version stays.
+  const int64_t after = a->ring()->version();
+  REQUIRE(a->RecordChain({"127.0.0.1:9001", "127.0.0.1:9002"}, version).ok());
+  Stat again;
+  REQUIRE(zoo.Exists("/flatkv/.cluster/chains/100", &again) == ZOK);
+  CHECK(again.version == stat.version);
+  CHECK(a->stats().chains_recorded == 1);
+  CHECK(a->ring()->version() == after);
+
+  // Any registered member of the mark may record (the shell calls it on
+  // the head); the chain is the caller's to give.
+  REQUIRE(b->RecordChain({"127.0.0.1:9002"}, after).ok());
+  const std::string by_b = "v" + std::to_string(after) + " [127.0.0.1:9002]";
+  CHECK(Eventually([&] { return RecordedOf(*observer, 100) == by_b; }, 1s));
+
+  // What the ring would read back as malformed is refused up front.
+  CHECK(a->RecordChain({}, 1).IsInvalidArgument());
+  CHECK(a->RecordChain({"127.0.0.1"}, 1).IsInvalidArgument());
+  CHECK(a->RecordChain({"127.0.0.1:9001"}, -1).IsInvalidArgument());
+}
+
+TEST_CASE("A chain decided on an older ring never replaces one decided on a newer",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
+  std::unique_ptr<Registry> b = StartRegistry(Options(zk, 100, 9002));
+  REQUIRE(a->WaitRegistered(5000).ok());
+  REQUIRE(b->WaitRegistered(5000).ok());
+  Inspector zoo(zk.address());
+  const std::string node = "/flatkv/.cluster/chains/100";
+
+  REQUIRE(a->RecordChain({"127.0.0.1:9001", "127.0.0.1:9002"}, 10).ok());
+  // A stale head: OK, and nothing written.
+  REQUIRE(b->RecordChain({"127.0.0.1:9002"}, 9).ok());
+  CHECK(zoo.Get(node) ==
+        R"({"ring_version": 10, "members": ["127.0.0.1:9001", "127.0.0.1:9002"]})");
+  CHECK(RecordedOf(*b, 100) == "v10 [127.0.0.1:9001,127.0.0.1:9002]");
+  // An equal version is not a later chain: it is written.
+  REQUIRE(b->RecordChain({"127.0.0.1:9002"}, 10).ok());
+  CHECK(zoo.Get(node) == R"({"ring_version": 10, "members": ["127.0.0.1:9002"]})");
+  REQUIRE(a->RecordChain({"127.0.0.1:9001"}, 11).ok());
+  CHECK(zoo.Get(node) == R"({"ring_version": 11, "members": ["127.0.0.1:9001"]})");
+
+  // Two members racing: each write is checked against the version just
+  // read, so whatever the interleaving the newest ring version wins.
+  std::atomic<int> failures{0};
+  const auto writer = [&](Registry* r, const std::string& self, int64_t first) {
+    for (int64_t v = first; v < 100; v += 2) {
+      if (!r->RecordChain({self}, v).ok()) ++failures;
+    }
+  };
+  std::thread ta(writer, a.get(), "127.0.0.1:9001", 20);
+  std::thread tb(writer, b.get(), "127.0.0.1:9002", 21);
+  ta.join();
+  tb.join();
+  CHECK(failures == 0);
+  CHECK(zoo.Get(node) == R"({"ring_version": 99, "members": ["127.0.0.1:9002"]})");
+  CHECK(Eventually([&] { return RecordedOf(*a, 100) == "v99 [127.0.0.1:9002]"; }, 1s));
+}
+
+TEST_CASE("Only a registered member records: not registered, deregistered, replaced, observer",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  Inspector zoo(zk.address());
+  const std::string node = "/flatkv/.cluster/chains/100";
+  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001), /*do_register=*/false);
+  REQUIRE(Eventually([&] { return a->ring() != nullptr; }, 5s));
+  Status s = a->RecordChain({"127.0.0.1:9001"}, 1);
+  CHECK(s.IsUnavailable());
+  CHECK_THAT(s.message(), Catch::Contains("not registered"));
+  CHECK(a->registration_czxid() == 0);
+
+  a->Register();
+  REQUIRE(a->WaitRegistered(5000).ok());
+  a->Deregister();
+  s = a->RecordChain({"127.0.0.1:9001"}, 2);
+  CHECK(s.IsUnavailable());
+  CHECK_THAT(s.message(), Catch::Contains("not registered"));
+
+  std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
+  REQUIRE(Eventually([&] { return observer->ring() != nullptr; }, 5s));
+  CHECK(observer->RecordChain({"127.0.0.1:9001"}, 3).IsUnavailable());
+
+  // Our address held by another session (a process that took it over, as
+  // after an expiry): the registry still believes it is registered for a
+  // moment, but the write goes only through the session holding the node.
+  a->Register();
+  REQUIRE(a->WaitRegistered(5000).ok());
+  const std::string member = "/flatkv/thriftbinary100:127.0.0.1:9001";
+  REQUIRE(zoo.Delete(member) == ZOK);
+  zoo.Create(member, "thriftbinary100:127.0.0.1:9001", ZOO_EPHEMERAL);
+  s = a->RecordChain({"127.0.0.1:9001"}, 4);
+  CHECK(s.IsUnavailable());
+  CHECK_THAT(s.message(), Catch::Contains("not registered"));
+  CHECK(Eventually([&] { return a->registration_czxid() == 0; }, 1s));
+  CHECK(zoo.Exists(node) == ZNONODE);  // nothing was ever written
+}
+
+TEST_CASE("The ring version grows with a recorded chain and a new mark, and is the documented sum",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
+  REQUIRE(a->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
+  REQUIRE(AllSee({a.get(), observer.get()}, "100=[127.0.0.1:9001]", 1s));
+  Inspector zoo(zk.address());
+  // cversion(service path) + cversion(marks) + cversion(chains) + the data
+  // versions of the chain nodes, read by another client.
+  const auto documented = [&] {
+    Stat service, marks, chains;
+    zoo.Children("/flatkv", &service);
+    zoo.Children("/flatkv/.cluster/marks", &marks);
+    int64_t sum = int64_t{service.cversion} + marks.cversion;
+    for (const std::string& c : zoo.Children("/flatkv/.cluster/chains", &chains)) {
+      Stat node;
+      if (zoo.Exists("/flatkv/.cluster/chains/" + c, &node) == ZOK) sum += node.version;
+    }
+    return sum + chains.cversion;
+  };
+  const auto seen = [&](const Registry& r) { return r.ring()->version(); };
+  REQUIRE(Eventually([&] { return seen(*observer) == documented(); }, 1s));
+
+  int64_t v = seen(*observer);
+  REQUIRE(a->RecordChain({"127.0.0.1:9001"}, v).ok());  // creates chains and chains/100
+  CHECK(seen(*a) > v);
+  CHECK(Eventually([&] { return seen(*observer) > v && seen(*observer) == documented(); }, 1s));
+  v = seen(*observer);
+  REQUIRE(a->RecordChain({"127.0.0.1:9001"}, v).ok());  // the same members, a new ring version
+  CHECK(seen(*a) > v);
+  CHECK(Eventually([&] { return seen(*observer) > v && seen(*observer) == documented(); }, 1s));
+
+  // A new mark with no member yet (a mark's node comes before its first
+  // member): the service path's children do not change, the version does.
+  v = seen(*observer);
+  zoo.Create("/flatkv/.cluster/marks/300");
+  CHECK(Eventually([&] { return RingOf(*observer) == "100=[127.0.0.1:9001] 300=[]"; }, 1s));
+  CHECK(seen(*observer) > v);
+  CHECK(seen(*observer) == documented());
+  CHECK(Eventually([&] { return seen(*a) == seen(*observer); }, 1s));
+
+  // And a member joining that mark.
+  v = seen(*observer);
+  std::unique_ptr<Registry> c = StartRegistry(Options(zk, 300, 9003));
+  REQUIRE(c->WaitRegistered(5000).ok());
+  CHECK(AllSee({a.get(), c.get(), observer.get()}, "100=[127.0.0.1:9001] 300=[127.0.0.1:9003]",
+               1s));
+  CHECK(seen(*observer) > v);
+  CHECK(Eventually([&] { return seen(*observer) == documented(); }, 1s));
+}
+
+TEST_CASE("registration_czxid names the member node, and Deregister removes it until Register",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::mutex mu;
+  std::vector<int64_t> registered;
+  const auto calls = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return registered;
+  };
+  RegistryOptions o = Options(zk, 100, 9001);
+  o.on_registered = [&](int64_t czxid) {
+    std::lock_guard<std::mutex> lock(mu);
+    registered.push_back(czxid);
+  };
+  std::unique_ptr<Registry> a = StartRegistry(std::move(o));
+  REQUIRE(a->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> b = StartRegistry(Options(zk, 100, 9002));  // after a: its tail
+  REQUIRE(b->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
+  REQUIRE(AllSee({observer.get()}, "100=[127.0.0.1:9001,127.0.0.1:9002]", 1s));
+
+  const std::string node = "/flatkv/thriftbinary100:127.0.0.1:9001";
+  Inspector zoo(zk.address());
+  Stat stat;
+  REQUIRE(zoo.Exists(node, &stat) == ZOK);
+  const int64_t first = a->registration_czxid();
+  CHECK(first != 0);
+  CHECK(first == stat.czxid);
+  CHECK(observer->ring()->Find(100)->chain.at(0).czxid == first);
+  CHECK(Eventually(
+      [&] {
+        const std::shared_ptr<const Ring> ring = a->ring();
+        const Partition* p = ring ? ring->Find(100) : nullptr;
+        return p != nullptr && !p->chain.empty() && p->chain[0].czxid == first;
+      },
+      1s));
+  CHECK(Eventually([&] { return calls() == std::vector<int64_t>{first}; }, 1s));
+
+  a->Deregister();
+  CHECK(a->registration_czxid() == 0);  // at once
+  CHECK(a->WaitRegistered(10).IsUnavailable());
+  CHECK(Eventually([&] { return zoo.Exists(node) == ZNONODE; }, 1s));
+  CHECK(AllSee({a.get(), b.get(), observer.get()}, "100=[127.0.0.1:9002]", 1s));
+  a->Deregister();  // nothing left to delete
+  CHECK(a->connected());
+
+  // Deregistered, it stays out across session expiry.
+  ExpireSession(a.get(), zk);
+  REQUIRE(Eventually([&] { return a->connected(); }, 5s));
+  std::this_thread::sleep_for(300ms);
+  CHECK(zoo.Exists(node) == ZNONODE);
+  CHECK(a->registration_czxid() == 0);
+  CHECK(a->stats().registrations == 1);
+
+  // Register() again: a new node, a new czxid, at the tail.
+  a->Register();
+  REQUIRE(a->WaitRegistered(5000).ok());
+  const int64_t second = a->registration_czxid();
+  CHECK(second > first);
+  REQUIRE(zoo.Exists(node, &stat) == ZOK);
+  CHECK(stat.czxid == second);
+  CHECK(AllSee({a.get(), b.get(), observer.get()}, "100=[127.0.0.1:9002,127.0.0.1:9001]", 1s));
+  CHECK(observer->ring()->Find(100)->chain.at(1).czxid == second);
+  CHECK(Eventually([&] { return calls() == std::vector<int64_t>{first, second}; }, 1s));
+
+  // Deregister and Register before the registry thread acts: still a new
+  // registration.
+  a->Deregister();
+  a->Register();
+  REQUIRE(a->WaitRegistered(5000).ok());
+  CHECK(a->registration_czxid() > second);
+  CHECK(Eventually([&] { return calls().size() == 3; }, 1s));
+}
+
+TEST_CASE("A malformed chain node gives no recorded chain, a warning and no crash",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
+  REQUIRE(a->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
+  REQUIRE(AllSee({a.get(), observer.get()}, "100=[127.0.0.1:9001]", 1s));
+  Inspector zoo(zk.address());
+  const std::string node = "/flatkv/.cluster/chains/100";
+  int64_t v = observer->ring()->version();
+  zoo.Create("/flatkv/.cluster/chains");
+  zoo.Create(node, "garbage");
+  zoo.Create("/flatkv/.cluster/chains/not-a-mark", "{}");
+  zoo.Create("/flatkv/.cluster/chains/999", R"({"ring_version": 1, "members": ["h:1"]})");
+  CHECK(Eventually([&] { return observer->ring()->version() >= v + 3; }, 1s));
+  CHECK(RecordedOf(*observer, 100) == "v0 []");
+  CHECK(RingOf(*observer) == "100=[127.0.0.1:9001]");  // 999 is not brought in by its chain
+
+  // Fixed by hand: seen; broken again in other ways: empty again.
+  zoo.Set(node, R"({"ring_version": 5, "members": ["127.0.0.1:9001"]})");
+  CHECK(Eventually([&] { return RecordedOf(*observer, 100) == "v5 [127.0.0.1:9001]"; }, 1s));
+  for (const std::string& bad :
+       {std::string(R"({"ring_version": 6, "members": ["127.0.0.1:9001"], "x": 1})"),
+        std::string(R"({"ring_version": "6", "members": ["127.0.0.1:9001"]})"),
+        std::string(R"({"ring_version": 6, "members": ["127.0.0.1:9001")"),
+        std::string(1, '\0'), std::string(20000, '{')}) {
+    INFO(bad.substr(0, 80));
+    v = observer->ring()->version();
+    zoo.Set(node, bad);
+    CHECK(Eventually([&] { return observer->ring()->version() > v; }, 1s));
+    CHECK(RecordedOf(*observer, 100) == "v0 []");
+    CHECK(Eventually([&] { return a->ring()->version() > v; }, 1s));
+    CHECK(RecordedOf(*a, 100) == "v0 []");
+    zoo.Set(node, R"({"ring_version": 5, "members": ["127.0.0.1:9001"]})");
+    CHECK(Eventually(
+        [&] {
+          return RecordedOf(*observer, 100) == "v5 [127.0.0.1:9001]" &&
+                 RecordedOf(*a, 100) == "v5 [127.0.0.1:9001]";
+        },
+        1s));
+  }
+
+  // An empty node (created by a tool) is no recorded chain, silently.
+  zoo.Set(node, "");
+  CHECK(Eventually([&] { return RecordedOf(*observer, 100) == "v0 []"; }, 1s));
+  // RecordChain replaces whatever is there.
+  zoo.Set(node, "garbage");
+  REQUIRE(a->RecordChain({"127.0.0.1:9001"}, 7).ok());
+  CHECK(RecordedOf(*a, 100) == "v7 [127.0.0.1:9001]");
+  CHECK(Eventually([&] { return RecordedOf(*observer, 100) == "v7 [127.0.0.1:9001]"; }, 1s));
+  // A deleted chain node is no recorded chain either.
+  REQUIRE(zoo.Delete(node) == ZOK);
+  CHECK(Eventually([&] { return RecordedOf(*observer, 100) == "v0 []"; }, 1s));
+  REQUIRE(a->RecordChain({"127.0.0.1:9001"}, 8).ok());  // and RecordChain creates it again
+  CHECK(zoo.Get(node) == R"({"ring_version": 8, "members": ["127.0.0.1:9001"]})");
+}
+
+TEST_CASE("Ping answers from ZooKeeper on a live session, and Unavailable in time when it is down",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
+  REQUIRE(a->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
+  REQUIRE(Eventually([&] { return observer->ring() != nullptr; }, 5s));
+  const auto received = [&] { return MntrValue(zk.FourLetter("mntr"), "zk_packets_received"); };
+  const int64_t before = received();
+  CHECK(a->Ping(1000).ok());
+  CHECK(observer->Ping(1000).ok());
+  CHECK(received() >= before + 2);  // a real round trip each, not a cached state
+
+  zk.Kill();
+  // Before the client notices (2/3 of the session timeout) and after.
+  for (int round = 0; round < 2; ++round) {
+    const auto t0 = Clock::now();
+    const Status s = a->Ping(300);
+    CHECK(s.IsUnavailable());
+    CHECK(Clock::now() - t0 < 1s);
+    const Status r = a->RecordChain({"127.0.0.1:9001"}, 1);
+    CHECK(r.IsUnavailable());
+    CHECK_THAT(r.message(), Catch::Contains("zookeeper", Catch::CaseSensitive::No));
+    CHECK(Clock::now() - t0 < std::chrono::milliseconds(kSessionTimeoutMs) + 1500ms);
+    REQUIRE(Eventually([&] { return !a->connected(); }, 3s));
+  }
+  zk.Start();
+  CHECK(Eventually([&] { return a->connected(); }, 5s));
+  CHECK(a->Ping(1000).ok());
+  Inspector zoo(zk.address());
+  CHECK(zoo.Exists("/flatkv/.cluster/chains/100") == ZNONODE);  // the failed records wrote nothing
+  a->Close();
+  CHECK(a->Ping(1000).IsUnavailable());
+  CHECK(a->RecordChain({"127.0.0.1:9001"}, 1).IsUnavailable());
 }
 
 TEST_CASE("Start refuses bad options, naming the key", "[partition][registry]") {

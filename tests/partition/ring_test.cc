@@ -10,6 +10,7 @@
 
 using flatkv::partition::HashRange;
 using flatkv::partition::Member;
+using flatkv::partition::RecordedChain;
 using flatkv::partition::Ring;
 using flatkv::partition::RingSettings;
 
@@ -231,6 +232,61 @@ TEST_CASE("Ring settings round-trip through JSON and a difference names the key"
     INFO(bad);
     CHECK(RingSettings::FromJson(bad, &parsed).IsInvalidArgument());
   }
+}
+
+TEST_CASE("A recorded chain round-trips through JSON and anything else is refused",
+          "[partition][ring]") {
+  RecordedChain c{17, {"127.0.0.1:9001", "127.0.0.1:9002"}};
+  CHECK(c.ToJson() == R"({"ring_version": 17, "members": ["127.0.0.1:9001", "127.0.0.1:9002"]})");
+  RecordedChain parsed;
+  REQUIRE(RecordedChain::FromJson(c.ToJson(), &parsed).ok());
+  CHECK(parsed == c);
+  REQUIRE(
+      RecordedChain::FromJson(R"( {"members":[ "[::1]:5" ] ,"ring_version":0} )", &parsed).ok());
+  CHECK(parsed == RecordedChain{0, {"[::1]:5"}});
+  for (const char* bad :
+       {"", "garbage", "{}", "[]", R"({"ring_version": 1})", R"({"members": ["h:1"]})",
+        R"({"ring_version": -1, "members": ["h:1"]})", R"({"ring_version": 1, "members": []})",
+        R"({"ring_version": 1, "members": ["h"]})", R"({"ring_version": 1, "members": [1]})",
+        R"({"ring_version": 1, "members": "h:1"})", R"({"ring_version": 1, "members": ["h:1",]})",
+        R"({"ring_version": 1, "members": ["h:1"], "x": 1})",
+        R"({"ring_version": 1, "ring_version": 2, "members": ["h:1"]})",
+        R"({"ring_version": 1, "members": ["h:1"]} x)",
+        R"({"ring_version": 1, "members": ["h:1")"}) {
+    INFO(bad);
+    CHECK(RecordedChain::FromJson(bad, &parsed).IsInvalidArgument());
+  }
+  // Whatever was written by hand, the message is one printable line of bounded size.
+  const flatkv::Status s =
+      RecordedChain::FromJson(std::string("\0\n{", 3) + std::string(500, 'x'), &parsed);
+  CHECK(s.message().find_first_of(std::string("\0\n", 2)) == std::string::npos);
+  CHECK(s.message().size() < 250);
+}
+
+TEST_CASE("Recorded chains land on their marks, and one of a mark not in the ring is ignored",
+          "[partition][ring]") {
+  auto ring = Ring::Make(7, RingSettings{}, {10, 20}, {Reg(10, "h", 1, 100), Reg(10, "h", 2, 200)},
+                         {{10, RecordedChain{5, {"h:1", "h:2"}}}, {30, RecordedChain{6, {"h:9"}}}});
+  REQUIRE(ring->partitions().size() == 2);  // mark 30 is not brought back
+  CHECK(ring->Find(10)->recorded == std::vector<std::string>{"h:1", "h:2"});
+  CHECK(ring->Find(10)->recorded_ring_version == 5);
+  CHECK(ring->Find(20)->recorded.empty());
+  CHECK(ring->Find(20)->recorded_ring_version == 0);
+  CHECK(ring->ToString() == "10=[h:1,h:2] 20=[]");
+
+  // SameAs sees what ToString does not: recorded chains and czxids.
+  auto same = Ring::Make(7, RingSettings{}, {20, 10}, {Reg(10, "h", 2, 200), Reg(10, "h", 1, 100)},
+                         {{10, RecordedChain{5, {"h:1", "h:2"}}}});
+  CHECK(ring->SameAs(*same));
+  auto other_record = Ring::Make(7, RingSettings{}, {10, 20},
+                                 {Reg(10, "h", 1, 100), Reg(10, "h", 2, 200)},
+                                 {{10, RecordedChain{5, {"h:1"}}}});
+  CHECK_FALSE(ring->SameAs(*other_record));
+  auto other_czxid = Ring::Make(7, RingSettings{}, {10, 20},
+                                {Reg(10, "h", 1, 100), Reg(10, "h", 2, 300)},
+                                {{10, RecordedChain{5, {"h:1", "h:2"}}}});
+  CHECK_FALSE(ring->SameAs(*other_czxid));
+  CHECK_FALSE(ring->SameAs(*Marks({10, 20})));
 }
 
 TEST_CASE("RangeOf gives the key-order range holding a hash, for random rings", "[partition][ring]") {

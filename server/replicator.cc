@@ -1,0 +1,1086 @@
+// Implementation notes
+//
+// Locks: mu_ guards the member and the waiters; queue_mu_ the event queue.
+// The loop never holds mu_ while it touches the store, a socket or
+// ZooKeeper, so reads at the tail (BeforeRead) wait only for the member's
+// own bookkeeping. Waiters sleep on their own condition variable with mu_.
+#include "server/replicator.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+#include <thrift/protocol/TBinaryProtocol.h>
+#include <thrift/transport/TBufferTransports.h>
+
+#include "client/client.h"
+#include "engine/crc32c.h"
+
+namespace flatkv::server {
+namespace {
+
+using apache::thrift::protocol::TBinaryProtocol;
+using apache::thrift::transport::TMemoryBuffer;
+using partition::ChainEntry;
+using partition::ChainMessage;
+using partition::ChainOutput;
+using partition::ChainPosition;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The CHAIN file: one fixed record, rewritten in place.
+constexpr uint32_t kPositionMagic = 0x43564b46;  // "FKVC"
+constexpr size_t kPositionBytes = 32;
+
+struct PositionRecord {
+  ChainPosition position;
+  bool intact = false;
+};
+
+void EncodePosition(const PositionRecord& r, char* buf) {
+  std::memset(buf, 0, kPositionBytes);
+  std::memcpy(buf, &kPositionMagic, 4);
+  std::memcpy(buf + 4, &r.position.epoch, 8);
+  std::memcpy(buf + 12, &r.position.seq, 8);
+  buf[20] = r.intact ? 1 : 0;
+  const uint32_t crc = engine::crc32c::Value(buf, 28);
+  std::memcpy(buf + 28, &crc, 4);
+}
+
+bool DecodePosition(const char* buf, PositionRecord* r) {
+  uint32_t magic, crc;
+  std::memcpy(&magic, buf, 4);
+  std::memcpy(&crc, buf + 28, 4);
+  if (magic != kPositionMagic || crc != engine::crc32c::Value(buf, 28)) return false;
+  std::memcpy(&r->position.epoch, buf + 4, 8);
+  std::memcpy(&r->position.seq, buf + 12, 8);
+  r->intact = buf[20] == 1;
+  return true;
+}
+
+rpc::ChainFrame ToFrame(const ChainMessage& m) {
+  rpc::ChainFrame f;
+  f.kind = static_cast<rpc::ChainKind::type>(m.kind);
+  f.chain = static_cast<int64_t>(m.chain);
+  f.entries.reserve(m.entries.size());
+  for (const ChainEntry& e : m.entries) {
+    rpc::ChainEntry w;
+    w.seq = static_cast<int64_t>(e.seq);
+    w.epoch = e.epoch;
+    w.keys.assign(e.keys.begin(), e.keys.end());
+    w.ops = e.op;
+    f.entries.push_back(std::move(w));
+  }
+  f.applied = static_cast<int64_t>(m.applied);
+  f.committed = static_cast<int64_t>(m.committed);
+  f.floor = static_cast<int64_t>(m.floor);
+  f.positionEpoch = m.position.epoch;
+  f.positionSeq = static_cast<int64_t>(m.position.seq);
+  return f;
+}
+
+Status FromFrame(const rpc::ChainFrame& f, ChainMessage* m) {
+  if (f.kind < rpc::ChainKind::REPLICATE || f.kind > rpc::ChainKind::SYNC_REFUSED) {
+    return Status::InvalidArgument("peerChain: unknown message kind " + std::to_string(f.kind));
+  }
+  m->kind = static_cast<ChainMessage::Kind>(f.kind);
+  m->chain = static_cast<uint64_t>(f.chain);
+  m->entries.reserve(f.entries.size());
+  for (const rpc::ChainEntry& w : f.entries) {
+    ChainEntry e;
+    e.seq = static_cast<uint64_t>(w.seq);
+    e.epoch = w.epoch;
+    e.keys.assign(w.keys.begin(), w.keys.end());
+    e.op = w.ops;
+    m->entries.push_back(std::move(e));
+  }
+  m->applied = static_cast<uint64_t>(f.applied);
+  m->committed = static_cast<uint64_t>(f.committed);
+  m->floor = static_cast<uint64_t>(f.floor);
+  m->position = {f.positionEpoch, static_cast<uint64_t>(f.positionSeq)};
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string EncodeChainOps(const std::vector<rpc::ChainOp>& ops) {
+  auto buffer = std::make_shared<TMemoryBuffer>();
+  TBinaryProtocol protocol(buffer);
+  rpc::ChainOps wrapper;
+  wrapper.ops = ops;
+  wrapper.write(&protocol);
+  return buffer->getBufferAsString();
+}
+
+Status DecodeChainOps(const std::string& bytes, std::vector<rpc::ChainOp>* ops) {
+  try {
+    auto buffer = std::make_shared<TMemoryBuffer>(
+        reinterpret_cast<uint8_t*>(const_cast<char*>(bytes.data())),
+        static_cast<uint32_t>(bytes.size()), TMemoryBuffer::OBSERVE);
+    TBinaryProtocol protocol(buffer, static_cast<int32_t>(bytes.size()),
+                             static_cast<int32_t>(bytes.size()), true, true);
+    rpc::ChainOps wrapper;
+    wrapper.read(&protocol);
+    *ops = std::move(wrapper.ops);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("malformed replicated write: ") + e.what());
+  }
+  for (const rpc::ChainOp& op : *ops) {
+    const bool int_key = op.kind == rpc::ChainOpKind::PUT || op.kind == rpc::ChainOpKind::REMOVE;
+    const bool has_value = op.kind == rpc::ChainOpKind::PUT || op.kind == rpc::ChainOpKind::SPUT;
+    if (op.kind < rpc::ChainOpKind::PUT || op.kind > rpc::ChainOpKind::SREMOVE ||
+        (int_key ? !op.__isset.key : !op.__isset.skey) || (has_value && !op.__isset.value)) {
+      return Status::InvalidArgument("malformed replicated write: op of kind " +
+                                     std::to_string(op.kind) + " lacks its key or value");
+    }
+  }
+  return Status::OK();
+}
+
+struct Replicator::Waiter {
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  bool existed = false;
+};
+
+// Sends the frames queued for one neighbour, in order, on one connection.
+class Replicator::PeerLink {
+ public:
+  PeerLink(const std::string& address, const ReplicatorOptions& options,
+           std::atomic<int64_t>* sent, std::atomic<int64_t>* failed)
+      : address_(address), options_(options), sent_(sent), failed_(failed) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~PeerLink() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  void Push(rpc::ChainFrame frame) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(frame));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Run() {
+    client::ClientOptions o;
+    std::string host;
+    int port = 0;
+    (void)partition::ParseHostPort(address_, "member", &host, &port);
+    o.host = host;
+    o.port = port;
+    o.connect_timeout_ms = options_.peer_timeout_ms;
+    o.timeout_ms = options_.peer_timeout_ms;
+    client::Client conn(o);
+    rpc::PeerContext ctx;
+    ctx.token = options_.peer_token;
+    ctx.mark = options_.mark;
+    std::unique_lock<std::mutex> lk(mu_);
+    while (true) {
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      std::deque<rpc::ChainFrame> queued;
+      queued.swap(queue_);
+      lk.unlock();
+      std::vector<rpc::ChainFrame> batch = Coalesce(&queued);
+      bool broken = false;
+      for (rpc::ChainFrame& frame : batch) {
+        if (broken) {
+          failed_->fetch_add(1, std::memory_order_relaxed);
+          continue;  // the member resends what was not acknowledged
+        }
+        Status st = conn.Call("peerChain", true, [&](rpc::FlatKVClient& c) {
+          c.peerChain(ctx, options_.self, frame);
+        });
+        if (st.ok()) {
+          sent_->fetch_add(1, std::memory_order_relaxed);
+        } else {
+          failed_->fetch_add(1, std::memory_order_relaxed);
+          if (conn.network_failed()) {
+            broken = true;
+            spdlog::debug("chain: {} did not take a message: {}", address_, st.ToString());
+          }
+        }
+      }
+      lk.lock();
+      if (broken && !stop_) {
+        // Back off a little before the next connect attempt.
+        cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_; });
+      }
+    }
+  }
+
+  // Frames that queued while the last one was in flight, merged: acks are
+  // cumulative (the last one says all), and consecutive replicate frames
+  // of one chain whose entries follow each other become one (the newest
+  // commit point wins). So a slow hop costs a round trip per batch, not
+  // per write.
+  static std::vector<rpc::ChainFrame> Coalesce(std::deque<rpc::ChainFrame>* queued) {
+    constexpr size_t kMaxEntries = 4096;
+    std::vector<rpc::ChainFrame> out;
+    for (rpc::ChainFrame& f : *queued) {
+      if (!out.empty() && out.back().kind == f.kind && out.back().chain == f.chain) {
+        rpc::ChainFrame& last = out.back();
+        if (f.kind == rpc::ChainKind::ACK) {
+          last = std::move(f);
+          continue;
+        }
+        if (f.kind == rpc::ChainKind::REPLICATE &&
+            last.entries.size() + f.entries.size() <= kMaxEntries &&
+            (last.entries.empty() || f.entries.empty() ||
+             f.entries.front().seq == last.entries.back().seq + 1)) {
+          for (rpc::ChainEntry& e : f.entries) last.entries.push_back(std::move(e));
+          last.applied = f.applied;
+          last.committed = f.committed;
+          last.floor = f.floor;
+          continue;
+        }
+      }
+      out.push_back(std::move(f));
+    }
+    return out;
+  }
+
+  const std::string address_;
+  const ReplicatorOptions options_;
+  std::atomic<int64_t>* const sent_;
+  std::atomic<int64_t>* const failed_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<rpc::ChainFrame> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Streams this member's store to a joiner as peerSnapshot pages.
+class Replicator::SnapshotSender {
+ public:
+  SnapshotSender(Replicator* owner, const std::string& to, ChainPosition at)
+      : owner_(owner), to_(to), at_(at) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~SnapshotSender() {
+    stop_.store(true);
+    thread_.join();
+  }
+  bool done() const { return done_.load(); }
+
+ private:
+  void Run() {
+    const ReplicatorOptions& opt = owner_->options_;
+    client::ClientOptions o;
+    std::string host;
+    int port = 0;
+    (void)partition::ParseHostPort(to_, "member", &host, &port);
+    o.host = host;
+    o.port = port;
+    o.connect_timeout_ms = opt.peer_timeout_ms;
+    o.timeout_ms = std::max(opt.peer_timeout_ms, 10000);
+    client::Client conn(o);
+    rpc::PeerContext ctx;
+    ctx.token = opt.peer_token;
+    ctx.mark = opt.mark;
+    const auto start = std::chrono::steady_clock::now();
+    uint64_t bytes = 0;
+    int64_t token = 0;
+    bool first = true;
+    auto send = [&](rpc::SnapshotPage* page) -> bool {
+      page->token = token;
+      page->first = first;
+      page->atEpoch = at_.epoch;
+      page->atSeq = static_cast<int64_t>(at_.seq);
+      int64_t answer = 0;
+      Status st = conn.Call("peerSnapshot", false, [&](rpc::FlatKVClient& c) {
+        answer = c.peerSnapshot(ctx, opt.self, *page);
+      });
+      if (!st.ok()) {
+        spdlog::warn("chain: snapshot to {} stopped: {}", to_, st.ToString());
+        return false;
+      }
+      token = answer;
+      first = false;
+      owner_->snapshot_bytes_sent_.store(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+      // Throttle: cluster.resync_mb_per_sec.
+      if (opt.resync_bytes_per_sec > 0) {
+        const double due = static_cast<double>(bytes) / static_cast<double>(opt.resync_bytes_per_sec);
+        const double spent =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (due > spent) std::this_thread::sleep_for(std::chrono::duration<double>(due - spent));
+      }
+      return !stop_.load();
+    };
+    spdlog::info("chain: streaming a snapshot to {} (resumes after epoch {} seq {})", to_,
+                 at_.epoch, at_.seq);
+    // Writes still in an async cache must be in the store it scans.
+    (void)owner_->cache_->Flush();
+    engine::Store* store = owner_->store_;
+    const int64_t lo = store->options().key_min;
+    const int64_t hi = store->options().key_max - 1;
+    int64_t from = lo;
+    bool done = false;
+    constexpr size_t kPage = 512;
+    constexpr uint64_t kPageBytes = 1u << 20;
+    rpc::SnapshotPage page;
+    uint64_t page_bytes = 0;
+    while (!done && !stop_.load()) {
+      std::vector<engine::KeyValue> out;
+      int64_t next = 0;
+      Status st = store->Scan(from, false, kPage, lo, hi, &out, &next, &done);
+      if (!st.ok()) {
+        spdlog::warn("chain: snapshot to {}: scan: {}", to_, st.ToString());
+        return;
+      }
+      for (engine::KeyValue& kv : out) {
+        rpc::KvPair p;
+        p.key = kv.key;
+        page_bytes += kv.value.size() + 8;
+        p.value = std::move(kv.value);
+        page.pairs.push_back(std::move(p));
+      }
+      from = next;
+      if (page_bytes >= kPageBytes || page.pairs.size() >= kPage) {
+        bytes += page_bytes;
+        if (!send(&page)) return;
+        page = rpc::SnapshotPage();
+        page_bytes = 0;
+      }
+    }
+    std::string cursor;
+    done = false;
+    while (!done && !stop_.load()) {
+      std::vector<engine::StringKeyValue> out;
+      std::string next;
+      Status st = store->SScan(cursor, kPage, &out, &next, &done);
+      if (!st.ok()) {
+        spdlog::warn("chain: snapshot to {}: string scan: {}", to_, st.ToString());
+        return;
+      }
+      for (engine::StringKeyValue& kv : out) {
+        rpc::StringKvPair p;
+        page_bytes += kv.key.size() + kv.value.size();
+        p.key = std::move(kv.key);
+        p.value = std::move(kv.value);
+        page.spairs.push_back(std::move(p));
+      }
+      cursor = std::move(next);
+      if (page_bytes >= kPageBytes || page.spairs.size() >= kPage) {
+        bytes += page_bytes;
+        if (!send(&page)) return;
+        page = rpc::SnapshotPage();
+        page_bytes = 0;
+      }
+    }
+    if (stop_.load()) return;
+    page.last = true;
+    bytes += page_bytes;
+    if (!send(&page)) return;
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    owner_->snapshots_sent_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::info("chain: snapshot to {} sent: {} MB in {:.2f} s ({:.1f} MB/s)", to_,
+                 static_cast<double>(bytes) / 1e6, secs,
+                 secs > 0 ? static_cast<double>(bytes) / 1e6 / secs : 0.0);
+    done_.store(true);
+  }
+
+  Replicator* const owner_;
+  const std::string to_;
+  const ChainPosition at_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+Status Replicator::Start(ReplicatorOptions options, engine::Store* store,
+                         engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
+                         std::unique_ptr<Replicator>* result) {
+  const std::string path = options.data_dir + "/CHAIN";
+  PositionRecord rec;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[kPositionBytes];
+    const ssize_t n = ::pread(fd, buf, sizeof(buf), 0);
+    ::close(fd);
+    if (n != static_cast<ssize_t>(kPositionBytes) || !DecodePosition(buf, &rec)) {
+      spdlog::warn("chain: {} is damaged: this member starts over from an empty position", path);
+      rec = PositionRecord();
+    }
+  } else if (errno != ENOENT) {
+    return Status::IOError(path + ": " + std::strerror(errno));
+  }
+  spdlog::info("chain: position epoch {} seq {}, store {}", rec.position.epoch, rec.position.seq,
+               rec.intact ? "intact" : "not known intact (new, wiped or crashed in async mode)");
+  result->reset(new Replicator(std::move(options), store, cache, coordinator, rec.position,
+                               rec.intact));
+  return Status::OK();
+}
+
+Replicator::Replicator(ReplicatorOptions options, engine::Store* store,
+                       engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
+                       ChainPosition durable, bool intact)
+    : options_(std::move(options)),
+      store_(store),
+      cache_(cache),
+      coordinator_(coordinator),
+      position_path_(options_.data_dir + "/CHAIN"),
+      member_(options_.self, options_.chain, durable, intact),
+      saved_(durable),
+      saved_intact_(intact),
+      intact_(intact) {
+  loop_ = std::thread([this] { Loop(); });
+}
+
+Replicator::~Replicator() { Stop(); }
+
+void Replicator::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  // Events the loop did not take: their callers are still waiting.
+  std::deque<Event> left;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    left.swap(queue_);
+  }
+  for (Event& ev : left) {
+    if (ev.done != nullptr) SignalDone(ev.done, Status::Unavailable("the server is stopping"));
+  }
+  senders_.clear();
+  links_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [request, w] : waiters_) {
+    w->done = true;
+    w->status = Status::Unavailable("the server is stopping");
+    w->cv.notify_all();
+  }
+  waiters_.clear();
+}
+
+void Replicator::Post(Event event) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!stopping_) {
+      queue_.push_back(std::move(event));
+      queue_cv_.notify_one();
+      return;
+    }
+  }
+  // Stopped: nothing will run it. Whoever waits for it is told so.
+  if (event.done != nullptr) SignalDone(event.done, Status::Unavailable("the server is stopping"));
+  if (event.request != 0) Finish(event.request, Status::Unavailable("the server is stopping"));
+}
+
+void Replicator::PostRun(std::function<void(int64_t now, ChainOutput* out)> run) {
+  Event ev;
+  ev.run = std::move(run);
+  Post(std::move(ev));
+}
+
+void Replicator::PostRequest(uint64_t request,
+                             std::function<void(int64_t now, ChainOutput* out)> run) {
+  Event ev;
+  ev.run = std::move(run);
+  ev.request = request;
+  Post(std::move(ev));
+}
+
+void Replicator::Join() {
+  PostRun([this](int64_t now, ChainOutput* out) {
+    joined_ = true;
+    member_.StartJoin(now, out);
+  });
+}
+
+void Replicator::OnRing(std::shared_ptr<const partition::Ring> ring) {
+  PostRun([this, ring](int64_t now, ChainOutput* out) {
+    ring_ = ring;
+    member_.OnConfig(ConfigOf(*ring), now, out);
+  });
+}
+
+void Replicator::OnRegistered(int64_t czxid) {
+  PostRun([this, czxid](int64_t now, ChainOutput* out) {
+    if (!member_.wants_registration()) {
+      // Registered too late (the tail changed meanwhile): withdraw it.
+      out->deregister = true;
+      return;
+    }
+    member_.OnRegistered(czxid);
+    intact_ = true;
+    if (ring_) member_.OnConfig(ConfigOf(*ring_), now, out);
+  });
+}
+
+partition::ChainConfig Replicator::ConfigOf(const partition::Ring& ring) const {
+  partition::ChainConfig c;
+  c.version = ring.version();
+  c.sync = options_.sync;
+  const partition::Partition* p = ring.Find(options_.mark);
+  if (p == nullptr) return c;
+  uint64_t id = 0xcbf29ce484222325ull;  // FNV-1a over members and czxids
+  auto mix = [&id](const void* data, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < n; ++i) id = (id ^ b[i]) * 0x100000001b3ull;
+  };
+  for (const partition::Member& m : p->chain) {
+    const std::string a = m.address();
+    c.members.push_back(a);
+    c.epochs.push_back(m.czxid);
+    mix(a.data(), a.size());
+    mix(&m.czxid, sizeof(m.czxid));
+  }
+  c.id = id;
+  c.recorded = p->recorded;
+  return c;
+}
+
+Status Replicator::Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
+                         bool* existed) {
+  Waiter w;
+  std::string op = EncodeChainOps(ops);
+  uint64_t request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string role = member_.role();
+    if (role == "middle" || role == "tail") {
+      return Status::NotOwner("this member is the " + role + " of mark " +
+                              std::to_string(options_.mark) + "'s chain, not its head");
+    }
+    request = next_request_++;
+    waiters_[request] = &w;
+  }
+  PostRequest(request, [this, request, keys = std::move(keys), op = std::move(op)](
+            int64_t now, ChainOutput* out) mutable {
+    const size_t before = out->apply.size();
+    member_.OnWrite(request, std::move(keys), std::move(op), now, out);
+    if (out->apply.size() > before) seq_of_request_[request] = out->apply.back().seq;
+  });
+  std::unique_lock<std::mutex> lk(mu_);
+  const auto limit = std::chrono::milliseconds(2 * options_.session_timeout_ms + 2000);
+  if (!w.cv.wait_for(lk, limit, [&] { return w.done; })) {
+    waiters_.erase(request);
+    return Status::Unavailable("the chain of mark " + std::to_string(options_.mark) +
+                               " did not acknowledge the write in time (it may still be applied)");
+  }
+  if (existed != nullptr) *existed = w.existed;
+  return w.status;
+}
+
+Status Replicator::Append(int64_t key, const std::string& suffix, uint64_t max_value_bytes) {
+  Waiter w;
+  uint64_t request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request = next_request_++;
+    waiters_[request] = &w;
+  }
+  Event ev;
+  ev.request = request;
+  ev.serial = true;  // reads the value every earlier write left
+  ev.run = [this, request, key, suffix, max_value_bytes](int64_t now, ChainOutput* out) {
+    // Every earlier write is applied (the loop processed them first).
+    std::string value;
+    Status st = cache_->Get(key, &value);
+    if (!st.ok() && !st.IsNotFound()) {
+      out->replies.push_back({request, st});
+      return;
+    }
+    if (value.size() + suffix.size() > max_value_bytes) {
+      out->replies.push_back(
+          {request, Status::ValueTooLarge("append would make key " + std::to_string(key) + " " +
+                                          std::to_string(value.size() + suffix.size()) +
+                                          " bytes, over storage.max_value_bytes (" +
+                                          std::to_string(max_value_bytes) + ")")});
+      return;
+    }
+    value += suffix;
+    rpc::ChainOp op;
+    op.kind = rpc::ChainOpKind::PUT;
+    op.__set_key(key);
+    op.__set_value(std::move(value));
+    const size_t before = out->apply.size();
+    member_.OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now, out);
+    if (out->apply.size() > before) seq_of_request_[request] = out->apply.back().seq;
+  };
+  Post(std::move(ev));
+  std::unique_lock<std::mutex> lk(mu_);
+  const auto limit = std::chrono::milliseconds(2 * options_.session_timeout_ms + 2000);
+  if (!w.cv.wait_for(lk, limit, [&] { return w.done; })) {
+    waiters_.erase(request);
+    return Status::Unavailable("the chain of mark " + std::to_string(options_.mark) +
+                               " did not acknowledge the append in time (it may still be applied)");
+  }
+  return w.status;
+}
+
+Status Replicator::BeforeRead(uint64_t hash) {
+  std::unique_lock<std::mutex> lk(mu_);
+  const uint64_t request = next_request_++;
+  ChainOutput out;
+  switch (member_.OnRead(request, hash, &out)) {
+    case partition::ChainMember::Read::kServe:
+      return Status::OK();
+    case partition::ChainMember::Read::kRefuse: {
+      const std::string role = member_.role();
+      if (role == "head" || role == "middle") {
+        return Status::NotOwner("this member is the " + role + " of mark " +
+                                std::to_string(options_.mark) +
+                                "'s chain: under sync the tail serves reads");
+      }
+      return Status::Unavailable("member " + options_.self + " of mark " +
+                                 std::to_string(options_.mark) + " cannot serve reads now (" +
+                                 role + ")");
+    }
+    case partition::ChainMember::Read::kWait:
+      break;
+  }
+  // A catch-up holds this key back until the joiner applied its writes.
+  Waiter w;
+  waiters_[request] = &w;
+  if (!w.cv.wait_for(lk, std::chrono::milliseconds(options_.peer_timeout_ms),
+                     [&] { return w.done; })) {
+    waiters_.erase(request);
+    return Status::Unavailable("a read of mark " + std::to_string(options_.mark) +
+                               " waited too long for a joining member");
+  }
+  return w.status;
+}
+
+Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame) {
+  ChainMessage msg;
+  FLATKV_RETURN_IF_ERROR(FromFrame(frame, &msg));
+  for (const ChainEntry& e : msg.entries) {
+    std::vector<rpc::ChainOp> ops;
+    FLATKV_RETURN_IF_ERROR(DecodeChainOps(e.op, &ops));
+  }
+  frames_received_.fetch_add(1, std::memory_order_relaxed);
+  spdlog::trace("chain: from {}: kind {} chain {:x} entries {} applied {} committed {}", from,
+               static_cast<int>(msg.kind), msg.chain, msg.entries.size(), msg.applied,
+               msg.committed);
+  Waiter w;
+  Event ev;
+  ev.done = &w;
+  ev.run = [this, from, msg = std::move(msg)](int64_t now, ChainOutput* out) {
+    member_.OnMessage(from, msg, now, out);
+  };
+  Post(std::move(ev));
+  std::unique_lock<std::mutex> lk(mu_);
+  w.cv.wait(lk, [&] { return w.done; });
+  return w.status;
+}
+
+Status Replicator::OnSnapshotPage(const std::string& from, const rpc::SnapshotPage& page,
+                                  int64_t* token) {
+  // Runs on the loop: the first page empties the store (its output's wipe),
+  // then every page is loaded while its stream is the current one.
+  Waiter w;
+  uint64_t t = 0;
+  Event ev;
+  ev.done = &w;
+  ev.serial = true;
+  ev.run = [this, from, &page, &t](int64_t now, ChainOutput* out) {
+    t = static_cast<uint64_t>(page.token);
+    if (page.first) {
+      t = member_.OnSnapshotBegin(from, {page.atEpoch, static_cast<uint64_t>(page.atSeq)}, now,
+                                  out);
+    }
+    if (t == 0 || !member_.snapshot_current(t)) {
+      t = 0;
+      return;
+    }
+    member_.OnSnapshotProgress(t, now);
+  };
+  ev.after = [this, &page, &t, &w](int64_t now, ChainOutput* out) {
+    if (t == 0) {
+      w.status = Status::NotOwner("member " + options_.self +
+                                  " does not expect this snapshot stream (a later one replaced "
+                                  "it, or it is no longer joining)");
+      return;
+    }
+    Status st = LoadPage(page);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!st.ok()) {
+      spdlog::warn("chain: loading a snapshot page: {}", st.ToString());
+      member_.OnSnapshotFailed(t, now, out);
+      w.status = st;
+      return;
+    }
+    if (page.last && member_.snapshot_current(t)) {
+      spdlog::info("chain: snapshot loaded; catching up from epoch {} seq {}", page.atEpoch,
+                   page.atSeq);
+      member_.OnSnapshotLoaded(t, now, out);
+    }
+  };
+  Post(std::move(ev));
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    w.cv.wait(lk, [&] { return w.done; });
+  }
+  if (!w.status.ok()) return w.status;
+  *token = static_cast<int64_t>(t);
+  return Status::OK();
+}
+
+Status Replicator::LoadPage(const rpc::SnapshotPage& page) {
+  std::vector<engine::KeyValueRef> batch;
+  batch.reserve(page.pairs.size());
+  uint64_t bytes = 0;
+  for (const rpc::KvPair& p : page.pairs) {
+    batch.push_back({p.key, p.value});
+    bytes += p.value.size() + 8;
+  }
+  if (!batch.empty()) FLATKV_RETURN_IF_ERROR(cache_->PutBatch(batch));
+  for (const rpc::StringKvPair& p : page.spairs) {
+    FLATKV_RETURN_IF_ERROR(cache_->SPut(p.key, p.value));
+    bytes += p.key.size() + p.value.size();
+  }
+  snapshot_bytes_loaded_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  return Status::OK();
+}
+
+void Replicator::SignalDone(Waiter* w, const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (w->status.ok()) w->status = status;
+  w->done = true;
+  w->cv.notify_all();
+}
+
+void Replicator::Loop() {
+  int64_t next_tick = NowMs();
+  while (true) {
+    std::deque<Event> events;
+    {
+      std::unique_lock<std::mutex> lk(queue_mu_);
+      queue_cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(1, next_tick - NowMs())),
+                         [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) break;
+      events.swap(queue_);
+    }
+    const int64_t now = NowMs();
+    RunEvents(&events, now);
+    if (now >= next_tick) {
+      ChainOutput out;
+      Tick(now, &out);
+      Process(&out);
+      next_tick = now + options_.tick_ms;
+    }
+  }
+  // Shutting down: what the store holds is what the position says.
+  if (cache_->mode() == engine::cache::WriteMode::kAsync) (void)cache_->Flush();
+  SavePosition(true);
+}
+
+void Replicator::RunEvents(std::deque<Event>* events, int64_t now) {
+  ChainOutput out;
+  std::vector<Waiter*> done;
+  auto flush = [&] {
+    Process(&out);
+    out = ChainOutput();
+    for (Waiter* w : done) SignalDone(w, Status::OK());
+    done.clear();
+  };
+  for (Event& ev : *events) {
+    if (ev.serial) flush();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ev.run(now, &out);
+    }
+    if (ev.serial) {
+      Process(&out);
+      out = ChainOutput();
+      if (ev.after) {
+        ev.after(now, &out);
+        Process(&out);
+        out = ChainOutput();
+      }
+    }
+    if (ev.done != nullptr) done.push_back(ev.done);
+  }
+  flush();
+}
+
+void Replicator::Tick(int64_t now, ChainOutput* out) {
+  const int64_t half = options_.session_timeout_ms / 2;
+  // The lease: lost once ZooKeeper may have expired this member without it
+  // knowing: disconnected for half the session timeout, or this process
+  // frozen that long (SIGSTOP, a VM pause: the ticks stopped).
+  const bool frozen = last_tick_ != 0 && now - last_tick_ > half;
+  last_tick_ = now;
+  const int64_t disconnected = coordinator_->disconnected_ms();
+  bool lease = lease_;
+  if (frozen || disconnected > half) lease = false;
+  if (!lease && disconnected == 0 && now - last_freeze_check_ >= 100) {
+    last_freeze_check_ = now;
+    // Renewed only by an answer through the session after the gap.
+    lease = coordinator_->Ping(std::min(1000, options_.session_timeout_ms)).ok();
+  }
+  // Not fenced for being disconnected: a member learns that its session
+  // expired from the ring (its registration gone) once ZooKeeper answers;
+  // until then a chain of one keeps serving (DESIGN.md, "ZooKeeper
+  // unreachable") and a longer chain is held back by the lease.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lease != lease_) {
+    spdlog::warn("chain: ZooKeeper lease {}", lease ? "renewed" : "lost (writes and sync reads refused)");
+    lease_ = lease;
+    member_.SetLease(lease, out);
+  }
+  const std::string role = member_.role();
+  if (joined_ && (role == "fenced" || role == "none") && ring_ != nullptr) {
+    spdlog::info("chain: not in mark {}'s chain: catching up to join it", options_.mark);
+    member_.StartJoin(now, out);
+  }
+  member_.OnTick(now, out);
+}
+
+void Replicator::Process(ChainOutput* out) {
+  if (out->wipe) {
+    Status st = Wipe();
+    if (!st.ok()) spdlog::error("chain: emptying the store for a snapshot: {}", st.ToString());
+  }
+  if (!out->apply.empty()) {
+    Status st = ApplyEntries(out->apply);
+    if (!st.ok()) {
+      apply_errors_.fetch_add(1, std::memory_order_relaxed);
+      spdlog::error("chain: applying replicated writes: {}", st.ToString());
+    }
+  }
+  SavePosition(false);
+  if (!out->record.empty()) {
+    Status st = coordinator_->RecordChain(out->record, out->record_version);
+    if (st.ok()) {
+      records_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      spdlog::warn("chain: recording the chain in ZooKeeper: {}", st.ToString());
+    }
+  }
+  for (const ChainOutput::Send& s : out->sends) Send(s.to, s.msg);
+  for (const ChainOutput::Reply& r : out->replies) Finish(r.request, r.status);
+  for (uint64_t r : out->reads) Finish(r, Status::OK());
+  for (const ChainOutput::Snapshot& s : out->snapshots) StartSnapshot(s.to, s.at);
+  if (out->deregister) coordinator_->Deregister();
+  if (out->register_now) {
+    spdlog::info("chain: caught up; registering in mark {}", options_.mark);
+    coordinator_->Register();
+  }
+}
+
+Status Replicator::ApplyEntries(const std::vector<ChainEntry>& entries) {
+  std::vector<std::vector<rpc::ChainOp>> decoded(entries.size());
+  std::vector<engine::KeyValueRef> puts;
+  std::vector<std::pair<uint64_t, bool>> existed;  // seq, existed: first op a remove
+  Status result;
+  auto flush = [&]() {
+    if (puts.empty()) return;
+    Status st = cache_->PutBatch(puts);
+    if (!st.ok() && result.ok()) result = st;
+    puts.clear();
+  };
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Status st = DecodeChainOps(entries[i].op, &decoded[i]);
+    if (!st.ok()) {
+      if (result.ok()) result = st;
+      continue;
+    }
+    bool first = true;
+    for (const rpc::ChainOp& op : decoded[i]) {
+      if (op.kind == rpc::ChainOpKind::PUT) {
+        puts.push_back({op.key, op.value});
+        first = false;
+        continue;
+      }
+      flush();
+      bool had = false;
+      switch (op.kind) {
+        case rpc::ChainOpKind::REMOVE:
+          st = cache_->Remove(op.key, &had);
+          break;
+        case rpc::ChainOpKind::SPUT:
+          st = cache_->SPut(op.skey, op.value);
+          break;
+        case rpc::ChainOpKind::SREMOVE:
+          st = cache_->SRemove(op.skey, &had);
+          break;
+        default:
+          break;
+      }
+      if (!st.ok() && result.ok()) result = st;
+      if (first) existed.push_back({entries[i].seq, had});
+      first = false;
+    }
+  }
+  flush();
+  applied_entries_.fetch_add(static_cast<int64_t>(entries.size()), std::memory_order_relaxed);
+  apply_batches_.fetch_add(1, std::memory_order_relaxed);
+  if (!existed.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [seq, had] : existed) existed_[seq] = had;
+  }
+  return result;
+}
+
+Status Replicator::Wipe() {
+  wipes_.fetch_add(1, std::memory_order_relaxed);
+  intact_ = false;
+  SavePosition(true);  // not intact from here until registered again
+  FLATKV_RETURN_IF_ERROR(cache_->Flush());
+  const int64_t lo = store_->options().key_min;
+  const int64_t hi = store_->options().key_max - 1;
+  uint64_t removed = 0;
+  int64_t from = lo;
+  bool done = false;
+  while (!done) {
+    std::vector<engine::KeyValue> out;
+    int64_t next = 0;
+    FLATKV_RETURN_IF_ERROR(store_->Scan(from, false, 1024, lo, hi, &out, &next, &done));
+    for (const engine::KeyValue& kv : out) FLATKV_RETURN_IF_ERROR(cache_->Remove(kv.key));
+    removed += out.size();
+    from = next;
+  }
+  std::string cursor;
+  done = false;
+  std::vector<std::string> skeys;
+  while (!done) {
+    std::vector<engine::StringKeyValue> out;
+    std::string next;
+    FLATKV_RETURN_IF_ERROR(store_->SScan(cursor, 1024, &out, &next, &done));
+    for (engine::StringKeyValue& kv : out) skeys.push_back(std::move(kv.key));
+    cursor = std::move(next);
+  }
+  for (const std::string& k : skeys) FLATKV_RETURN_IF_ERROR(cache_->SRemove(k));
+  removed += skeys.size();
+  spdlog::info("chain: emptied the store for a snapshot ({} keys removed)", removed);
+  return Status::OK();
+}
+
+void Replicator::SavePosition(bool force) {
+  ChainPosition pos;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pos = member_.applied();
+  }
+  const bool async = cache_->mode() == engine::cache::WriteMode::kAsync;
+  PositionRecord rec;
+  rec.position = pos;
+  rec.intact = intact_;
+  if (async && !force) {
+    // Async write mode: the store may lag what was applied; a crash now
+    // would leave it behind any position we could name. Say so once.
+    rec = PositionRecord();
+  }
+  if (!force && rec.position == saved_ && rec.intact == saved_intact_) return;
+  char buf[kPositionBytes];
+  EncodePosition(rec, buf);
+  int fd = ::open(position_path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    spdlog::error("chain: {}: {}", position_path_, std::strerror(errno));
+    return;
+  }
+  if (::pwrite(fd, buf, sizeof(buf), 0) != static_cast<ssize_t>(sizeof(buf))) {
+    spdlog::error("chain: writing {}: {}", position_path_, std::strerror(errno));
+  } else if ((options_.sync_always || force) && ::fdatasync(fd) != 0) {
+    spdlog::error("chain: syncing {}: {}", position_path_, std::strerror(errno));
+  }
+  ::close(fd);
+  saved_ = rec.position;
+  saved_intact_ = rec.intact;
+}
+
+void Replicator::Send(const std::string& to, const ChainMessage& msg) {
+  auto it = links_.find(to);
+  if (it == links_.end()) {
+    it = links_.emplace(to, std::make_unique<PeerLink>(to, options_, &frames_sent_,
+                                                       &frames_failed_)).first;
+  }
+  spdlog::trace("chain: to {}: kind {} chain {:x} entries {} applied {} committed {}", to,
+               static_cast<int>(msg.kind), msg.chain, msg.entries.size(), msg.applied,
+               msg.committed);
+  it->second->Push(ToFrame(msg));
+}
+
+void Replicator::StartSnapshot(const std::string& to, ChainPosition at) {
+  senders_.erase(to);  // a new stream to the same joiner replaces the old one
+  for (auto it = senders_.begin(); it != senders_.end();) {
+    it = it->second->done() ? senders_.erase(it) : std::next(it);
+  }
+  senders_[to] = std::make_unique<SnapshotSender>(this, to, at);
+}
+
+void Replicator::Finish(uint64_t request, const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = waiters_.find(request);
+  bool existed = false;
+  auto s = seq_of_request_.find(request);
+  if (s != seq_of_request_.end()) {
+    auto e = existed_.find(s->second);
+    if (e != existed_.end()) {
+      existed = e->second;
+      existed_.erase(e);
+    }
+    seq_of_request_.erase(s);
+  }
+  if (it == waiters_.end()) return;  // timed out meanwhile
+  Waiter* w = it->second;
+  waiters_.erase(it);
+  w->status = status;
+  w->existed = existed;
+  w->done = true;
+  w->cv.notify_all();
+}
+
+std::string Replicator::role() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return member_.role();
+}
+
+ChainPosition Replicator::applied() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return member_.applied();
+}
+
+void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const ChainPosition p = member_.applied();
+    (*out)["cluster.chain.applied_epoch"] = p.epoch;
+    (*out)["cluster.chain.applied_seq"] = static_cast<int64_t>(p.seq);
+    (*out)["cluster.chain.committed_seq"] = static_cast<int64_t>(member_.committed());
+    (*out)["cluster.chain.pending_writes"] = static_cast<int64_t>(member_.pending_writes());
+    (*out)["cluster.chain.lag_writes"] = static_cast<int64_t>(member_.lag_writes());
+    (*out)["cluster.chain.lag_bytes"] = static_cast<int64_t>(member_.lag_bytes());
+    (*out)["cluster.chain.log_bytes"] = static_cast<int64_t>(member_.log_bytes());
+    (*out)["cluster.chain.refused_messages"] = static_cast<int64_t>(member_.refused_messages());
+  }
+  (*out)["cluster.chain.applied_entries"] = applied_entries_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.apply_batches"] = apply_batches_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.apply_errors"] = apply_errors_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.frames_sent"] = frames_sent_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.frames_failed"] = frames_failed_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.frames_received"] = frames_received_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.snapshots_sent"] = snapshots_sent_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.snapshot_bytes_sent"] = snapshot_bytes_sent_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.snapshot_bytes_loaded"] =
+      snapshot_bytes_loaded_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.wipes"] = wipes_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.records"] = records_.load(std::memory_order_relaxed);
+}
+
+}  // namespace flatkv::server

@@ -1,0 +1,234 @@
+// Replicator: the I/O shell around partition::ChainMember (chain.h) inside
+// flatkv-server. It turns the member's actions into real effects and real
+// events into the member's calls:
+//
+//   handler threads: Write/Append --------+
+//   peerChain/peerSnapshot (peer calls) --+--> event queue --> loop thread:
+//   ring changes (registry thread) -------+      ChainMember (under mu_)
+//   ticks (loop thread itself) -----------+      then, in order: apply to
+//                                                  the store (one group commit
+//                                                  per batch of events), save
+//                                                  the position, send, answer
+//   reads: BeforeRead() asks the member directly (under mu_), on the caller's
+//   thread, and waits only while a catch-up holds the key back.
+//
+// The loop takes every queued event at once, runs them through the member
+// and then applies all their writes together, so writes that arrive while
+// the previous batch is being made durable share the next fdatasync: the
+// batching of the paper's Sent list without a timer.
+//
+// Messages to a neighbour go through a PeerLink: a thread with one
+// connection that sends the queued frames in order (peerChain); a frame that
+// cannot be sent is dropped (the member resends what a silent neighbour has
+// not acknowledged). A peerChain call is answered once the message has been
+// handled and its writes applied, so a fast head cannot queue unbounded
+// work at a slow successor.
+//
+// Snapshots (a joiner whose position the tail's log no longer covers): a
+// thread per joiner streams the store (integer keys in key order, then
+// string keys) as peerSnapshot pages, rate-limited by
+// cluster.resync_mb_per_sec. The joiner empties its store first (every key
+// removed: a store it may not keep) and loads the pages on its loop thread.
+//
+// Position: <storage.path>/CHAIN holds the last applied (epoch, seq) and
+// whether the store is intact (holds every write it applied: false from a
+// wipe until the member registered again, and for a data directory that
+// never had one). It is written after the writes it names are applied (and,
+// under storage.sync: always, made durable after them), so it never claims
+// more than the store holds; in write_mode async it is written only after a
+// cache flush, on a tick.
+//
+// Thread safety: every public method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "FlatKV.h"
+#include "engine/cache/write_back.h"
+#include "engine/status.h"
+#include "engine/store.h"
+#include "partition/chain.h"
+#include "partition/ring.h"
+
+namespace flatkv::server {
+
+// What the replicator needs of ZooKeeper (the Cluster's registry).
+class ChainCoordinator {
+ public:
+  virtual ~ChainCoordinator() = default;
+  // Register this member's node (asynchronously); the coordinator calls
+  // Replicator::OnRegistered with its creation zxid once it exists.
+  virtual void Register() = 0;
+  // Remove this member's node and do not register again by itself.
+  virtual void Deregister() = 0;
+  // Record "members" as this mark's chain (partition/chain.h, the recorded
+  // chain) unless a chain of a later ring version is recorded. Blocking.
+  virtual Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) = 0;
+  // Milliseconds since the session was last connected (0 while connected).
+  virtual int64_t disconnected_ms() const = 0;
+  // One round trip through the current session, now.
+  virtual Status Ping(int timeout_ms) = 0;
+};
+
+struct ReplicatorOptions {
+  std::string self;        // cluster.advertise
+  int64_t mark = 0;        // cluster.mark
+  std::string data_dir;    // storage.path (the CHAIN file)
+  bool sync = true;        // cluster.replication == sync
+  bool sync_always = false;  // storage.sync == always
+  int session_timeout_ms = 6000;
+  int peer_timeout_ms = 2000;
+  std::string peer_token;
+  uint64_t resync_bytes_per_sec = 0;  // cluster.resync_mb_per_sec; 0 = unlimited
+  int tick_ms = 50;
+  partition::ChainOptions chain;
+};
+
+class Replicator {
+ public:
+  // Reads the CHAIN file (a missing one: position (0, 0), not intact) and
+  // starts the loop thread. Nothing is sent before the first OnRing().
+  static Status Start(ReplicatorOptions options, engine::Store* store,
+                      engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
+                      std::unique_ptr<Replicator>* result);
+  ~Replicator();  // Stop()
+  // Fails what waits, stops every thread. Idempotent.
+  void Stop();
+
+  // The server serves: catch up and register.
+  void Join();
+  // A new ring (registry thread).
+  void OnRing(std::shared_ptr<const partition::Ring> ring);
+  // This member's node was created with "czxid" (registry thread).
+  void OnRegistered(int64_t czxid);
+
+  // A client write at this member (it must be the head): the assignments in
+  // "ops" touching the keys whose hashes are "keys". Blocks until answered:
+  // OK once acknowledged (sync: the tail applied it; async: this member
+  // did). *existed (if not null): whether the first op's key existed here
+  // before (remove, sremove).
+  Status Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, bool* existed);
+  // Append: the put of (current value + "suffix"), read and sequenced on the
+  // loop thread after every earlier write was applied.
+  Status Append(int64_t key, const std::string& suffix, uint64_t max_value_bytes);
+  // Before a read of the key with hash "hash" from this member: OK to serve
+  // it now (maybe after waiting for a catch-up), else Unavailable.
+  Status BeforeRead(uint64_t hash);
+
+  // peerChain / peerSnapshot.
+  Status OnFrame(const std::string& from, const rpc::ChainFrame& frame);
+  Status OnSnapshotPage(const std::string& from, const rpc::SnapshotPage& page, int64_t* token);
+
+  // "single", "head", "middle", "tail", "syncing", "fenced" or "none".
+  std::string role() const;
+  partition::ChainPosition applied() const;
+  // cluster.chain.* counters for stats() and /metrics.
+  void AddStats(std::map<std::string, int64_t>* out) const;
+
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+ private:
+  class PeerLink;
+  class SnapshotSender;
+  struct Waiter;
+  // One event for the loop: runs under mu_ with the member; "append" ones
+  // first apply what earlier events produced.
+  struct Event {
+    std::function<void(int64_t now, partition::ChainOutput* out)> run;
+    // Serial events run after every earlier event's output was processed,
+    // and their own output is processed before anything later runs; then
+    // "after" runs without mu_ (it may take it) on the loop thread.
+    bool serial = false;
+    std::function<void(int64_t now, partition::ChainOutput* out)> after;
+    Waiter* done = nullptr;  // signalled once the event's output was processed
+    uint64_t request = 0;    // a write's request: answered Unavailable if never run
+  };
+
+  Replicator(ReplicatorOptions options, engine::Store* store,
+             engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
+             partition::ChainPosition durable, bool intact);
+  void Post(Event event);
+  void PostRun(std::function<void(int64_t now, partition::ChainOutput* out)> run);
+  void PostRequest(uint64_t request,
+                   std::function<void(int64_t now, partition::ChainOutput* out)> run);
+  void Loop();
+  void Tick(int64_t now, partition::ChainOutput* out);
+  // Carries out "out" (outside mu_), in ChainOutput's order.
+  void Process(partition::ChainOutput* out);
+  // Applies "entries" in order (consecutive puts as one batch: one group
+  // commit); records remove's "existed" for the head's own writes.
+  Status ApplyEntries(const std::vector<partition::ChainEntry>& entries);
+  void SignalDone(Waiter* w, const Status& status);
+  Status Wipe();
+  void SavePosition(bool force);
+  void Send(const std::string& to, const partition::ChainMessage& msg);
+  void StartSnapshot(const std::string& to, partition::ChainPosition at);
+  void Finish(uint64_t request, const Status& status);
+  partition::ChainConfig ConfigOf(const partition::Ring& ring) const;
+  Status LoadPage(const rpc::SnapshotPage& page);
+  void RunEvents(std::deque<Event>* events, int64_t now);
+
+  const ReplicatorOptions options_;
+  engine::Store* const store_;
+  engine::cache::WriteBackCache* const cache_;
+  ChainCoordinator* const coordinator_;
+  const std::string position_path_;
+
+  mutable std::mutex mu_;  // the member, waiters_, next_request_
+  partition::ChainMember member_;
+  std::map<uint64_t, Waiter*> waiters_;
+  uint64_t next_request_ = 1;
+  // Head: the seq each unanswered write got, and whether its first key
+  // existed here when it was applied (for remove's answer).
+  std::map<uint64_t, uint64_t> seq_of_request_;
+  std::map<uint64_t, bool> existed_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Event> queue_;
+  bool stopping_ = false;  // GUARDED_BY(queue_mu_)
+  std::thread loop_;
+
+  // Loop thread only.
+  std::map<std::string, std::unique_ptr<PeerLink>> links_;
+  std::map<std::string, std::unique_ptr<SnapshotSender>> senders_;
+  std::shared_ptr<const partition::Ring> ring_;
+  int64_t last_tick_ = 0;
+  int64_t last_freeze_check_ = 0;
+  bool lease_ = true;
+  bool joined_ = false;  // Join() called
+  partition::ChainPosition saved_;
+  bool saved_intact_ = false;
+  bool intact_ = false;
+
+  // Counters.
+  std::atomic<int64_t> applied_entries_{0};
+  std::atomic<int64_t> apply_batches_{0};
+  std::atomic<int64_t> frames_sent_{0};
+  std::atomic<int64_t> frames_failed_{0};
+  std::atomic<int64_t> frames_received_{0};
+  std::atomic<int64_t> snapshots_sent_{0};
+  std::atomic<int64_t> snapshot_bytes_sent_{0};
+  std::atomic<int64_t> snapshot_bytes_loaded_{0};
+  std::atomic<int64_t> wipes_{0};
+  std::atomic<int64_t> records_{0};
+  std::atomic<int64_t> apply_errors_{0};
+};
+
+// Encodes / decodes ChainEntry::op (a serialized rpc::ChainOps). Decoding
+// untrusted bytes: InvalidArgument for anything malformed.
+std::string EncodeChainOps(const std::vector<rpc::ChainOp>& ops);
+Status DecodeChainOps(const std::string& bytes, std::vector<rpc::ChainOp>* ops);
+
+}  // namespace flatkv::server
