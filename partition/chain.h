@@ -87,7 +87,8 @@ struct ChainConfig {
   std::vector<std::string> members;  // chain order, head first
   std::vector<int64_t> epochs;       // members[i]'s registration czxid
   bool sync = true;                  // cluster.replication
-  // The chain last recorded in ZooKeeper (.cluster/chains/<mark>, partition/ring.h RecordedChain) by a head.
+  // The chain last recorded in ZooKeeper (.cluster/chains/<mark>, ring.h's
+  // RecordedChain) by a head.
   // Writes are acknowledged, and sync reads served, only while it equals
   // `members`: so every acknowledged write (and every value a read
   // returned) is held by every member of the recorded chain, and when the
