@@ -25,8 +25,15 @@ def check(cond, what):
     (passes if cond else failures).append(what)
 
 
+_zookeepers = []
+
+
 def finish(work):
-    """Removes the work directory and exits 1 if any check failed."""
+    """Stops the ZooKeepers a test started (their pid files live in the
+    work directory), removes the work directory and exits 1 if any check
+    failed."""
+    for zk in _zookeepers:
+        zk.close()
     shutil.rmtree(work, ignore_errors=True)
     print("%d passed, %d failed" % (len(passes), len(failures)))
     sys.exit(1 if failures else 0)
@@ -132,6 +139,7 @@ class ZooKeeper:
         os.close(r)
         self._watchdog_pipe = w
         atexit.register(self.close)
+        _zookeepers.append(self)
         self.start()
 
     def start(self):
@@ -143,6 +151,8 @@ class ZooKeeper:
         subprocess.run(["bash", ZOOKEEPER_SH, "stop", self.dir], check=True)
 
     def close(self):
+        if self._watchdog_pipe is None:
+            return  # closed already
         try:
             subprocess.run(["bash", ZOOKEEPER_SH, "stop", self.dir])
         finally:
