@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 #include <limits>
 
 namespace flatkv::partition {
@@ -53,6 +54,28 @@ bool ReadInteger(std::string_view* s, int64_t* out) {
   return true;
 }
 
+// A flat JSON object, '{"key": value, ...}', at least one key: calls
+// "field" for each key with "s" at its value, which it reads and returns ""
+// for, or says what is wrong with it. Returns "" or what is wrong.
+std::string ParseObject(std::string_view json,
+                        const std::function<std::string(const std::string& key,
+                                                        std::string_view* s)>& field) {
+  std::string_view s = json;
+  if (!Consume(&s, '{')) return "not a JSON object";
+  SkipSpace(&s);
+  if (!s.empty() && s.front() == '}') return "empty";
+  while (true) {
+    std::string key;
+    if (!ReadString(&s, &key) || !Consume(&s, ':')) return "expected \"key\": value";
+    if (std::string why = field(key, &s); !why.empty()) return why;
+    if (Consume(&s, '}')) break;
+    if (!Consume(&s, ',')) return "expected ',' or '}'";
+  }
+  SkipSpace(&s);
+  if (!s.empty()) return "trailing characters";
+  return "";
+}
+
 }  // namespace
 
 std::string RingSettings::ToJson() const {
@@ -65,36 +88,28 @@ Status RingSettings::FromJson(std::string_view json, RingSettings* out) {
   // would be a ring-wide setting this instance ignores.
   RingSettings result;
   bool have_bound = false, have_replication = false;
-  std::string_view s = json;
   const auto bad = [&](std::string_view why) {
     return Status::InvalidArgument("ring settings '" + std::string(json) + "': " +
                                    std::string(why));
   };
-  if (!Consume(&s, '{')) return bad("not a JSON object");
-  SkipSpace(&s);
-  if (!s.empty() && s.front() == '}') return bad("empty");
-  while (true) {
-    std::string key;
-    if (!ReadString(&s, &key) || !Consume(&s, ':')) return bad("expected \"key\": value");
+  const std::string why = ParseObject(json, [&](const std::string& key, std::string_view* s) {
     if (key == "hash_bound") {
-      if (!ReadInteger(&s, &result.hash_bound) || result.hash_bound <= 0) {
-        return bad("hash_bound must be a positive integer");
+      if (!ReadInteger(s, &result.hash_bound) || result.hash_bound <= 0) {
+        return std::string("hash_bound must be a positive integer");
       }
       have_bound = true;
     } else if (key == "replication") {
-      if (!ReadString(&s, &result.replication) ||
+      if (!ReadString(s, &result.replication) ||
           (result.replication != "sync" && result.replication != "async")) {
-        return bad("replication must be \"sync\" or \"async\"");
+        return std::string("replication must be \"sync\" or \"async\"");
       }
       have_replication = true;
     } else {
-      return bad("unknown key '" + key + "'");
+      return "unknown key '" + key + "'";
     }
-    if (Consume(&s, '}')) break;
-    if (!Consume(&s, ',')) return bad("expected ',' or '}'");
-  }
-  SkipSpace(&s);
-  if (!s.empty()) return bad("trailing characters");
+    return std::string();
+  });
+  if (!why.empty()) return bad(why);
   if (!have_bound || !have_replication) return bad("needs hash_bound and replication");
   *out = result;
   return Status::OK();
@@ -127,7 +142,6 @@ Status RecordedChain::FromJson(std::string_view json, RecordedChain* out) {
   // chain means, so the chain counts as unreadable rather than half-read.
   RecordedChain result;
   bool have_version = false, have_members = false;
-  std::string_view s = json;
   const auto bad = [&](std::string_view why) {
     // Anyone can write the node: quote only the start of what is there,
     // printable (it goes to the log).
@@ -138,38 +152,31 @@ Status RecordedChain::FromJson(std::string_view json, RecordedChain* out) {
     if (json.size() > 120) quoted += "...";
     return Status::InvalidArgument("recorded chain '" + quoted + "': " + std::string(why));
   };
-  if (!Consume(&s, '{')) return bad("not a JSON object");
-  SkipSpace(&s);
-  if (!s.empty() && s.front() == '}') return bad("empty");
-  while (true) {
-    std::string key;
-    if (!ReadString(&s, &key) || !Consume(&s, ':')) return bad("expected \"key\": value");
+  const std::string why = ParseObject(json, [&](const std::string& key, std::string_view* s) {
     if (key == "ring_version" && !have_version) {
-      if (!ReadInteger(&s, &result.ring_version) || result.ring_version < 0) {
-        return bad("ring_version must be a non-negative integer");
+      if (!ReadInteger(s, &result.ring_version) || result.ring_version < 0) {
+        return std::string("ring_version must be a non-negative integer");
       }
       have_version = true;
     } else if (key == "members" && !have_members) {
-      if (!Consume(&s, '[')) return bad("members must be an array of \"host:port\"");
+      if (!Consume(s, '[')) return std::string("members must be an array of \"host:port\"");
       while (true) {
         std::string member, host;
         int port = 0;
-        if (!ReadString(&s, &member) || !ParseHostPort(member, "member", &host, &port).ok()) {
-          return bad("members must be a non-empty array of \"host:port\"");
+        if (!ReadString(s, &member) || !ParseHostPort(member, "member", &host, &port).ok()) {
+          return std::string("members must be a non-empty array of \"host:port\"");
         }
         result.members.push_back(std::move(member));
-        if (Consume(&s, ']')) break;
-        if (!Consume(&s, ',')) return bad("expected ',' or ']' in members");
+        if (Consume(s, ']')) break;
+        if (!Consume(s, ',')) return std::string("expected ',' or ']' in members");
       }
       have_members = true;
     } else {
-      return bad("unknown or repeated key '" + key + "'");
+      return "unknown or repeated key '" + key + "'";
     }
-    if (Consume(&s, '}')) break;
-    if (!Consume(&s, ',')) return bad("expected ',' or '}'");
-  }
-  SkipSpace(&s);
-  if (!s.empty()) return bad("trailing characters");
+    return std::string();
+  });
+  if (!why.empty()) return bad(why);
   if (!have_version || !have_members) return bad("needs ring_version and members");
   *out = std::move(result);
   return Status::OK();
