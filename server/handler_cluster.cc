@@ -99,9 +99,9 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
     return true;
   }
   // Calls that never forward: served here whatever the ring says.
-  if (name.substr(0, 4) == "peer" || name == "digest" || name == "ring" || name == "info" || name == "stats" ||
-      name == "getWriteMode" || name == "setWriteMode" || name == "compact" ||
-      name == "compactionStatus") {
+  if (name.substr(0, 4) == "peer" || name == "digest" || name == "ring" || name == "info" ||
+      name == "stats" || name == "getWriteMode" || name == "setWriteMode" ||
+      name == "compact" || name == "compactionStatus") {
     return false;
   }
   const bool int_key = name == "get" || name == "put" || name == "remove" || name == "append";
@@ -403,42 +403,32 @@ void Handler::digest(rpc::Digest& result, const std::string& token) {
     ThrowIfError(cache_->Flush());
     uint64_t x = 0;
     int64_t keys = 0;
-    const int64_t lo = store_->options().key_min;
-    const int64_t hi = store_->options().key_max - 1;
-    int64_t from = lo;
-    bool done = false;
-    std::string buf;
-    while (!done) {
-      std::vector<engine::KeyValue> out;
-      int64_t next = 0;
-      ThrowIfError(store_->Scan(from, false, 1024, lo, hi, &out, &next, &done));
-      for (const engine::KeyValue& kv : out) {
-        buf.assign(reinterpret_cast<const char*>(&kv.key), sizeof(kv.key));
-        buf += kv.value;
-        x ^= XXH64(buf.data(), buf.size(), 0);
-      }
-      keys += static_cast<int64_t>(out.size());
-      from = next;
-    }
     int64_t skeys = 0;
-    std::string cursor;
-    done = false;
-    while (!done) {
-      std::vector<engine::StringKeyValue> out;
-      std::string next;
-      ThrowIfError(store_->SScan(cursor, 1024, &out, &next, &done));
-      for (const engine::StringKeyValue& kv : out) {
-        // Length-prefixed so ("ab", "c") and ("a", "bc") differ; seed 1
-        // keeps string keys apart from integer ones.
-        const uint32_t n = static_cast<uint32_t>(kv.key.size());
-        buf.assign(reinterpret_cast<const char*>(&n), sizeof(n));
-        buf += kv.key;
-        buf += kv.value;
-        x ^= XXH64(buf.data(), buf.size(), 1);
-      }
-      skeys += static_cast<int64_t>(out.size());
-      cursor = std::move(next);
-    }
+    std::string buf;
+    ThrowIfError(ForEachPage(
+        *store_, 1024,
+        [&](std::vector<engine::KeyValue>* out) {
+          for (const engine::KeyValue& kv : *out) {
+            buf.assign(reinterpret_cast<const char*>(&kv.key), sizeof(kv.key));
+            buf += kv.value;
+            x ^= XXH64(buf.data(), buf.size(), 0);
+          }
+          keys += static_cast<int64_t>(out->size());
+          return true;
+        },
+        [&](std::vector<engine::StringKeyValue>* out) {
+          for (const engine::StringKeyValue& kv : *out) {
+            // Length-prefixed so ("ab", "c") and ("a", "bc") differ; seed 1
+            // keeps string keys apart from integer ones.
+            const uint32_t n = static_cast<uint32_t>(kv.key.size());
+            buf.assign(reinterpret_cast<const char*>(&n), sizeof(n));
+            buf += kv.key;
+            buf += kv.value;
+            x ^= XXH64(buf.data(), buf.size(), 1);
+          }
+          skeys += static_cast<int64_t>(out->size());
+          return true;
+        }));
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(x));
     result.keys = keys;

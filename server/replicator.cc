@@ -109,7 +109,55 @@ Status FromFrame(const rpc::ChainFrame& f, ChainMessage* m) {
   return Status::OK();
 }
 
+// A connection to the member at "address" ("host:port") and the context
+// its peer calls carry.
+client::ClientOptions PeerOptions(const std::string& address, int timeout_ms,
+                                  const ReplicatorOptions& options) {
+  client::ClientOptions o;
+  std::string host;
+  int port = 0;
+  (void)partition::ParseHostPort(address, "member", &host, &port);
+  o.host = host;
+  o.port = port;
+  o.connect_timeout_ms = options.peer_timeout_ms;
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
+rpc::PeerContext PeerContextOf(const ReplicatorOptions& options) {
+  rpc::PeerContext ctx;
+  ctx.token = options.peer_token;
+  ctx.mark = options.mark;
+  return ctx;
+}
+
 }  // namespace
+
+Status ForEachPage(const engine::Store& store, size_t page,
+                   const std::function<bool(std::vector<engine::KeyValue>*)>& ints,
+                   const std::function<bool(std::vector<engine::StringKeyValue>*)>& strings) {
+  const int64_t lo = store.options().key_min;
+  const int64_t hi = store.options().key_max - 1;
+  int64_t from = lo;
+  bool done = false;
+  while (!done) {
+    std::vector<engine::KeyValue> out;
+    int64_t next = 0;
+    FLATKV_RETURN_IF_ERROR(store.Scan(from, false, page, lo, hi, &out, &next, &done));
+    if (!ints(&out)) return Status::OK();
+    from = next;
+  }
+  std::string cursor;
+  done = false;
+  while (!done) {
+    std::vector<engine::StringKeyValue> out;
+    std::string next;
+    FLATKV_RETURN_IF_ERROR(store.SScan(cursor, page, &out, &next, &done));
+    if (!strings(&out)) return Status::OK();
+    cursor = std::move(next);
+  }
+  return Status::OK();
+}
 
 std::string EncodeChainOps(const std::vector<rpc::ChainOp>& ops) {
   auto buffer = std::make_shared<TMemoryBuffer>();
@@ -178,18 +226,8 @@ class Replicator::PeerLink {
 
  private:
   void Run() {
-    client::ClientOptions o;
-    std::string host;
-    int port = 0;
-    (void)partition::ParseHostPort(address_, "member", &host, &port);
-    o.host = host;
-    o.port = port;
-    o.connect_timeout_ms = options_.peer_timeout_ms;
-    o.timeout_ms = options_.peer_timeout_ms;
-    client::Client conn(o);
-    rpc::PeerContext ctx;
-    ctx.token = options_.peer_token;
-    ctx.mark = options_.mark;
+    client::Client conn(PeerOptions(address_, options_.peer_timeout_ms, options_));
+    const rpc::PeerContext ctx = PeerContextOf(options_);
     std::unique_lock<std::mutex> lk(mu_);
     while (true) {
       cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
@@ -283,18 +321,8 @@ class Replicator::SnapshotSender {
  private:
   void Run() {
     const ReplicatorOptions& opt = owner_->options_;
-    client::ClientOptions o;
-    std::string host;
-    int port = 0;
-    (void)partition::ParseHostPort(to_, "member", &host, &port);
-    o.host = host;
-    o.port = port;
-    o.connect_timeout_ms = opt.peer_timeout_ms;
-    o.timeout_ms = std::max(opt.peer_timeout_ms, 10000);
-    client::Client conn(o);
-    rpc::PeerContext ctx;
-    ctx.token = opt.peer_token;
-    ctx.mark = opt.mark;
+    client::Client conn(PeerOptions(to_, std::max(opt.peer_timeout_ms, 10000), opt));
+    const rpc::PeerContext ctx = PeerContextOf(opt);
     const auto start = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
     int64_t token = 0;
@@ -317,7 +345,8 @@ class Replicator::SnapshotSender {
       owner_->snapshot_bytes_sent_.store(static_cast<int64_t>(bytes), std::memory_order_relaxed);
       // Throttle: cluster.resync_mb_per_sec.
       if (opt.resync_bytes_per_sec > 0) {
-        const double due = static_cast<double>(bytes) / static_cast<double>(opt.resync_bytes_per_sec);
+        const double due =
+            static_cast<double>(bytes) / static_cast<double>(opt.resync_bytes_per_sec);
         const double spent =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (due > spent) std::this_thread::sleep_for(std::chrono::duration<double>(due - spent));
@@ -328,64 +357,55 @@ class Replicator::SnapshotSender {
                  at_.epoch, at_.seq);
     // Writes still in an async cache must be in the store it scans.
     (void)owner_->cache_->Flush();
-    engine::Store* store = owner_->store_;
-    const int64_t lo = store->options().key_min;
-    const int64_t hi = store->options().key_max - 1;
-    int64_t from = lo;
-    bool done = false;
     constexpr size_t kPage = 512;
     constexpr uint64_t kPageBytes = 1u << 20;
     rpc::SnapshotPage page;
     uint64_t page_bytes = 0;
-    while (!done && !stop_.load()) {
-      std::vector<engine::KeyValue> out;
-      int64_t next = 0;
-      Status st = store->Scan(from, false, kPage, lo, hi, &out, &next, &done);
-      if (!st.ok()) {
-        spdlog::warn("chain: snapshot to {}: scan: {}", to_, st.ToString());
-        return;
+    bool failed = false;
+    // Sends the page once it is full; false (stopped, or the joiner did
+    // not take it) ends the walk.
+    auto flush = [&]() {
+      if (stop_.load()) {
+        failed = true;
+        return false;
       }
-      for (engine::KeyValue& kv : out) {
-        rpc::KvPair p;
-        p.key = kv.key;
-        page_bytes += kv.value.size() + 8;
-        p.value = std::move(kv.value);
-        page.pairs.push_back(std::move(p));
+      if (page_bytes < kPageBytes && page.pairs.size() + page.spairs.size() < kPage) return true;
+      bytes += page_bytes;
+      if (!send(&page)) {
+        failed = true;
+        return false;
       }
-      from = next;
-      if (page_bytes >= kPageBytes || page.pairs.size() >= kPage) {
-        bytes += page_bytes;
-        if (!send(&page)) return;
-        page = rpc::SnapshotPage();
-        page_bytes = 0;
-      }
+      page = rpc::SnapshotPage();
+      page_bytes = 0;
+      return true;
+    };
+    Status st = ForEachPage(
+        *owner_->store_, kPage,
+        [&](std::vector<engine::KeyValue>* out) {
+          for (engine::KeyValue& kv : *out) {
+            rpc::KvPair p;
+            p.key = kv.key;
+            page_bytes += kv.value.size() + 8;
+            p.value = std::move(kv.value);
+            page.pairs.push_back(std::move(p));
+          }
+          return flush();
+        },
+        [&](std::vector<engine::StringKeyValue>* out) {
+          for (engine::StringKeyValue& kv : *out) {
+            rpc::StringKvPair p;
+            page_bytes += kv.key.size() + kv.value.size();
+            p.key = std::move(kv.key);
+            p.value = std::move(kv.value);
+            page.spairs.push_back(std::move(p));
+          }
+          return flush();
+        });
+    if (!st.ok()) {
+      spdlog::warn("chain: snapshot to {}: reading the store: {}", to_, st.ToString());
+      return;
     }
-    std::string cursor;
-    done = false;
-    while (!done && !stop_.load()) {
-      std::vector<engine::StringKeyValue> out;
-      std::string next;
-      Status st = store->SScan(cursor, kPage, &out, &next, &done);
-      if (!st.ok()) {
-        spdlog::warn("chain: snapshot to {}: string scan: {}", to_, st.ToString());
-        return;
-      }
-      for (engine::StringKeyValue& kv : out) {
-        rpc::StringKvPair p;
-        page_bytes += kv.key.size() + kv.value.size();
-        p.key = std::move(kv.key);
-        p.value = std::move(kv.value);
-        page.spairs.push_back(std::move(p));
-      }
-      cursor = std::move(next);
-      if (page_bytes >= kPageBytes || page.spairs.size() >= kPage) {
-        bytes += page_bytes;
-        if (!send(&page)) return;
-        page = rpc::SnapshotPage();
-        page_bytes = 0;
-      }
-    }
-    if (stop_.load()) return;
+    if (failed) return;
     page.last = true;
     bytes += page_bytes;
     if (!send(&page)) return;
@@ -495,14 +515,6 @@ void Replicator::PostRun(std::function<void(int64_t now, ChainOutput* out)> run)
   Post(std::move(ev));
 }
 
-void Replicator::PostRequest(uint64_t request,
-                             std::function<void(int64_t now, ChainOutput* out)> run) {
-  Event ev;
-  ev.run = std::move(run);
-  ev.request = request;
-  Post(std::move(ev));
-}
-
 void Replicator::Join() {
   PostRun([this](int64_t now, ChainOutput* out) {
     joined_ = true;
@@ -553,39 +565,7 @@ partition::ChainConfig Replicator::ConfigOf(const partition::Ring& ring) const {
   return c;
 }
 
-Status Replicator::Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
-                         bool* existed) {
-  Waiter w;
-  std::string op = EncodeChainOps(ops);
-  uint64_t request;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const std::string role = member_.role();
-    if (role == "middle" || role == "tail") {
-      return Status::NotOwner("this member is the " + role + " of mark " +
-                              std::to_string(options_.mark) + "'s chain, not its head");
-    }
-    request = next_request_++;
-    waiters_[request] = &w;
-  }
-  PostRequest(request, [this, request, keys = std::move(keys), op = std::move(op)](
-            int64_t now, ChainOutput* out) mutable {
-    const size_t before = out->apply.size();
-    member_.OnWrite(request, std::move(keys), std::move(op), now, out);
-    if (out->apply.size() > before) seq_of_request_[request] = out->apply.back().seq;
-  });
-  std::unique_lock<std::mutex> lk(mu_);
-  const auto limit = std::chrono::milliseconds(2 * options_.session_timeout_ms + 2000);
-  if (!w.cv.wait_for(lk, limit, [&] { return w.done; })) {
-    waiters_.erase(request);
-    return Status::Unavailable("the chain of mark " + std::to_string(options_.mark) +
-                               " did not acknowledge the write in time (it may still be applied)");
-  }
-  if (existed != nullptr) *existed = w.existed;
-  return w.status;
-}
-
-Status Replicator::Append(int64_t key, const std::string& suffix, uint64_t max_value_bytes) {
+Status Replicator::Sequence(bool serial, const char* what, SequenceFn run, bool* existed) {
   Waiter w;
   uint64_t request;
   {
@@ -595,30 +575,10 @@ Status Replicator::Append(int64_t key, const std::string& suffix, uint64_t max_v
   }
   Event ev;
   ev.request = request;
-  ev.serial = true;  // reads the value every earlier write left
-  ev.run = [this, request, key, suffix, max_value_bytes](int64_t now, ChainOutput* out) {
-    // Every earlier write is applied (the loop processed them first).
-    std::string value;
-    Status st = cache_->Get(key, &value);
-    if (!st.ok() && !st.IsNotFound()) {
-      out->replies.push_back({request, st});
-      return;
-    }
-    if (value.size() + suffix.size() > max_value_bytes) {
-      out->replies.push_back(
-          {request, Status::ValueTooLarge("append would make key " + std::to_string(key) + " " +
-                                          std::to_string(value.size() + suffix.size()) +
-                                          " bytes, over storage.max_value_bytes (" +
-                                          std::to_string(max_value_bytes) + ")")});
-      return;
-    }
-    value += suffix;
-    rpc::ChainOp op;
-    op.kind = rpc::ChainOpKind::PUT;
-    op.__set_key(key);
-    op.__set_value(std::move(value));
+  ev.serial = serial;
+  ev.run = [this, request, run = std::move(run)](int64_t now, ChainOutput* out) {
     const size_t before = out->apply.size();
-    member_.OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now, out);
+    run(request, now, out);
     if (out->apply.size() > before) seq_of_request_[request] = out->apply.back().seq;
   };
   Post(std::move(ev));
@@ -627,9 +587,59 @@ Status Replicator::Append(int64_t key, const std::string& suffix, uint64_t max_v
   if (!w.cv.wait_for(lk, limit, [&] { return w.done; })) {
     waiters_.erase(request);
     return Status::Unavailable("the chain of mark " + std::to_string(options_.mark) +
-                               " did not acknowledge the append in time (it may still be applied)");
+                               " did not acknowledge the " + what +
+                               " in time (it may still be applied)");
   }
+  if (existed != nullptr) *existed = w.existed;
   return w.status;
+}
+
+Status Replicator::Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
+                         bool* existed) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string role = member_.role();
+    if (role == "middle" || role == "tail") {
+      return Status::NotOwner("this member is the " + role + " of mark " +
+                              std::to_string(options_.mark) + "'s chain, not its head");
+    }
+  }
+  return Sequence(
+      false, "write",
+      [this, keys = std::move(keys), op = EncodeChainOps(ops)](uint64_t request, int64_t now,
+                                                              ChainOutput* out) mutable {
+        member_.OnWrite(request, std::move(keys), std::move(op), now, out);
+      },
+      existed);
+}
+
+Status Replicator::Append(int64_t key, const std::string& suffix, uint64_t max_value_bytes) {
+  // Serial: it reads the value every earlier write left (the loop applied them first).
+  return Sequence(
+      true, "append",
+      [this, key, suffix, max_value_bytes](uint64_t request, int64_t now, ChainOutput* out) {
+        std::string value;
+        Status st = cache_->Get(key, &value);
+        if (!st.ok() && !st.IsNotFound()) {
+          out->replies.push_back({request, st});
+          return;
+        }
+        if (value.size() + suffix.size() > max_value_bytes) {
+          out->replies.push_back(
+              {request, Status::ValueTooLarge("append would make key " + std::to_string(key) +
+                                              " " + std::to_string(value.size() + suffix.size()) +
+                                              " bytes, over storage.max_value_bytes (" +
+                                              std::to_string(max_value_bytes) + ")")});
+          return;
+        }
+        value += suffix;
+        rpc::ChainOp op;
+        op.kind = rpc::ChainOpKind::PUT;
+        op.__set_key(key);
+        op.__set_value(std::move(value));
+        member_.OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now, out);
+      },
+      nullptr);
 }
 
 Status Replicator::BeforeRead(uint64_t hash) {
@@ -839,7 +849,8 @@ void Replicator::Tick(int64_t now, ChainOutput* out) {
   // unreachable") and a longer chain is held back by the lease.
   std::lock_guard<std::mutex> lock(mu_);
   if (lease != lease_) {
-    spdlog::warn("chain: ZooKeeper lease {}", lease ? "renewed" : "lost (writes and sync reads refused)");
+    spdlog::warn("chain: ZooKeeper lease {}",
+                 lease ? "renewed" : "lost (writes and sync reads refused)");
     lease_ = lease;
     member_.SetLease(lease, out);
   }
@@ -942,29 +953,23 @@ Status Replicator::Wipe() {
   intact_ = false;
   SavePosition(true);  // not intact from here until registered again
   FLATKV_RETURN_IF_ERROR(cache_->Flush());
-  const int64_t lo = store_->options().key_min;
-  const int64_t hi = store_->options().key_max - 1;
   uint64_t removed = 0;
-  int64_t from = lo;
-  bool done = false;
-  while (!done) {
-    std::vector<engine::KeyValue> out;
-    int64_t next = 0;
-    FLATKV_RETURN_IF_ERROR(store_->Scan(from, false, 1024, lo, hi, &out, &next, &done));
-    for (const engine::KeyValue& kv : out) FLATKV_RETURN_IF_ERROR(cache_->Remove(kv.key));
-    removed += out.size();
-    from = next;
-  }
-  std::string cursor;
-  done = false;
-  std::vector<std::string> skeys;
-  while (!done) {
-    std::vector<engine::StringKeyValue> out;
-    std::string next;
-    FLATKV_RETURN_IF_ERROR(store_->SScan(cursor, 1024, &out, &next, &done));
-    for (engine::StringKeyValue& kv : out) skeys.push_back(std::move(kv.key));
-    cursor = std::move(next);
-  }
+  Status st;
+  std::vector<std::string> skeys;  // removed after the walk: SScan's cursor stays valid
+  FLATKV_RETURN_IF_ERROR(ForEachPage(
+      *store_, 1024,
+      [&](std::vector<engine::KeyValue>* out) {
+        for (const engine::KeyValue& kv : *out) {
+          if (st = cache_->Remove(kv.key); !st.ok()) return false;
+        }
+        removed += out->size();
+        return true;
+      },
+      [&](std::vector<engine::StringKeyValue>* out) {
+        for (engine::StringKeyValue& kv : *out) skeys.push_back(std::move(kv.key));
+        return true;
+      }));
+  FLATKV_RETURN_IF_ERROR(st);
   for (const std::string& k : skeys) FLATKV_RETURN_IF_ERROR(cache_->SRemove(k));
   removed += skeys.size();
   spdlog::info("chain: emptied the store for a snapshot ({} keys removed)", removed);
@@ -1076,7 +1081,8 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
   (*out)["cluster.chain.frames_failed"] = frames_failed_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.frames_received"] = frames_received_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.snapshots_sent"] = snapshots_sent_.load(std::memory_order_relaxed);
-  (*out)["cluster.chain.snapshot_bytes_sent"] = snapshot_bytes_sent_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.snapshot_bytes_sent"] =
+      snapshot_bytes_sent_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.snapshot_bytes_loaded"] =
       snapshot_bytes_loaded_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.wipes"] = wipes_.load(std::memory_order_relaxed);

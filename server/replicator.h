@@ -160,8 +160,11 @@ class Replicator {
              partition::ChainPosition durable, bool intact);
   void Post(Event event);
   void PostRun(std::function<void(int64_t now, partition::ChainOutput* out)> run);
-  void PostRequest(uint64_t request,
-                   std::function<void(int64_t now, partition::ChainOutput* out)> run);
+  // A client write: "run" (under mu_, on the loop) hands it to the member
+  // as "request"; waits for its answer. Serial: see Event.
+  using SequenceFn =
+      std::function<void(uint64_t request, int64_t now, partition::ChainOutput* out)>;
+  Status Sequence(bool serial, const char* what, SequenceFn run, bool* existed);
   void Loop();
   void Tick(int64_t now, partition::ChainOutput* out);
   // Carries out "out" (outside mu_), in ChainOutput's order.
@@ -225,6 +228,13 @@ class Replicator {
   std::atomic<int64_t> records_{0};
   std::atomic<int64_t> apply_errors_{0};
 };
+
+// Visits every live record of "store" in pages of up to "page": integer
+// keys in key order, then string keys in hash order. A callback returning
+// false ends the walk (OK). Used by snapshots, the wipe and digest.
+Status ForEachPage(const engine::Store& store, size_t page,
+                   const std::function<bool(std::vector<engine::KeyValue>*)>& ints,
+                   const std::function<bool(std::vector<engine::StringKeyValue>*)>& strings);
 
 // Encodes / decodes ChainEntry::op (a serialized rpc::ChainOps). Decoding
 // untrusted bytes: InvalidArgument for anything malformed.
