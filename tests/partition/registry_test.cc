@@ -227,6 +227,13 @@ std::unique_ptr<Registry> StartRegistry(RegistryOptions o, bool do_register = tr
   return r;
 }
 
+// A member of "mark" on "port", once its node exists.
+std::unique_ptr<Registry> StartRegistered(const ZooKeeperServer& zk, int64_t mark, int port) {
+  std::unique_ptr<Registry> r = StartRegistry(Options(zk, mark, port));
+  REQUIRE(r->WaitRegistered(5000).ok());
+  return r;
+}
+
 // "10=[a:1,b:2] 20=[]" for the registry's ring, "" while it has none.
 std::string RingOf(const Registry& r) {
   const std::shared_ptr<const Ring> ring = r.ring();
@@ -359,8 +366,7 @@ TEST_CASE("A member node left by an earlier process at the same address is repla
   REQUIRE(earlier.Exists(node, &before) == ZOK);
   REQUIRE(before.ephemeralOwner == earlier.session());
 
-  std::unique_ptr<Registry> r = StartRegistry(Options(zk, 100, 9001));
-  REQUIRE(r->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> r = StartRegistered(zk, 100, 9001);
   Stat after;
   REQUIRE(earlier.Exists(node, &after) == ZOK);
   int64_t session = 0;
@@ -379,8 +385,7 @@ TEST_CASE("Every registry's ring converges to all marks, a shared mark's chain o
   REQUIRE(a->WaitRegistered(5000).ok());
   REQUIRE(b->WaitRegistered(5000).ok());
   // Registered after a, so it is a's successor in mark 100's chain.
-  std::unique_ptr<Registry> c = StartRegistry(Options(zk, 100, 9003));
-  REQUIRE(c->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> c = StartRegistered(zk, 100, 9003);
 
   const std::string expected = "100=[127.0.0.1:9001,127.0.0.1:9003] 200=[127.0.0.1:9002]";
   REQUIRE(AllSee({a.get(), b.get(), c.get()}, expected, 1s));
@@ -418,8 +423,7 @@ TEST_CASE("A registry whose settings differ from the ring's gets on_fatal naming
           "writes nothing",
           "[partition][registry]") {
   ZooKeeperServer zk;
-  std::unique_ptr<Registry> first = StartRegistry(Options(zk, 100, 9001));
-  REQUIRE(first->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> first = StartRegistered(zk, 100, 9001);
   Inspector zoo(zk.address());
 
   struct Variant {
@@ -463,8 +467,7 @@ TEST_CASE("A foreign child under the service path is skipped and the ring is bui
     zoo.Create("/flatkv/thriftbinaryXYZ");     // malformed: no mark, no address
     zoo.Create("/flatkv/thriftbinary5:host");  // malformed: no port
   }
-  std::unique_ptr<Registry> r = StartRegistry(Options(zk, 100, 9001));
-  REQUIRE(r->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> r = StartRegistered(zk, 100, 9001);
   REQUIRE(Eventually([&] { return RingOf(*r) == "100=[127.0.0.1:9001]"; }, 1s));
 
   // A member that another tool wrote by hand counts; a new foreign child
@@ -597,10 +600,8 @@ TEST_CASE("In steady state a registry sends ZooKeeper nothing but pings",
 TEST_CASE("RecordChain writes .cluster/chains/<mark> and every ring shows it within 1 s",
           "[partition][registry]") {
   ZooKeeperServer zk;
-  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
-  REQUIRE(a->WaitRegistered(5000).ok());
-  std::unique_ptr<Registry> b = StartRegistry(Options(zk, 100, 9002));
-  REQUIRE(b->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
+  std::unique_ptr<Registry> b = StartRegistered(zk, 100, 9002);
   std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
   const std::string chain = "100=[127.0.0.1:9001,127.0.0.1:9002]";
   REQUIRE(AllSee({a.get(), b.get(), observer.get()}, chain, 1s));
@@ -729,8 +730,7 @@ TEST_CASE("Only a registered member records: not registered, deregistered, repla
 TEST_CASE("The ring version grows with a recorded chain and a new mark, and is the documented sum",
           "[partition][registry]") {
   ZooKeeperServer zk;
-  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
-  REQUIRE(a->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
   std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
   REQUIRE(AllSee({a.get(), observer.get()}, "100=[127.0.0.1:9001]", 1s));
   Inspector zoo(zk.address());
@@ -770,8 +770,7 @@ TEST_CASE("The ring version grows with a recorded chain and a new mark, and is t
 
   // And a member joining that mark.
   v = seen(*observer);
-  std::unique_ptr<Registry> c = StartRegistry(Options(zk, 300, 9003));
-  REQUIRE(c->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> c = StartRegistered(zk, 300, 9003);
   CHECK(AllSee({a.get(), c.get(), observer.get()}, "100=[127.0.0.1:9001] 300=[127.0.0.1:9003]",
                1s));
   CHECK(seen(*observer) > v);
@@ -855,8 +854,7 @@ TEST_CASE("registration_czxid names the member node, and Deregister removes it u
 TEST_CASE("A malformed chain node gives no recorded chain, a warning and no crash",
           "[partition][registry]") {
   ZooKeeperServer zk;
-  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
-  REQUIRE(a->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
   std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
   REQUIRE(AllSee({a.get(), observer.get()}, "100=[127.0.0.1:9001]", 1s));
   Inspector zoo(zk.address());
@@ -912,8 +910,7 @@ TEST_CASE("A malformed chain node gives no recorded chain, a warning and no cras
 TEST_CASE("Ping answers from ZooKeeper on a live session, and Unavailable in time when it is down",
           "[partition][registry]") {
   ZooKeeperServer zk;
-  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
-  REQUIRE(a->WaitRegistered(5000).ok());
+  std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
   std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
   REQUIRE(Eventually([&] { return observer->ring() != nullptr; }, 5s));
   const auto received = [&] { return MntrValue(zk.FourLetter("mntr"), "zk_packets_received"); };
