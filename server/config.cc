@@ -108,8 +108,8 @@ const std::vector<Key>& Schema() {
       {"server.port", "9901", "Thrift port (binary protocol, framed transport); 0 = any",
        Int<int>([](Config* c) { return &c->server.port; }, 0, 65535, "server.port")},
       {"server.workers", "auto",
-       "handler threads; 0 = calls run on the I/O threads; auto = 0, or with storage.sync: always "
-       "16 (64 for a ring member)",
+       "handler threads; 0 = calls run on the I/O threads; auto = 0, or 16 with storage.sync: "
+       "always outside a ring",
        [](const std::string& text, Config* c) -> Status {
          if (text == "auto") {
            c->server.workers = -1;
@@ -362,11 +362,11 @@ Status LoadConfig(const std::string& path, const std::vector<std::string>& overr
         std::max(1, static_cast<int>(std::thread::hardware_concurrency() / 2));
   }
   if (config->server.workers < 0) {
-    // A ring member's writes wait for their chain on a worker: more of them
-    // in flight make larger batches down the chain.
-    config->server.workers = config->storage.sync != engine::SyncMode::kAlways ? 0
-                             : config->cluster.enabled()                       ? 64
-                                                                               : 16;
+    // A standalone put under sync: always waits for fdatasync: on a worker,
+    // so that many wait together (group commit). A ring member's writes
+    // wait for their chain without holding any thread (server/forwarder.h).
+    config->server.workers =
+        config->storage.sync == engine::SyncMode::kAlways && !config->cluster.enabled() ? 16 : 0;
   }
   if (config->storage.key_min >= config->storage.key_max) {
     return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");

@@ -29,6 +29,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -36,6 +37,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <new>
 #include <string_view>
 
@@ -95,6 +97,7 @@ struct Spec {
   const char* name;
   const char* peer_name;
   Handler::Method method;
+  Handler::Method peer_method;
   bool string_key;
   bool has_value;
   bool write;
@@ -107,19 +110,27 @@ constexpr bool kValue = true, kNoValue = false;
 constexpr bool kWrite = true, kRead = false;
 
 const Spec kSpecs[] = {
-    {"get", "peerGet", Handler::kGet, kIntKey, kNoValue, kRead, true, Result::kGetResult},
-    {"put", "peerPut", Handler::kPut, kIntKey, kValue, kWrite, true, Result::kVoid},
-    {"remove", "peerRemove", Handler::kRemove, kIntKey, kNoValue, kWrite, true, Result::kBool},
-    {"append", "peerAppend", Handler::kAppend, kIntKey, kValue, kWrite, false, Result::kVoid},
-    {"sget", "peerSGet", Handler::kSGet, kStringKey, kNoValue, kRead, true, Result::kGetResult},
-    {"sput", "peerSPut", Handler::kSPut, kStringKey, kValue, kWrite, true, Result::kVoid},
-    {"sremove", "peerSRemove", Handler::kSRemove, kStringKey, kNoValue, kWrite, true,
-     Result::kBool},
+    {"get", "peerGet", Handler::kGet, Handler::kPeerGet, kIntKey, kNoValue, kRead, true,
+     Result::kGetResult},
+    {"put", "peerPut", Handler::kPut, Handler::kPeerPut, kIntKey, kValue, kWrite, true,
+     Result::kVoid},
+    {"remove", "peerRemove", Handler::kRemove, Handler::kPeerRemove, kIntKey, kNoValue, kWrite,
+     true, Result::kBool},
+    {"append", "peerAppend", Handler::kAppend, Handler::kPeerAppend, kIntKey, kValue, kWrite,
+     false, Result::kVoid},
+    {"sget", "peerSGet", Handler::kSGet, Handler::kPeerSGet, kStringKey, kNoValue, kRead, true,
+     Result::kGetResult},
+    {"sput", "peerSPut", Handler::kSPut, Handler::kPeerSPut, kStringKey, kValue, kWrite, true,
+     Result::kVoid},
+    {"sremove", "peerSRemove", Handler::kSRemove, Handler::kPeerSRemove, kStringKey, kNoValue,
+     kWrite, true, Result::kBool},
 };
 
-const Spec* FindSpec(std::string_view name) {
+// The spec of a client method, or of a peer write (*peer).
+const Spec* FindSpec(std::string_view name, bool* peer) {
   for (const Spec& spec : kSpecs) {
-    if (name == spec.name) return &spec;
+    *peer = spec.write && name == spec.peer_name;
+    if (name == spec.name || *peer) return &spec;
   }
   return nullptr;
 }
@@ -129,6 +140,8 @@ const Spec* FindSpec(std::string_view name) {
 struct Forwarder::Op {
   const Spec* spec = nullptr;
   int32_t seqid = 0;  // the client's
+  bool peer = false;  // a peer write (peerPut ...) for this member's chain
+  rpc::PeerContext ctx;  // its context
   int64_t key = 0;
   std::string string_key;
   std::string value;
@@ -148,6 +161,23 @@ struct Forwarder::Outcome {
   bool existed = false;
   bool has_err = false;
   rpc::KvError err;
+};
+
+// Chain writes answered by the replicator's loop thread, waiting for this
+// I/O thread. The loop writes the eventfd only when the queue was empty.
+// Once the Forwarder is gone ("closed") an answer is dropped with its Op.
+struct Forwarder::Inbox {
+  std::mutex mu;
+  bool closed = false;  // GUARDED_BY(mu)
+  int fd = -1;
+  struct Done {
+    Op* op;
+    Status status;
+    bool existed;
+  };
+  std::vector<Done> done;  // GUARDED_BY(mu)
+
+  void Push(Op* op, const Status& status, bool existed);
 };
 
 struct Forwarder::Peer {
@@ -186,6 +216,19 @@ Forwarder::Forwarder(event_base* base, Handler* handler, Cluster* cluster, const
       in_protocol_(std::make_shared<TBinaryProtocol>(in_)),
       out_protocol_(std::make_shared<TBinaryProtocol>(out_)) {
   flush_event_ = event_new(base_, -1, 0, &Forwarder::OnFlush, this);
+  if (cluster_->replicator() != nullptr) {
+    inbox_ = std::make_shared<Inbox>();
+    inbox_->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (inbox_->fd >= 0) {
+      inbox_event_ = event_new(base_, inbox_->fd, EV_READ | EV_PERSIST, &Forwarder::OnInbox, this);
+    }
+    if (inbox_event_ == nullptr || event_add(inbox_event_, nullptr) != 0) {
+      // Without it chain writes go to the workers, as the offload function says.
+      spdlog::warn("forwarder: no eventfd for chain answers: {}", std::strerror(errno));
+      if (inbox_->fd >= 0) close(inbox_->fd);
+      inbox_.reset();
+    }
+  }
 }
 
 Forwarder::~Forwarder() {
@@ -198,6 +241,59 @@ Forwarder::~Forwarder() {
     }
   }
   if (flush_event_ != nullptr) event_free(flush_event_);
+  if (inbox_ != nullptr) {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    inbox_->closed = true;
+    for (Inbox::Done& d : inbox_->done) delete d.op;
+    inbox_->done.clear();
+    event_free(inbox_event_);
+    close(inbox_->fd);
+  }
+}
+
+void Forwarder::Inbox::Push(Op* op, const Status& status, bool existed) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (closed) {
+    delete op;  // the I/O thread is gone: no one to answer
+    return;
+  }
+  done.push_back({op, status, existed});
+  if (done.size() == 1) {
+    const uint64_t one = 1;
+    // Cannot fail short of the counter overflowing: a nonblocking eventfd.
+    [[maybe_unused]] ssize_t n = write(fd, &one, sizeof(one));
+  }
+}
+
+void Forwarder::StartLocalWrite(Op* op) {
+  std::shared_ptr<Inbox> inbox = inbox_;
+  Status st = handler_->StartChainWrite(
+      op->spec->method, op->key, op->string_key, std::move(op->value),
+      [inbox, op](const Status& status, bool existed) { inbox->Push(op, status, existed); });
+  if (!st.ok()) inbox->Push(op, st, false);  // refused at once (key out of range ...)
+}
+
+void Forwarder::OnInbox(int /*fd*/, short /*what*/, void* arg) {
+  static_cast<Forwarder*>(arg)->DrainInbox();
+}
+
+void Forwarder::DrainInbox() {
+  uint64_t count;
+  [[maybe_unused]] ssize_t n = read(inbox_->fd, &count, sizeof(count));
+  std::vector<Inbox::Done> done;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    done.swap(inbox_->done);
+  }
+  for (Inbox::Done& d : done) {
+    Outcome outcome;
+    outcome.existed = d.existed;
+    if (!d.status.ok()) {
+      outcome.has_err = true;
+      outcome.err = ToKvError(d.status);
+    }
+    Answer(d.op, outcome);
+  }
 }
 
 // Reads the call's name and arguments with the protocol the processor
@@ -210,25 +306,30 @@ bool Forwarder::Parse(const uint8_t* message, uint32_t len, Op* op, bool* inline
     std::string name;
     TMessageType type;
     in_protocol_->readMessageBegin(name, type, op->seqid);
-    op->spec = type == T_CALL ? FindSpec(name) : nullptr;
+    op->spec = type == T_CALL ? FindSpec(name, &op->peer) : nullptr;
     if (op->spec != nullptr) {
-      // The arguments struct: field 1 the key, field 2 the value; the
-      // generated code skips unknown fields and insists on the required.
+      // The arguments struct: (field 1 the peer's context,) then the key
+      // and the value; the generated code skips unknown fields and insists
+      // on the required.
       std::string ignored;
       TType ftype;
       int16_t fid;
-      bool have_key = false, have_value = false;
+      const int16_t key_id = op->peer ? 2 : 1;
+      bool have_ctx = !op->peer, have_key = false, have_value = false;
       in_protocol_->readStructBegin(ignored);
       for (;;) {
         in_protocol_->readFieldBegin(ignored, ftype, fid);
         if (ftype == T_STOP) break;
-        if (fid == 1 && !op->spec->string_key && ftype == T_I64) {
+        if (fid == 1 && op->peer && ftype == T_STRUCT) {
+          op->ctx.read(in_protocol_.get());
+          have_ctx = true;
+        } else if (fid == key_id && !op->spec->string_key && ftype == T_I64) {
           in_protocol_->readI64(op->key);
           have_key = true;
-        } else if (fid == 1 && op->spec->string_key && ftype == T_STRING) {
+        } else if (fid == key_id && op->spec->string_key && ftype == T_STRING) {
           in_protocol_->readBinary(op->string_key);
           have_key = true;
-        } else if (fid == 2 && op->spec->has_value && ftype == T_STRING) {
+        } else if (fid == key_id + 1 && op->spec->has_value && ftype == T_STRING) {
           in_protocol_->readBinary(op->value);
           have_value = true;
         } else {
@@ -238,7 +339,7 @@ bool Forwarder::Parse(const uint8_t* message, uint32_t len, Op* op, bool* inline
       }
       in_protocol_->readStructEnd();
       in_protocol_->readMessageEnd();
-      ok = have_key && (have_value || !op->spec->has_value);
+      ok = have_ctx && have_key && (have_value || !op->spec->has_value);
       *inline_call = !ok;  // a required argument missing
     }
   } catch (const std::exception&) {
@@ -260,12 +361,36 @@ AsyncCalls::Decision Forwarder::Start(const uint8_t* message, uint32_t len, Repl
   // The handler answers these at once, before any forward.
   if (spec.has_value && op->value.size() > handler_->max_value_bytes()) return Decision::kInline;
   const int64_t hash = spec.string_key ? handler_->StringHash(op->string_key) : op->key;
+  if (op->peer) {
+    // A peer's write for our chain: checked as the handler's peer* method
+    // checks it, refused through the inbox (never inside Start()).
+    if (inbox_ == nullptr) return Decision::kNotTaken;
+    op->reply = reply;
+    op->start = Clock::now();
+    Op* raw = op.release();
+    Status st = cluster_->CheckPeerRange(raw->ctx, hash, hash);
+    if (st.ok()) {
+      StartLocalWrite(raw);
+    } else {
+      inbox_->Push(raw, st, false);
+    }
+    handler_->CountCall(spec.peer_method);
+    *ticket = raw;
+    return Decision::kTaken;
+  }
   if (!cluster_->Route(hash, spec.write, &op->target).ok()) return Decision::kInline;
   if (op->target.local) {
-    // Ours. A write waits for its chain (server/replicator.h): a worker
-    // runs it (the offload function says so); a read is answered here.
-    return spec.write && cluster_->replicator() != nullptr ? Decision::kNotTaken
-                                                           : Decision::kInline;
+    // Ours. A read is answered here; a write goes through the chain
+    // (answered from the inbox), or on a worker without an inbox.
+    if (!spec.write || cluster_->replicator() == nullptr) return Decision::kInline;
+    if (inbox_ == nullptr) return Decision::kNotTaken;
+    op->reply = reply;
+    op->start = Clock::now();
+    Op* raw = op.release();
+    StartLocalWrite(raw);
+    handler_->CountCall(spec.method);
+    *ticket = raw;
+    return Decision::kTaken;
   }
   Peer* peer = FindPeer(op->target.address);
   if (peer == nullptr) return Decision::kNotTaken;  // a host name: the worker pool
@@ -582,7 +707,7 @@ bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
 void Forwarder::Answer(Op* op, const Outcome& outcome) {
   std::unique_ptr<Op> owned(op);
   const Spec& spec = *op->spec;
-  handler_->Finish(spec.method, op->start, outcome.has_err);
+  handler_->Finish(op->peer ? spec.peer_method : spec.method, op->start, outcome.has_err);
   Reply* reply = op->reply;
   op->reply = nullptr;
   if (reply == nullptr) return;  // the client went away
@@ -593,7 +718,7 @@ void Forwarder::Answer(Op* op, const Outcome& outcome) {
     out_->getWritePtr(kFrameHeader);
     out_->wroteBytes(kFrameHeader);
     TBinaryProtocol* p = out_protocol_.get();
-    p->writeMessageBegin(spec.name, T_REPLY, op->seqid);
+    p->writeMessageBegin(op->peer ? spec.peer_name : spec.name, T_REPLY, op->seqid);
     p->writeStructBegin("result");
     if (outcome.has_err) {
       p->writeFieldBegin("err", T_STRUCT, 1);

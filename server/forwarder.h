@@ -9,8 +9,13 @@
 //
 // Which calls: get, put, remove, append, sget, sput, sremove whose key the
 // ring gives to another member, when that member's address has a numeric
-// host (an IP literal: no name lookup on the I/O thread). Everything else is
-// not taken: calls for this mark run inline, malformed calls and calls that
+// host (an IP literal: no name lookup on the I/O thread); and the writes
+// among them for this member's own mark, which go through its chain
+// (Handler::StartChainWrite(), server/replicator.h) without a worker: the
+// replicator's loop thread hands each answer back through an eventfd of
+// this I/O thread (the Inbox), so a write costs two thread hand-offs and
+// the writes of every connection share the chain's batches. Everything
+// else is not taken: reads for this mark run inline, malformed calls and calls that
 // fail before any forward (no ring yet, a mark with no member, a value too
 // large) are answered inline by the handler, and batches, scans and calls to
 // a member named by a host name go to the EventServer's worker pool, which
@@ -97,6 +102,14 @@ class Forwarder final : public AsyncCalls {
   struct Peer;
   struct Conn;
   struct Outcome;
+  struct Inbox;
+
+  // Starts op (taken) through this member's chain; its answer, or its
+  // refusal, comes through the inbox.
+  void StartLocalWrite(Op* op);
+  // Answers the chain writes the replicator finished (I/O thread).
+  void DrainInbox();
+  static void OnInbox(int fd, short what, void* arg);
 
   // Decodes a client call; false if it is not a single-key call we know
   // (*inline_call: malformed, the handler answers it).
@@ -133,6 +146,8 @@ class Forwarder final : public AsyncCalls {
   const uint32_t max_answer_;
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
   std::vector<Conn*> dirty_;        // connections with frames to write
+  std::shared_ptr<Inbox> inbox_;    // shared with the replicator's callbacks
+  event* inbox_event_ = nullptr;    // the inbox's eventfd is readable
   event* flush_event_ = nullptr;    // made active when dirty_ gets its first
   bool flush_scheduled_ = false;
   // Decoding of client calls and peer answers, encoding of peer calls and

@@ -33,7 +33,9 @@ rpc::KvError MakeError(rpc::ErrorCode::type code, const std::string& message) {
   return e;
 }
 
-void ThrowKvError(const Status& status) {
+void ThrowKvError(const Status& status) { throw ToKvError(status); }
+
+rpc::KvError ToKvError(const Status& status) {
   rpc::ErrorCode::type code = rpc::ErrorCode::STORAGE_ERROR;
   if (status.IsKeyOutOfRange()) code = rpc::ErrorCode::KEY_OUT_OF_RANGE;
   if (status.IsValueTooLarge()) code = rpc::ErrorCode::VALUE_TOO_LARGE;
@@ -43,7 +45,7 @@ void ThrowKvError(const Status& status) {
   if (status.IsUnauthorized()) code = rpc::ErrorCode::UNAUTHORIZED;
   if (status.IsUnavailable()) code = rpc::ErrorCode::UNAVAILABLE;
   // The code travels as ErrorCode: the message is the reason alone.
-  throw MakeError(code, status.message());
+  return MakeError(code, status.message());
 }
 
 Handler::Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config)
@@ -64,14 +66,14 @@ rpc::KvError Handler::Unexpected(Method method, const char* what) {
   return MakeError(rpc::ErrorCode::STORAGE_ERROR, std::string(kMethodNames[method]) + ": " + what);
 }
 
-void Handler::CheckValue(size_t size) const {
-  if (size > max_value_bytes_) {
-    throw MakeError(rpc::ErrorCode::VALUE_TOO_LARGE,
-                    "value of " + std::to_string(size) + " bytes exceeds the limit of " +
-                        std::to_string(max_value_bytes_) +
-                        " (storage.max_value_bytes, server.max_frame_bytes)");
-  }
+Status Handler::ValueSize(size_t size) const {
+  if (size <= max_value_bytes_) return Status::OK();
+  return Status::ValueTooLarge("value of " + std::to_string(size) + " bytes exceeds the limit of " +
+                               std::to_string(max_value_bytes_) +
+                               " (storage.max_value_bytes, server.max_frame_bytes)");
 }
+
+void Handler::CheckValue(size_t size) const { ThrowIfError(ValueSize(size)); }
 
 void Handler::CheckAdmin(const std::string& token) const {
   if (!config_.admin_token.empty() && !SameToken(token, config_.admin_token)) {
@@ -88,14 +90,7 @@ void Handler::LocalGet(rpc::GetResult& result, int64_t key) {
 
 void Handler::LocalPut(int64_t key, const std::string& value) {
   CheckValue(value.size());
-  if (replicator_ != nullptr) {
-    rpc::ChainOp op;
-    op.kind = rpc::ChainOpKind::PUT;
-    op.__set_key(key);
-    op.__set_value(value);
-    ThrowIfError(store_->CheckKey(key));
-    return ReplicatedWrite({std::move(op)}, {static_cast<uint64_t>(key)}, nullptr);
-  }
+  if (replicator_ != nullptr) return ReplicatedWrite(kPut, key, {}, value, nullptr);
   Status st = cache_->Put(key, value);
   if (!st.ok()) ThrowKvError(st);
 }
@@ -103,11 +98,7 @@ void Handler::LocalPut(int64_t key, const std::string& value) {
 bool Handler::LocalRemove(int64_t key) {
   bool existed = false;
   if (replicator_ != nullptr) {
-    rpc::ChainOp op;
-    op.kind = rpc::ChainOpKind::REMOVE;
-    op.__set_key(key);
-    ThrowIfError(store_->CheckKey(key));
-    ReplicatedWrite({std::move(op)}, {static_cast<uint64_t>(key)}, &existed);
+    ReplicatedWrite(kRemove, key, {}, {}, &existed);
     return existed;
   }
   Status st = cache_->Remove(key, &existed);
@@ -117,11 +108,7 @@ bool Handler::LocalRemove(int64_t key) {
 
 void Handler::LocalAppend(int64_t key, const std::string& value) {
   CheckValue(value.size());
-  if (replicator_ != nullptr) {
-    ThrowIfError(store_->CheckKey(key));
-    ThrowIfError(replicator_->Append(key, value, max_value_bytes_));
-    return;
-  }
+  if (replicator_ != nullptr) return ReplicatedWrite(kAppend, key, {}, value, nullptr);
   Status st = cache_->Append(key, value);
   if (!st.ok()) ThrowKvError(st);
 }
@@ -161,7 +148,7 @@ void Handler::LocalMultiPut(const std::vector<rpc::KvPair>& pairs) {
       ops[i].__set_value(pairs[i].value);
       keys[i] = static_cast<uint64_t>(pairs[i].key);
     }
-    if (!ops.empty()) ReplicatedWrite(std::move(ops), std::move(keys), nullptr);
+    if (!ops.empty()) ThrowIfError(replicator_->Write(std::move(ops), std::move(keys), nullptr));
     return;
   }
   Status st = cache_->PutBatch(batch);
@@ -209,14 +196,7 @@ void Handler::LocalSGet(rpc::GetResult& result, const std::string& key) {
 
 void Handler::LocalSPut(const std::string& key, const std::string& value) {
   CheckValue(value.size());
-  if (replicator_ != nullptr) {
-    ThrowIfError(store_->CheckStringKey(key));
-    rpc::ChainOp op;
-    op.kind = rpc::ChainOpKind::SPUT;
-    op.__set_skey(key);
-    op.__set_value(value);
-    return ReplicatedWrite({std::move(op)}, {static_cast<uint64_t>(StringHash(key))}, nullptr);
-  }
+  if (replicator_ != nullptr) return ReplicatedWrite(kSPut, 0, key, value, nullptr);
   Status st = cache_->SPut(key, value);
   if (!st.ok()) ThrowKvError(st);
 }
@@ -224,11 +204,7 @@ void Handler::LocalSPut(const std::string& key, const std::string& value) {
 bool Handler::LocalSRemove(const std::string& key) {
   bool existed = false;
   if (replicator_ != nullptr) {
-    ThrowIfError(store_->CheckStringKey(key));
-    rpc::ChainOp op;
-    op.kind = rpc::ChainOpKind::SREMOVE;
-    op.__set_skey(key);
-    ReplicatedWrite({std::move(op)}, {static_cast<uint64_t>(StringHash(key))}, &existed);
+    ReplicatedWrite(kSRemove, 0, key, {}, &existed);
     return existed;
   }
   Status st = cache_->SRemove(key, &existed);

@@ -107,6 +107,15 @@ class Handler : public rpc::FlatKVIf {
   static void RunAsRetry(std::chrono::steady_clock::time_point start,
                          const std::function<void()>& run);
 
+  // A single-key write (put, remove, append, sput, sremove: "string_key"
+  // for the last two, "value" for the writes that carry one) of this
+  // member's own mark, started through its chain without blocking (the
+  // Forwarder's, on an I/O thread): "done" gets the answer, on another
+  // thread. A write refused at once (value too large, key out of range)
+  // returns its error and "done" is not called. Needs a replicator.
+  Status StartChainWrite(Method method, int64_t key, const std::string& string_key,
+                         std::string value, Replicator::WriteDone done);
+
   // The hash of a string key in the current ring (0 standalone).
   int64_t StringHash(const std::string& key) const;
 
@@ -155,7 +164,8 @@ class Handler : public rpc::FlatKVIf {
   void Run(Method method, Body&& body);
   // Counts and logs a failure other than KvError; the KvError to throw.
   rpc::KvError Unexpected(Method method, const char* what);
-  void CheckValue(size_t size) const;
+  Status ValueSize(size_t size) const;  // ValueTooLarge over max_value_bytes()
+  void CheckValue(size_t size) const;    // throws it
   void CheckAdmin(const std::string& token) const;
 
   // This instance's own data, whatever the ring says; each throws KvError.
@@ -187,9 +197,10 @@ class Handler : public rpc::FlatKVIf {
   // Throws NOT_OWNER/UNAUTHORIZED unless this mark owns every hash of
   // [lo, hi] (a peer call's keys).
   void CheckPeer(const rpc::PeerContext& ctx, int64_t lo, int64_t hi);
-  // Chain replication of a local write / the gate of a local read (throw
-  // KvError); no-ops without a replicator.
-  void ReplicatedWrite(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, bool* existed);
+  // StartChainWrite(), waiting for the answer (throws KvError).
+  void ReplicatedWrite(Method method, int64_t key, const std::string& string_key,
+                       const std::string& value, bool* existed);
+  // The gate of a local read (throws KvError); a no-op without a replicator.
   void CheckRead(int64_t hash);
 
   engine::Store* const store_;
@@ -228,7 +239,9 @@ void Handler::Run(Method method, Body&& body) {
 // A KvError with "code" and "message".
 rpc::KvError MakeError(rpc::ErrorCode::type code, const std::string& message);
 
-// Throws the KvError for a non-OK status (used at the Thrift boundary only).
+// The KvError for a non-OK status (used at the Thrift boundary only), and
+// throwing it.
+rpc::KvError ToKvError(const Status& status);
 [[noreturn]] void ThrowKvError(const Status& status);
 inline void ThrowIfError(const Status& status) {
   if (!status.ok()) ThrowKvError(status);

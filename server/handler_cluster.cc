@@ -362,9 +362,44 @@ void Handler::CheckPeer(const rpc::PeerContext& ctx, int64_t lo, int64_t hi) {
   if (!st.ok()) ThrowKvError(st);
 }
 
-void Handler::ReplicatedWrite(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
-                              bool* existed) {
-  ThrowIfError(replicator_->Write(std::move(ops), std::move(keys), existed));
+Status Handler::StartChainWrite(Method method, int64_t key, const std::string& string_key,
+                                std::string value, Replicator::WriteDone done) {
+  const bool string_keyed = method == kSPut || method == kSRemove;
+  const bool has_value = method == kPut || method == kAppend || method == kSPut;
+  if (has_value) FLATKV_RETURN_IF_ERROR(ValueSize(value.size()));
+  FLATKV_RETURN_IF_ERROR(string_keyed ? store_->CheckStringKey(string_key)
+                                      : store_->CheckKey(key));
+  if (method == kAppend) {
+    replicator_->AppendAsync(key, std::move(value), max_value_bytes_, std::move(done));
+    return Status::OK();
+  }
+  rpc::ChainOp op;
+  switch (method) {
+    case kPut: op.kind = rpc::ChainOpKind::PUT; break;
+    case kRemove: op.kind = rpc::ChainOpKind::REMOVE; break;
+    case kSPut: op.kind = rpc::ChainOpKind::SPUT; break;
+    case kSRemove: op.kind = rpc::ChainOpKind::SREMOVE; break;
+    default: return Status::InvalidArgument("not a single-key write");
+  }
+  if (string_keyed) {
+    op.__set_skey(string_key);
+  } else {
+    op.__set_key(key);
+  }
+  if (has_value) op.__set_value(std::move(value));
+  const uint64_t hash = static_cast<uint64_t>(string_keyed ? StringHash(string_key) : key);
+  replicator_->WriteAsync({std::move(op)}, {hash}, std::move(done));
+  return Status::OK();
+}
+
+void Handler::ReplicatedWrite(Method method, int64_t key, const std::string& string_key,
+                              const std::string& value, bool* existed) {
+  ThrowIfError(replicator_->Wait(
+      [&](Replicator::WriteDone done) {
+        Status st = StartChainWrite(method, key, string_key, value, done);
+        if (!st.ok()) done(st, false);
+      },
+      existed));
 }
 
 void Handler::CheckRead(int64_t hash) {

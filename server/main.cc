@@ -53,9 +53,9 @@ constexpr int kExitBadConfig = 2;
 // retry after a NOT_OWNER answer (each blocks for a round trip to another
 // instance or to ZooKeeper, or its timeout). Single-key calls for other
 // marks are forwarded by the I/O threads themselves (server/forwarder.h).
-// Enough that replicated writes waiting for their chain (each holds a
-// worker until the tail has applied it) still batch well down the chain.
-constexpr int kForwardThreads = 64;
+// A multiPut of the member's own keys holds one until its chain
+// acknowledged it; single-key writes hold none (the Forwarder's inbox).
+constexpr int kForwardThreads = 32;
 
 void Usage(FILE* out) {
   std::fputs(

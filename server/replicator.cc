@@ -3,7 +3,9 @@
 // Locks: mu_ guards the member and the waiters; queue_mu_ the event queue.
 // The loop never holds mu_ while it touches the store, a socket or
 // ZooKeeper, so reads at the tail (BeforeRead) wait only for the member's
-// own bookkeeping. Waiters sleep on their own condition variable with mu_.
+// own bookkeeping. Client writes and held-back reads are pending_ entries
+// whose WriteDone the loop calls outside mu_ (a blocking caller waits on a
+// latch of its own: Wait()); peer events wait on a Waiter with mu_.
 #include "server/replicator.h"
 
 #include <fcntl.h>
@@ -486,13 +488,12 @@ void Replicator::Stop() {
   }
   senders_.clear();
   links_.clear();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [request, w] : waiters_) {
-    w->done = true;
-    w->status = Status::Unavailable("the server is stopping");
-    w->cv.notify_all();
+  std::map<uint64_t, Pending> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(pending_);
   }
-  waiters_.clear();
+  for (auto& [request, p] : pending) p.done(Status::Unavailable("the server is stopping"), false);
 }
 
 void Replicator::Post(Event event) {
@@ -565,13 +566,12 @@ partition::ChainConfig Replicator::ConfigOf(const partition::Ring& ring) const {
   return c;
 }
 
-Status Replicator::Sequence(bool serial, const char* what, SequenceFn run, bool* existed) {
-  Waiter w;
+void Replicator::Sequence(bool serial, const char* what, SequenceFn run, WriteDone done) {
   uint64_t request;
   {
     std::lock_guard<std::mutex> lock(mu_);
     request = next_request_++;
-    waiters_[request] = &w;
+    pending_[request] = {std::move(done), NowMs() + WriteTimeoutMs(), what};
   }
   Event ev;
   ev.request = request;
@@ -582,42 +582,79 @@ Status Replicator::Sequence(bool serial, const char* what, SequenceFn run, bool*
     if (out->apply.size() > before) seq_of_request_[request] = out->apply.back().seq;
   };
   Post(std::move(ev));
-  std::unique_lock<std::mutex> lk(mu_);
-  const auto limit = std::chrono::milliseconds(2 * options_.session_timeout_ms + 2000);
-  if (!w.cv.wait_for(lk, limit, [&] { return w.done; })) {
-    waiters_.erase(request);
-    return Status::Unavailable("the chain of mark " + std::to_string(options_.mark) +
-                               " did not acknowledge the " + what +
-                               " in time (it may still be applied)");
-  }
-  if (existed != nullptr) *existed = w.existed;
-  return w.status;
 }
 
-Status Replicator::Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
-                         bool* existed) {
+// A latch for one answer, shared with the callback: a caller that stopped
+// waiting leaves it to the callback.
+Status Replicator::Wait(const std::function<void(WriteDone)>& start, bool* existed) {
+  return WaitFor(start, WriteTimeoutMs(), existed);
+}
+
+Status Replicator::WaitFor(const std::function<void(WriteDone)>& start, int64_t timeout_ms,
+                           bool* existed) {
+  struct Latch {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+    bool existed = false;
+  };
+  auto latch = std::make_shared<Latch>();
+  start([latch](const Status& status, bool had) {
+    std::lock_guard<std::mutex> lock(latch->mu);
+    latch->done = true;
+    latch->status = status;
+    latch->existed = had;
+    latch->cv.notify_all();
+  });
+  // Every pending request is answered: by the chain, by its deadline
+  // (Expire(), on a tick) or by Stop(). A second later than the deadline
+  // the loop itself must be stuck (a disk that does not answer).
+  std::unique_lock<std::mutex> lk(latch->mu);
+  if (!latch->cv.wait_for(lk, std::chrono::milliseconds(timeout_ms + 1000),
+                          [&] { return latch->done; })) {
+    return Status::Unavailable("the chain of mark " + std::to_string(options_.mark) +
+                               " did not answer in time (its replication loop is stuck)");
+  }
+  if (existed != nullptr) *existed = latch->existed;
+  return latch->status;
+}
+
+void Replicator::WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
+                            WriteDone done) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     const std::string role = member_.role();
     if (role == "middle" || role == "tail") {
-      return Status::NotOwner("this member is the " + role + " of mark " +
-                              std::to_string(options_.mark) + "'s chain, not its head");
+      lock.unlock();
+      return done(Status::NotOwner("this member is the " + role + " of mark " +
+                                   std::to_string(options_.mark) + "'s chain, not its head"),
+                  false);
     }
   }
-  return Sequence(
+  Sequence(
       false, "write",
       [this, keys = std::move(keys), op = EncodeChainOps(ops)](uint64_t request, int64_t now,
                                                               ChainOutput* out) mutable {
         member_.OnWrite(request, std::move(keys), std::move(op), now, out);
       },
+      std::move(done));
+}
+
+Status Replicator::Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
+                         bool* existed) {
+  return Wait(
+      [&](WriteDone done) { WriteAsync(std::move(ops), std::move(keys), std::move(done)); },
       existed);
 }
 
-Status Replicator::Append(int64_t key, const std::string& suffix, uint64_t max_value_bytes) {
+void Replicator::AppendAsync(int64_t key, std::string suffix, uint64_t max_value_bytes,
+                             WriteDone done) {
   // Serial: it reads the value every earlier write left (the loop applied them first).
-  return Sequence(
+  Sequence(
       true, "append",
-      [this, key, suffix, max_value_bytes](uint64_t request, int64_t now, ChainOutput* out) {
+      [this, key, suffix = std::move(suffix), max_value_bytes](uint64_t request, int64_t now,
+                                                               ChainOutput* out) {
         std::string value;
         Status st = cache_->Get(key, &value);
         if (!st.ok() && !st.IsNotFound()) {
@@ -639,7 +676,7 @@ Status Replicator::Append(int64_t key, const std::string& suffix, uint64_t max_v
         op.__set_value(std::move(value));
         member_.OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now, out);
       },
-      nullptr);
+      std::move(done));
 }
 
 Status Replicator::BeforeRead(uint64_t hash) {
@@ -663,16 +700,14 @@ Status Replicator::BeforeRead(uint64_t hash) {
     case partition::ChainMember::Read::kWait:
       break;
   }
-  // A catch-up holds this key back until the joiner applied its writes.
-  Waiter w;
-  waiters_[request] = &w;
-  if (!w.cv.wait_for(lk, std::chrono::milliseconds(options_.peer_timeout_ms),
-                     [&] { return w.done; })) {
-    waiters_.erase(request);
-    return Status::Unavailable("a read of mark " + std::to_string(options_.mark) +
-                               " waited too long for a joining member");
-  }
-  return w.status;
+  // A catch-up holds this key back until the joiner applied its writes
+  // (or the peer timeout passed: Expire()).
+  return WaitFor(
+      [&](WriteDone done) {
+        pending_[request] = {std::move(done), NowMs() + options_.peer_timeout_ms, nullptr};
+        lk.unlock();
+      },
+      options_.peer_timeout_ms, nullptr);
 }
 
 Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame) {
@@ -829,6 +864,7 @@ void Replicator::RunEvents(std::deque<Event>* events, int64_t now) {
 }
 
 void Replicator::Tick(int64_t now, ChainOutput* out) {
+  Expire(now);
   const int64_t half = options_.session_timeout_ms / 2;
   // The lease: lost once ZooKeeper may have expired this member without it
   // knowing: disconnected for half the session timeout, or this process
@@ -1030,25 +1066,53 @@ void Replicator::StartSnapshot(const std::string& to, ChainPosition at) {
 }
 
 void Replicator::Finish(uint64_t request, const Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = waiters_.find(request);
+  WriteDone done;
   bool existed = false;
-  auto s = seq_of_request_.find(request);
-  if (s != seq_of_request_.end()) {
-    auto e = existed_.find(s->second);
-    if (e != existed_.end()) {
-      existed = e->second;
-      existed_.erase(e);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto s = seq_of_request_.find(request);
+    if (s != seq_of_request_.end()) {
+      auto e = existed_.find(s->second);
+      if (e != existed_.end()) {
+        existed = e->second;
+        existed_.erase(e);
+      }
+      seq_of_request_.erase(s);
     }
-    seq_of_request_.erase(s);
+    auto it = pending_.find(request);
+    if (it == pending_.end()) return;  // expired meanwhile
+    done = std::move(it->second.done);
+    pending_.erase(it);
   }
-  if (it == waiters_.end()) return;  // timed out meanwhile
-  Waiter* w = it->second;
-  waiters_.erase(it);
-  w->status = status;
-  w->existed = existed;
-  w->done = true;
-  w->cv.notify_all();
+  done(status, existed);
+}
+
+void Replicator::Expire(int64_t now) {
+  std::vector<Pending> late;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Reads wait less than writes: every entry is looked at.
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.deadline > now) {
+        ++it;
+        continue;
+      }
+      late.push_back(std::move(it->second));
+      it = pending_.erase(it);
+    }
+  }
+  for (Pending& p : late) {
+    if (p.what == nullptr) {
+      p.done(Status::Unavailable("a read of mark " + std::to_string(options_.mark) +
+                                 " waited too long for a joining member"),
+             false);
+    } else {
+      p.done(Status::Unavailable("the chain of mark " + std::to_string(options_.mark) +
+                                 " did not acknowledge the " + p.what +
+                                 " in time (it may still be applied)"),
+             false);
+    }
+  }
 }
 
 std::string Replicator::role() const {

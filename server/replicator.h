@@ -112,15 +112,26 @@ class Replicator {
   // This member's node was created with "czxid" (registry thread).
   void OnRegistered(int64_t czxid);
 
+  // How a write is answered: its status (OK once acknowledged: sync, the
+  // tail applied it; async, this member did) and, for remove and sremove,
+  // whether the first op's key existed here before. Called exactly once, on
+  // the loop thread (or on the caller's, for a write refused at once, or
+  // Stop()'s); it must not block or call back into the replicator.
+  using WriteDone = std::function<void(const Status& status, bool existed)>;
+
   // A client write at this member (it must be the head): the assignments in
-  // "ops" touching the keys whose hashes are "keys". Blocks until answered:
-  // OK once acknowledged (sync: the tail applied it; async: this member
-  // did). *existed (if not null): whether the first op's key existed here
-  // before (remove, sremove).
-  Status Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, bool* existed);
+  // "ops" touching the keys whose hashes are "keys". Never blocks: "done"
+  // gets the answer (UNAVAILABLE if the chain has not acknowledged it
+  // within 2 × session timeout + 2 s: it may still be applied).
+  void WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, WriteDone done);
   // Append: the put of (current value + "suffix"), read and sequenced on the
   // loop thread after every earlier write was applied.
-  Status Append(int64_t key, const std::string& suffix, uint64_t max_value_bytes);
+  void AppendAsync(int64_t key, std::string suffix, uint64_t max_value_bytes, WriteDone done);
+  // WriteAsync, blocking until answered (*existed if not null).
+  Status Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, bool* existed);
+  // Runs "start" with a WriteDone and waits for its answer (*existed if not
+  // null), at most the write timeout and a second.
+  Status Wait(const std::function<void(WriteDone)>& start, bool* existed);
   // Before a read of the key with hash "hash" from this member: OK to serve
   // it now (maybe after waiting for a catch-up), else Unavailable.
   Status BeforeRead(uint64_t hash);
@@ -161,10 +172,12 @@ class Replicator {
   void Post(Event event);
   void PostRun(std::function<void(int64_t now, partition::ChainOutput* out)> run);
   // A client write: "run" (under mu_, on the loop) hands it to the member
-  // as "request"; waits for its answer. Serial: see Event.
+  // as "request"; "done" gets its answer. Serial: see Event.
   using SequenceFn =
       std::function<void(uint64_t request, int64_t now, partition::ChainOutput* out)>;
-  Status Sequence(bool serial, const char* what, SequenceFn run, bool* existed);
+  void Sequence(bool serial, const char* what, SequenceFn run, WriteDone done);
+  Status WaitFor(const std::function<void(WriteDone)>& start, int64_t timeout_ms, bool* existed);
+  int64_t WriteTimeoutMs() const { return 2 * int64_t{options_.session_timeout_ms} + 2000; }
   void Loop();
   void Tick(int64_t now, partition::ChainOutput* out);
   // Carries out "out" (outside mu_), in ChainOutput's order.
@@ -178,6 +191,8 @@ class Replicator {
   void Send(const std::string& to, const partition::ChainMessage& msg);
   void StartSnapshot(const std::string& to, partition::ChainPosition at);
   void Finish(uint64_t request, const Status& status);
+  // Answers the writes and reads waiting past their deadline (loop thread).
+  void Expire(int64_t now);
   partition::ChainConfig ConfigOf(const partition::Ring& ring) const;
   Status LoadPage(const rpc::SnapshotPage& page);
   void RunEvents(std::deque<Event>* events, int64_t now);
@@ -188,9 +203,18 @@ class Replicator {
   ChainCoordinator* const coordinator_;
   const std::string position_path_;
 
-  mutable std::mutex mu_;  // the member, waiters_, next_request_
+  // A request waiting for its answer: a client write, or a read held back
+  // by a catch-up.
+  struct Pending {
+    WriteDone done;
+    int64_t deadline = 0;  // ms (NowMs()); then answered UNAVAILABLE
+    const char* what = "";
+  };
+
+  mutable std::mutex mu_;  // the member, pending_, next_request_
   partition::ChainMember member_;
-  std::map<uint64_t, Waiter*> waiters_;
+  // By request number, so in the order they started (and their deadlines).
+  std::map<uint64_t, Pending> pending_;
   uint64_t next_request_ = 1;
   // Head: the seq each unanswered write got, and whether its first key
   // existed here when it was applied (for remove's answer).
