@@ -38,34 +38,19 @@ int64_t NowMs() {
       .count();
 }
 
-// The CHAIN file: one fixed record, rewritten in place.
-constexpr uint32_t kPositionMagic = 0x43564b46;  // "FKVC"
-constexpr size_t kPositionBytes = 32;
+// The chain log is checkpointed (a new log, the store synced) past this.
+constexpr uint64_t kLogCheckpointBytes = 64ull << 20;
 
-struct PositionRecord {
-  ChainPosition position;
-  bool intact = false;
-};
-
-void EncodePosition(const PositionRecord& r, char* buf) {
-  std::memset(buf, 0, kPositionBytes);
-  std::memcpy(buf, &kPositionMagic, 4);
-  std::memcpy(buf + 4, &r.position.epoch, 8);
-  std::memcpy(buf + 12, &r.position.seq, 8);
-  buf[20] = r.intact ? 1 : 0;
-  const uint32_t crc = engine::crc32c::Value(buf, 28);
-  std::memcpy(buf + 28, &crc, 4);
-}
-
-bool DecodePosition(const char* buf, PositionRecord* r) {
-  uint32_t magic, crc;
-  std::memcpy(&magic, buf, 4);
-  std::memcpy(&crc, buf + 28, 4);
-  if (magic != kPositionMagic || crc != engine::crc32c::Value(buf, 28)) return false;
-  std::memcpy(&r->position.epoch, buf + 4, 8);
-  std::memcpy(&r->position.seq, buf + 12, 8);
-  r->intact = buf[20] == 1;
-  return true;
+// A write that reached neither the log nor the store cannot be taken back
+// from the member's history: stop, as etcd does when its WAL fails, rather
+// than acknowledge or pass on what this member may not hold. A restart
+// replays the log and catches up from the chain.
+[[noreturn]] void Fatal(const char* what, const Status& st) {
+  spdlog::critical("chain: {}: {}; stopping this member (restart it: it replays its log and "
+                   "catches up)",
+                   what, st.ToString());
+  spdlog::shutdown();
+  std::_Exit(3);
 }
 
 rpc::ChainFrame ToFrame(const ChainMessage& m) {
@@ -431,39 +416,47 @@ class Replicator::SnapshotSender {
 Status Replicator::Start(ReplicatorOptions options, engine::Store* store,
                          engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
                          std::unique_ptr<Replicator>* result) {
-  const std::string path = options.data_dir + "/CHAIN";
-  PositionRecord rec;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    char buf[kPositionBytes];
-    const ssize_t n = ::pread(fd, buf, sizeof(buf), 0);
-    ::close(fd);
-    if (n != static_cast<ssize_t>(kPositionBytes) || !DecodePosition(buf, &rec)) {
-      spdlog::warn("chain: {} is damaged: this member starts over from an empty position", path);
-      rec = PositionRecord();
-    }
-  } else if (errno != ENOENT) {
-    return Status::IOError(path + ": " + std::strerror(errno));
+  const std::string path = options.data_dir + "/CHAINLOG";
+  ChainLog::State state;
+  std::vector<ChainEntry> entries;
+  std::unique_ptr<ChainLog> log;
+  FLATKV_RETURN_IF_ERROR(ChainLog::Open(path, &state, &entries, &log));
+  ChainPosition position = state.position;
+  if (!entries.empty()) {
+    // Writes logged but perhaps not in the store when the process stopped.
+    position = {entries.back().epoch, entries.back().seq};
+    std::unique_ptr<Replicator> r(
+        new Replicator(options, store, cache, coordinator, std::move(log), position, state.intact));
+    Status st = r->ApplyEntries(entries);
+    if (!st.ok()) return Status::IOError("replaying " + path + ": " + st.ToString());
+    spdlog::info("chain: replayed {} logged writes", entries.size());
+    r->existed_.clear();
+    r->StartLoop();
+    *result = std::move(r);
+  } else {
+    result->reset(
+        new Replicator(std::move(options), store, cache, coordinator, std::move(log), position,
+                       state.intact));
+    (*result)->StartLoop();
   }
-  spdlog::info("chain: position epoch {} seq {}, store {}", rec.position.epoch, rec.position.seq,
-               rec.intact ? "intact" : "not known intact (new, wiped or crashed in async mode)");
-  result->reset(new Replicator(std::move(options), store, cache, coordinator, rec.position,
-                               rec.intact));
+  spdlog::info("chain: position epoch {} seq {}, store {}", position.epoch, position.seq,
+               state.intact ? "intact" : "not known intact (new, or wiped for a snapshot)");
   return Status::OK();
 }
 
 Replicator::Replicator(ReplicatorOptions options, engine::Store* store,
                        engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
-                       ChainPosition durable, bool intact)
+                       std::unique_ptr<ChainLog> log, ChainPosition durable, bool intact)
     : options_(std::move(options)),
       store_(store),
       cache_(cache),
       coordinator_(coordinator),
-      position_path_(options_.data_dir + "/CHAIN"),
       member_(options_.self, options_.chain, durable, intact),
-      saved_(durable),
-      saved_intact_(intact),
-      intact_(intact) {
+      log_(std::move(log)),
+      logged_intact_(intact),
+      intact_(intact) {}
+
+void Replicator::StartLoop() {
   loop_ = std::thread([this] { Loop(); });
 }
 
@@ -773,6 +766,7 @@ Status Replicator::OnSnapshotPage(const std::string& from, const rpc::SnapshotPa
       spdlog::info("chain: snapshot loaded; catching up from epoch {} seq {}", page.atEpoch,
                    page.atSeq);
       member_.OnSnapshotLoaded(t, now, out);
+      checkpoint_due_ = true;  // the pages were written without a sync
     }
   };
   Post(std::move(ev));
@@ -829,9 +823,8 @@ void Replicator::Loop() {
       next_tick = now + options_.tick_ms;
     }
   }
-  // Shutting down: what the store holds is what the position says.
-  if (cache_->mode() == engine::cache::WriteMode::kAsync) (void)cache_->Flush();
-  SavePosition(true);
+  // Shutting down: the store made durable, the log emptied.
+  Checkpoint();
 }
 
 void Replicator::RunEvents(std::deque<Event>* events, int64_t now) {
@@ -904,13 +897,18 @@ void Replicator::Process(ChainOutput* out) {
     if (!st.ok()) spdlog::error("chain: emptying the store for a snapshot: {}", st.ToString());
   }
   if (!out->apply.empty()) {
-    Status st = ApplyEntries(out->apply);
-    if (!st.ok()) {
-      apply_errors_.fetch_add(1, std::memory_order_relaxed);
-      spdlog::error("chain: applying replicated writes: {}", st.ToString());
-    }
+    // Logged (and under sync: always durable) before anything of the batch
+    // is applied, passed on or acknowledged.
+    Status st = log_->Append(out->apply);
+    if (st.ok() && options_.sync_always) st = log_->Sync();
+    if (!st.ok()) Fatal("logging replicated writes", st);
+    st = ApplyEntries(out->apply);
+    if (!st.ok()) Fatal("applying replicated writes", st);
   }
-  SavePosition(false);
+  if (checkpoint_due_ || intact_ != logged_intact_ || log_->bytes() > kLogCheckpointBytes) {
+    Checkpoint();
+  }
+  log_bytes_.store(log_->bytes(), std::memory_order_relaxed);
   if (!out->record.empty()) {
     Status st = coordinator_->RecordChain(out->record, out->record_version);
     if (st.ok()) {
@@ -987,7 +985,10 @@ Status Replicator::ApplyEntries(const std::vector<ChainEntry>& entries) {
 Status Replicator::Wipe() {
   wipes_.fetch_add(1, std::memory_order_relaxed);
   intact_ = false;
-  SavePosition(true);  // not intact from here until registered again
+  // Not intact from here until registered again (the writes logged before
+  // are void: the store is being replaced).
+  if (Status st = log_->Reset({{}, false}); !st.ok()) Fatal("resetting the log for a wipe", st);
+  logged_intact_ = false;
   FLATKV_RETURN_IF_ERROR(cache_->Flush());
   uint64_t removed = 0;
   Status st;
@@ -1012,37 +1013,26 @@ Status Replicator::Wipe() {
   return Status::OK();
 }
 
-void Replicator::SavePosition(bool force) {
-  ChainPosition pos;
+void Replicator::Checkpoint() {
+  // Everything applied reaches the store's files and the disk, then the
+  // log restarts from the position it names.
+  Status st = cache_->Flush();
+  if (st.ok()) st = store_->Sync();
+  ChainLog::State state;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pos = member_.applied();
+    state.position = member_.applied();
   }
-  const bool async = cache_->mode() == engine::cache::WriteMode::kAsync;
-  PositionRecord rec;
-  rec.position = pos;
-  rec.intact = intact_;
-  if (async && !force) {
-    // Async write mode: the store may lag what was applied; a crash now
-    // would leave it behind any position we could name. Say so once.
-    rec = PositionRecord();
-  }
-  if (!force && rec.position == saved_ && rec.intact == saved_intact_) return;
-  char buf[kPositionBytes];
-  EncodePosition(rec, buf);
-  int fd = ::open(position_path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    spdlog::error("chain: {}: {}", position_path_, std::strerror(errno));
+  state.intact = intact_;
+  if (st.ok()) st = log_->Reset(state);
+  if (!st.ok()) {
+    // The old log stays whole and keeps every write: only longer.
+    spdlog::error("chain: checkpoint of the log: {}", st.ToString());
     return;
   }
-  if (::pwrite(fd, buf, sizeof(buf), 0) != static_cast<ssize_t>(sizeof(buf))) {
-    spdlog::error("chain: writing {}: {}", position_path_, std::strerror(errno));
-  } else if ((options_.sync_always || force) && ::fdatasync(fd) != 0) {
-    spdlog::error("chain: syncing {}: {}", position_path_, std::strerror(errno));
-  }
-  ::close(fd);
-  saved_ = rec.position;
-  saved_intact_ = rec.intact;
+  checkpoints_.fetch_add(1, std::memory_order_relaxed);
+  logged_intact_ = state.intact;
+  checkpoint_due_ = false;
 }
 
 void Replicator::Send(const std::string& to, const ChainMessage& msg) {
@@ -1140,7 +1130,9 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
   }
   (*out)["cluster.chain.applied_entries"] = applied_entries_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.apply_batches"] = apply_batches_.load(std::memory_order_relaxed);
-  (*out)["cluster.chain.apply_errors"] = apply_errors_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.checkpoints"] = checkpoints_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.log_file_bytes"] =
+      static_cast<int64_t>(log_bytes_.load(std::memory_order_relaxed));
   (*out)["cluster.chain.frames_sent"] = frames_sent_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.frames_failed"] = frames_failed_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.frames_received"] = frames_received_.load(std::memory_order_relaxed);

@@ -30,13 +30,16 @@
 // cluster.resync_mb_per_sec. The joiner empties its store first (every key
 // removed: a store it may not keep) and loads the pages on its loop thread.
 //
-// Position: <storage.path>/CHAIN holds the last applied (epoch, seq) and
-// whether the store is intact (holds every write it applied: false from a
+// Durability: every batch of writes is appended to the chain log
+// (<storage.path>/CHAINLOG, server/chain_log.h) before it is applied, and
+// under storage.sync: always synced with one fdatasync (the engine below
+// then runs as sync: interval). The log names the member's position and
+// whether its store is intact (holds every write it applied: false from a
 // wipe until the member registered again, and for a data directory that
-// never had one). It is written after the writes it names are applied (and,
-// under storage.sync: always, made durable after them), so it never claims
-// more than the store holds; in write_mode async it is written only after a
-// cache flush, on a tick.
+// never had one); a restart replays it. A write that cannot be logged or
+// applied stops the process (exit 3) rather than let the member's history
+// and its store part. The log is checkpointed (store synced, log restarted)
+// past 64 MiB, when the member registers, after a snapshot and at a stop.
 //
 // Thread safety: every public method may be called from any thread.
 #pragma once
@@ -59,6 +62,7 @@
 #include "engine/store.h"
 #include "partition/chain.h"
 #include "partition/ring.h"
+#include "server/chain_log.h"
 
 namespace flatkv::server {
 
@@ -83,7 +87,7 @@ class ChainCoordinator {
 struct ReplicatorOptions {
   std::string self;        // cluster.advertise
   int64_t mark = 0;        // cluster.mark
-  std::string data_dir;    // storage.path (the CHAIN file)
+  std::string data_dir;    // storage.path (the CHAINLOG file)
   bool sync = true;        // cluster.replication == sync
   bool sync_always = false;  // storage.sync == always
   int session_timeout_ms = 6000;
@@ -96,8 +100,9 @@ struct ReplicatorOptions {
 
 class Replicator {
  public:
-  // Reads the CHAIN file (a missing one: position (0, 0), not intact) and
-  // starts the loop thread. Nothing is sent before the first OnRing().
+  // Opens the chain log (a missing one: position (0, 0), not intact),
+  // replays it into the store and starts the loop thread. Nothing is sent
+  // before the first OnRing().
   static Status Start(ReplicatorOptions options, engine::Store* store,
                       engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
                       std::unique_ptr<Replicator>* result);
@@ -168,7 +173,8 @@ class Replicator {
 
   Replicator(ReplicatorOptions options, engine::Store* store,
              engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
-             partition::ChainPosition durable, bool intact);
+             std::unique_ptr<ChainLog> log, partition::ChainPosition durable, bool intact);
+  void StartLoop();
   void Post(Event event);
   void PostRun(std::function<void(int64_t now, partition::ChainOutput* out)> run);
   // A client write: "run" (under mu_, on the loop) hands it to the member
@@ -187,7 +193,9 @@ class Replicator {
   Status ApplyEntries(const std::vector<partition::ChainEntry>& entries);
   void SignalDone(Waiter* w, const Status& status);
   Status Wipe();
-  void SavePosition(bool force);
+  // Makes the store durable (cache flushed, files synced) and restarts the
+  // log from the member's position (loop thread).
+  void Checkpoint();
   void Send(const std::string& to, const partition::ChainMessage& msg);
   void StartSnapshot(const std::string& to, partition::ChainPosition at);
   void Finish(uint64_t request, const Status& status);
@@ -201,7 +209,6 @@ class Replicator {
   engine::Store* const store_;
   engine::cache::WriteBackCache* const cache_;
   ChainCoordinator* const coordinator_;
-  const std::string position_path_;
 
   // A request waiting for its answer: a client write, or a read held back
   // by a catch-up.
@@ -235,9 +242,10 @@ class Replicator {
   int64_t last_freeze_check_ = 0;
   bool lease_ = true;
   bool joined_ = false;  // Join() called
-  partition::ChainPosition saved_;
-  bool saved_intact_ = false;
+  std::unique_ptr<ChainLog> log_;
+  bool logged_intact_ = false;   // what the log's state record says
   bool intact_ = false;
+  bool checkpoint_due_ = false;  // a snapshot was loaded: make it durable
 
   // Counters.
   std::atomic<int64_t> applied_entries_{0};
@@ -250,7 +258,8 @@ class Replicator {
   std::atomic<int64_t> snapshot_bytes_loaded_{0};
   std::atomic<int64_t> wipes_{0};
   std::atomic<int64_t> records_{0};
-  std::atomic<int64_t> apply_errors_{0};
+  std::atomic<int64_t> checkpoints_{0};
+  std::atomic<uint64_t> log_bytes_{0};
 };
 
 // Visits every live record of "store" in pages of up to "page": integer
