@@ -523,6 +523,9 @@ void ChainMember::Heartbeat(ChainOutput* out) {
 
 void ChainMember::SendSyncRequest(int64_t now, ChainOutput* out) {
   join_progress_ms_ = now;
+  // No ring read yet (a tick before the first OnConfig): an empty chain
+  // here means "not known", not "no member serves the mark".
+  if (!have_config_) return;
   if (config_.members.empty()) {
     // No member serves the mark. Only a member of the recorded chain with
     // its store intact holds every acknowledged write: it starts the chain

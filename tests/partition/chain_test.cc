@@ -261,3 +261,30 @@ TEST_CASE("an empty chain restarts only from a member of the recorded chain") {
   wiped.StartJoin(0, &out);
   CHECK_FALSE(out.register_now);  // its copy is gone: it waits for "a"
 }
+
+TEST_CASE("a joiner neither registers nor asks anyone before it has read the ring") {
+  // Started and ticking before ZooKeeper answered: no chain is known, which
+  // is not the same as a mark nobody serves. Registering now would make an
+  // empty member the tail of a chain that holds data.
+  for (bool intact : {false, true}) {
+    ChainMember m("new", ChainOptions{}, ChainPosition{}, intact);
+    ChainOutput out;
+    m.StartJoin(0, &out);
+    for (int64_t now = 50; now <= 10000; now += 50) m.OnTick(now, &out);
+    CHECK_FALSE(out.register_now);
+    CHECK(out.sends.empty());
+    // Once the ring is read (a chain of one serving the mark), it asks the tail.
+    ChainConfig c;
+    c.version = 4;
+    c.id = 9;
+    c.members = {"tail"};
+    c.epochs = {1};
+    c.recorded = c.members;
+    ChainOutput after;
+    m.OnConfig(c, 10050, &after);
+    CHECK_FALSE(after.register_now);
+    REQUIRE(after.sends.size() == 1);
+    CHECK(after.sends[0].to == "tail");
+    CHECK(after.sends[0].msg.kind == ChainMessage::Kind::kSyncRequest);
+  }
+}
