@@ -116,25 +116,8 @@ bad = []
 progress = [0]
 
 
-def value(key, v):
-    return b"k=%d v=%d " % (key, v) + b"y" * (key % 61)
-
-
 def judge(key, got, floor):
-    """Any member's read: a value somebody wrote; at least "floor"."""
-    if got is None:
-        if floor > 0:
-            bad.append("key %d: missing, version %d was acknowledged" % (key, floor))
-        return
-    try:
-        v = int(got.split(b" ")[1][2:])
-    except Exception:
-        bad.append("key %d: a value nobody wrote: %r" % (key, got[:40]))
-        return
-    if got != value(key, v) or v > attempted.get(key, 0):
-        bad.append("key %d: a value nobody wrote: %r" % (key, got[:40]))
-    elif v < floor:
-        bad.append("key %d: version %d, but %d was acknowledged" % (key, v, floor))
+    harness.judge_versioned(key, got, floor, attempted, bad)
 
 
 def writer(index):
@@ -157,7 +140,7 @@ def writer(index):
             with lock:
                 v = attempted.get(key, 0) + 1
                 attempted[key] = v
-            c.put(key, value(key, v))
+            c.put(key, harness.versioned(key, v))
             with lock:
                 acked[key] = max(acked.get(key, 0), v)
                 progress[0] += 1

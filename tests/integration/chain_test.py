@@ -137,27 +137,8 @@ def owner(key):
     return MARK_A if key < MARK_A or key >= MARK_B else MARK_B
 
 
-def value(key, v):
-    return b"k=%d v=%d " % (key, v) + b"x" * (key % 97)
-
-
 def judge(key, got, floor):
-    if got is None:
-        if floor > 0:
-            bad.append("key %d: missing, version %d was acknowledged" % (key, floor))
-        return
-    try:
-        k = int(got.split(b" ")[0][2:])
-        v = int(got.split(b" ")[1][2:])
-    except Exception:
-        bad.append("key %d: a value nobody wrote: %r" % (key, got[:40]))
-        return
-    if k != key or got != value(key, v):
-        bad.append("key %d: a value nobody wrote: %r" % (key, got[:40]))
-    elif v < floor:
-        bad.append("key %d: stale read: version %d after %d was acknowledged" % (key, v, floor))
-    elif v > attempted.get(key, 0):
-        bad.append("key %d: version %d was never written" % (key, v))
+    harness.judge_versioned(key, got, floor, attempted, bad)
 
 
 def writer(index):
@@ -186,7 +167,7 @@ def writer(index):
             with lock:
                 v = attempted.get(key, 0) + 1
                 attempted[key] = v
-            c.put(key, value(key, v))
+            c.put(key, harness.versioned(key, v))
             with lock:
                 acked[key] = max(acked.get(key, 0), v)
                 progress[0] += 1

@@ -224,3 +224,29 @@ def wait_ring(ports, expected, timeout=10.0):
             return time.monotonic() - t0
         time.sleep(0.05)
     return None
+
+
+def versioned(key, v):
+    """A self-verifying value: version "v" of integer "key" ("k=<key>
+    v=<v> " and a key-dependent pad)."""
+    return b"k=%d v=%d " % (key, v) + b"x" * (key % 97)
+
+
+def judge_versioned(key, got, floor, attempted, bad):
+    """Judges a read of "key" on its own: "got" (None: not found) must be
+    a value somebody wrote (a version no newer than attempted[key]) and no
+    older than "floor" (the newest version acknowledged before the read
+    began). Appends what breaks the rules to "bad"."""
+    if got is None:
+        if floor > 0:
+            bad.append("key %d: missing, version %d was acknowledged" % (key, floor))
+        return
+    try:
+        v = int(got.split(b" ")[1][2:])
+    except Exception:
+        bad.append("key %d: a value nobody wrote: %r" % (key, got[:40]))
+        return
+    if got != versioned(key, v) or v > attempted.get(key, 0):
+        bad.append("key %d: a value nobody wrote: %r" % (key, got[:40]))
+    elif v < floor:
+        bad.append("key %d: stale read: version %d after %d was acknowledged" % (key, v, floor))
