@@ -421,24 +421,20 @@ Status Replicator::Start(ReplicatorOptions options, engine::Store* store,
   std::vector<ChainEntry> entries;
   std::unique_ptr<ChainLog> log;
   FLATKV_RETURN_IF_ERROR(ChainLog::Open(path, &state, &entries, &log));
-  ChainPosition position = state.position;
+  // Writes logged but perhaps not in the store when the process stopped:
+  // replayed before the loop runs.
+  const ChainPosition position =
+      entries.empty() ? state.position : ChainPosition{entries.back().epoch, entries.back().seq};
+  std::unique_ptr<Replicator> r(new Replicator(std::move(options), store, cache, coordinator,
+                                               std::move(log), position, state.intact));
   if (!entries.empty()) {
-    // Writes logged but perhaps not in the store when the process stopped.
-    position = {entries.back().epoch, entries.back().seq};
-    std::unique_ptr<Replicator> r(
-        new Replicator(options, store, cache, coordinator, std::move(log), position, state.intact));
     Status st = r->ApplyEntries(entries);
     if (!st.ok()) return Status::IOError("replaying " + path + ": " + st.ToString());
     spdlog::info("chain: replayed {} logged writes", entries.size());
     r->existed_.clear();
-    r->StartLoop();
-    *result = std::move(r);
-  } else {
-    result->reset(
-        new Replicator(std::move(options), store, cache, coordinator, std::move(log), position,
-                       state.intact));
-    (*result)->StartLoop();
   }
+  r->StartLoop();
+  *result = std::move(r);
   spdlog::info("chain: position epoch {} seq {}, store {}", position.epoch, position.seq,
                state.intact ? "intact" : "not known intact (new, or wiped for a snapshot)");
   return Status::OK();
