@@ -97,7 +97,8 @@ Store::Guard::~Guard() {
   store_->reader_slots_[slot_].count[parity_].fetch_sub(1, std::memory_order_release);
 }
 
-void Store::SynchronizeReaders() {
+void Store::SynchronizeReaders() const {
+  std::lock_guard<std::mutex> one(sync_mu_);
   // The caller published the new table before this: an operation counted in
   // the new parity loads the new table; the old parity only drains.
   const int old = static_cast<int>(epoch_.fetch_add(1) & 1);
@@ -197,6 +198,22 @@ bool Store::CompactionProgress(uint64_t bytes) {
 }
 
 Status Store::CompactTable(uint64_t segment) {
+  // Pin the segment: CloseIdle must not close a table the compactor holds a
+  // raw pointer to (it would otherwise be one more candidate, since the
+  // compactor's pointers live outside any Guard).
+  {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    compacting_ = segment;
+  }
+  Status st = CompactPinned(segment);
+  {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    compacting_ = kNoSegment;
+  }
+  return st;
+}
+
+Status Store::CompactPinned(uint64_t segment) {
   const std::string home = HomeDir(segment);
   FlatTable* old;
   FlatTable* next;
@@ -206,6 +223,10 @@ Status Store::CompactTable(uint64_t segment) {
     std::lock_guard<std::mutex> lock(tables_mu_);
     if (closed_.load()) return Status::Busy("store is closing");
     std::unique_ptr<FlatTable>& owner = OwnerLocked(segment);
+    if (owner == nullptr && segment != kStringsSegment) {
+      FlatTable* reopened;  // closed by the open-table budget: reopen it
+      FLATKV_RETURN_IF_ERROR(OpenSegmentLocked(segment, &reopened));
+    }
     if (owner == nullptr) return Status::OK();
     old = owner.get();
     gen = generation_[segment];
@@ -287,6 +308,10 @@ void Store::CompactorLoop() {
     {
       std::lock_guard<std::mutex> tables_lock(tables_mu_);
       auto consider = [&](uint64_t seg, const FlatTable* t) {
+        if (t == nullptr) {  // closed by the open-table budget: only on request
+          if (requested) targets.push_back(seg);
+          return;
+        }
         const uint64_t bytes = t->TotalBytes();
         const bool garbage = options_.compaction_garbage_ratio > 0 &&
                              bytes >= options_.compaction_min_bytes &&
@@ -311,6 +336,7 @@ void Store::CompactorLoop() {
     Status result;
     for (uint64_t seg : targets) {
       Status st = CompactTable(seg);
+      MaybeCloseIdle();  // a compaction on request reopens closed tables
       if (!st.ok()) {
         if (!stopping_.load()) spdlog::error("compacting {}: {}", HomeDir(seg), st.ToString());
         result = st;

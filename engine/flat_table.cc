@@ -760,6 +760,7 @@ Status FlatTable::Close() {
     fs.cv.wait(lk, [&] { return !fs.syncing; });
     if (fs.owner == nullptr) continue;
     Status st = fs.owner->Close();  // truncate to the end and fdatasync
+    counters_->data_files_open.fetch_sub(1, std::memory_order_relaxed);
     if (!st.ok() && result.ok()) result = st;
     ends[f] = fs.owner->end();
     if (!fs.error.ok() && result.ok()) result = fs.error;

@@ -48,6 +48,8 @@ struct EngineCounters {
   std::atomic<uint64_t> corrupt_records{0};
   std::atomic<uint64_t> index_rebuilds{0};
   std::atomic<uint64_t> data_files_open{0};
+  std::atomic<uint64_t> segment_opens{0};
+  std::atomic<uint64_t> segment_closes{0};
   std::atomic<uint64_t> scan_slots_visited{0};
   std::atomic<uint64_t> scan_regions_skipped{0};
 };
@@ -135,6 +137,15 @@ class FlatTable {
   void FinishCompaction() { successor_done_.store(true, std::memory_order_release); }
   FlatTable* successor() const { return successor_.load(std::memory_order_acquire); }
   const std::string& dir() const { return params_.dir; }
+
+  // The Store's CLOCK bit (see store.h): every operation that finds this
+  // table sets it; the sweep that closes idle tables clears it and closes
+  // only tables it finds clear. The store is skipped when already set, so
+  // the hot path only reads the cache line.
+  void MarkUsed() const {
+    if (!used_.load(std::memory_order_relaxed)) used_.store(true, std::memory_order_relaxed);
+  }
+  bool TakeUsed() const { return used_.exchange(false, std::memory_order_relaxed); }
   const TableParams& params() const { return params_; }
 
   int64_t kmin() const { return params_.index.kmin; }
@@ -232,6 +243,7 @@ class FlatTable {
   std::atomic<bool> successor_done_{false};
   std::function<bool(std::string*)> transform_;  // set with successor_
   bool closed_ = false;                  // GUARDED_BY(header_mu_)
+  mutable std::atomic<bool> used_{true};  // the CLOCK bit (MarkUsed)
 };
 
 }  // namespace flatkv::engine

@@ -68,6 +68,15 @@ struct EngineOptions {
   SyncMode sync = SyncMode::kNone;
   uint32_t sync_interval_ms = 1000;
 
+  // Descriptors the store may keep open for its tables: each open table
+  // holds its index (one descriptor and one mapping) and its data files (one
+  // each). Tables beyond the budget that no operation used recently are
+  // closed (descriptors and mappings released) and reopened on their next
+  // use; see Store. At least one table (and the string-key table) always
+  // stays open, whatever the budget. flatkv-server lowers it to fit its
+  // RLIMIT_NOFILE with room kept for connections.
+  uint32_t max_open_files = 4096;
+
   // How often the index is made durable and the checkpoint advanced, which
   // bounds the log tail replayed after a crash. 0 disables periodic
   // checkpoints (a clean close still writes one).

@@ -89,7 +89,10 @@ void PutU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*
 }  // namespace
 
 Store::Store(const EngineOptions& options)
-    : options_(options), counters_(std::make_unique<EngineCounters>()) {}
+    : table_budget_(std::max<size_t>(1, options.max_open_files /
+                                            (static_cast<size_t>(options.data_files) + 1))),
+      options_(options),
+      counters_(std::make_unique<EngineCounters>()) {}
 
 Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result) {
   FLATKV_RETURN_IF_ERROR(ValidateOptions(options));
@@ -114,14 +117,25 @@ Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result)
     for (uint64_t seg : segments) {
       std::unique_ptr<FlatTable> table;
       // create=true: a segment whose creation was cut short before its META
-      // was written holds no data yet and is simply completed.
+      // was written holds no data yet and is simply completed. Each table
+      // is opened (so recovery runs now), then closed again if the budget
+      // is full: no reader exists yet, so it closes at once. A table with an
+      // unfinished compaction stays open for the compactor.
       FLATKV_RETURN_IF_ERROR(store->OpenTable(seg, true, &table));
+      if (store->open_tables_.load() >= store->table_budget_ &&
+          store->pending_.count(seg) == 0) {
+        FLATKV_RETURN_IF_ERROR(table->Close());
+        table.reset();
+      } else {
+        store->open_tables_.fetch_add(1);
+      }
       store->tables_[seg] = std::move(table);
     }
     store->PublishTablesLocked();
     if (access((options.path + "/strings").c_str(), F_OK) == 0) {
       FLATKV_RETURN_IF_ERROR(store->OpenStringTable(true, &store->strings_owner_));
       store->strings_.store(store->strings_owner_.get(), std::memory_order_release);
+      store->open_tables_.fetch_add(1);
     }
   }
   if (options.sync == SyncMode::kInterval || options.checkpoint_interval_ms > 0) {
@@ -185,35 +199,134 @@ const Store::TableArray& Store::Tables() const {
   return a != nullptr ? *a : kEmpty;
 }
 
+int64_t Store::SegmentFirstKey(uint64_t segment) const {
+  return static_cast<int64_t>(static_cast<uint64_t>(options_.key_min) +
+                              segment * options_.segment_keys);
+}
+
+int64_t Store::SegmentLastKey(uint64_t segment) const {
+  const TableParams p = ParamsFor(segment);
+  return static_cast<int64_t>(static_cast<uint64_t>(p.index.kmin) + p.index.slots - 1);
+}
+
 uint64_t Store::SegmentId(int64_t key) const {
   return (static_cast<uint64_t>(key) - static_cast<uint64_t>(options_.key_min)) /
          options_.segment_keys;
 }
 
-FlatTable* Store::FindTable(int64_t key) const {
+Status Store::FindTable(int64_t key, FlatTable** table) const {
   const TableArray& tables = Tables();
   const uint64_t seg = SegmentId(key);
-  if (tables.size() == 1) return tables[0].segment == seg ? tables[0].table : nullptr;
-  auto it = std::lower_bound(tables.begin(), tables.end(), seg,
-                             [](const TableRef& r, uint64_t s) { return r.segment < s; });
-  return it != tables.end() && it->segment == seg ? it->table : nullptr;
+  const TableRef* ref = nullptr;
+  if (tables.size() == 1) {
+    if (tables[0].segment == seg) ref = &tables[0];
+  } else {
+    auto it = std::lower_bound(tables.begin(), tables.end(), seg,
+                               [](const TableRef& r, uint64_t s) { return r.segment < s; });
+    if (it != tables.end() && it->segment == seg) ref = &*it;
+  }
+  *table = nullptr;
+  if (ref == nullptr) return Status::OK();  // no such segment
+  if (ref->table != nullptr) {
+    ref->table->MarkUsed();
+    *table = ref->table;
+    return Status::OK();
+  }
+  return OpenSegment(seg, table);  // closed by the budget: reopen
+}
+
+Status Store::OpenSegment(uint64_t seg, FlatTable** table) const {
+  // Reopening fills a cache; the Store's contents do not change.
+  Store* self = const_cast<Store*>(this);
+  std::lock_guard<std::mutex> lock(self->tables_mu_);
+  return self->OpenSegmentLocked(seg, table);
+}
+
+Status Store::OpenSegmentLocked(uint64_t seg, FlatTable** table) {
+  *table = nullptr;
+  if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+  auto it = tables_.find(seg);
+  if (it == tables_.end()) return Status::OK();
+  if (it->second == nullptr) {
+    auto closing = idle_closing_.find(seg);
+    if (closing != idle_closing_.end()) {
+      // CloseIdle unpublished it but has not closed it yet: take it back
+      // (CloseIdle closes only what is still in idle_closing_).
+      it->second = std::move(closing->second);
+      idle_closing_.erase(closing);
+    } else {
+      std::unique_ptr<FlatTable> reopened;
+      FLATKV_RETURN_IF_ERROR(OpenTable(seg, false, &reopened));
+      it->second = std::move(reopened);
+      open_tables_.fetch_add(1);
+      counters_->segment_opens.fetch_add(1, std::memory_order_relaxed);
+    }
+    PublishTablesLocked();
+  }
+  it->second->MarkUsed();
+  *table = it->second.get();
+  return Status::OK();
 }
 
 Status Store::GetOrCreateTable(int64_t key, FlatTable** table) {
-  *table = FindTable(key);
+  FLATKV_RETURN_IF_ERROR(FindTable(key, table));
   if (*table != nullptr) return Status::OK();
   std::lock_guard<std::mutex> lock(tables_mu_);
   if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
   const uint64_t seg = SegmentId(key);
-  auto it = tables_.find(seg);
-  if (it == tables_.end()) {
-    std::unique_ptr<FlatTable> created;
-    FLATKV_RETURN_IF_ERROR(OpenTable(seg, true, &created));
-    it = tables_.emplace(seg, std::move(created)).first;
-    PublishTablesLocked();
-  }
-  *table = it->second.get();
+  if (tables_.count(seg) > 0) return OpenSegmentLocked(seg, table);
+  std::unique_ptr<FlatTable> created;
+  FLATKV_RETURN_IF_ERROR(OpenTable(seg, true, &created));
+  *table = created.get();
+  tables_.emplace(seg, std::move(created));
+  open_tables_.fetch_add(1);
+  PublishTablesLocked();
   return Status::OK();
+}
+
+// A CLOCK sweep: tables whose bit is set get a second chance (the bit is
+// cleared), the others are unpublished together, readers drain once for all
+// of them, and then they close. Closing a batch (down to 7/8 of the budget)
+// amortizes the wait for readers over several tables.
+void Store::CloseIdle() const {
+  Store* self = const_cast<Store*>(this);  // a cache eviction; contents are unchanged
+  std::unique_lock<std::mutex> one(self->close_idle_mu_, std::try_to_lock);
+  if (!one.owns_lock()) return;  // another thread is closing tables already
+  std::vector<uint64_t> victims;
+  {
+    std::lock_guard<std::mutex> lock(self->tables_mu_);
+    if (closed_.load()) return;
+    const size_t open = open_tables_.load();
+    if (open <= table_budget_) return;
+    const size_t target = table_budget_ - table_budget_ / 8;
+    const size_t want = open - target;
+    auto closable = [&](uint64_t seg, const FlatTable* t) {
+      return t != nullptr && seg != compacting_ && pending_.count(seg) == 0 &&
+             t->successor() == nullptr;
+    };
+    // Two turns of the hand: the first may only clear bits.
+    auto it = self->tables_.lower_bound(clock_hand_);
+    for (size_t step = 0; step < 2 * tables_.size() && victims.size() < want; ++step, ++it) {
+      if (it == self->tables_.end()) it = self->tables_.begin();
+      if (!closable(it->first, it->second.get()) || it->second->TakeUsed()) continue;
+      victims.push_back(it->first);
+      self->idle_closing_[it->first] = std::move(it->second);
+    }
+    if (it != self->tables_.end()) self->clock_hand_ = it->first;
+    if (victims.empty()) return;
+    self->PublishTablesLocked();
+  }
+  SynchronizeReaders();  // nobody holds a pointer to the victims any more
+  std::lock_guard<std::mutex> lock(self->tables_mu_);
+  for (uint64_t seg : victims) {
+    auto it = self->idle_closing_.find(seg);
+    if (it == self->idle_closing_.end()) continue;  // taken back by a reader
+    Status st = it->second->Close();
+    if (!st.ok()) spdlog::error("closing idle table {}: {}", it->second->dir(), st.ToString());
+    self->idle_closing_.erase(it);
+    open_tables_.fetch_sub(1);
+    counters_->segment_closes.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 Status Store::CheckKey(int64_t key) const {
@@ -238,6 +351,7 @@ Status Store::CheckValue(size_t size) const {
 }
 
 Status Store::Put(int64_t key, std::string_view value) {
+  CloseIdleAfter close_idle(this);  // after the Guard has ended
   Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
   FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
@@ -247,37 +361,54 @@ Status Store::Put(int64_t key, std::string_view value) {
 }
 
 Status Store::PutBatch(const std::vector<KeyValueRef>& pairs) {
-  Guard guard(this);
   for (const KeyValueRef& p : pairs) {
     FLATKV_RETURN_IF_ERROR(CheckKey(p.key));
     FLATKV_RETURN_IF_ERROR(CheckValue(p.value.size()));
   }
-  // Items per table, in request order; a batch rarely spans many tables.
-  std::vector<std::pair<FlatTable*, std::vector<uint32_t>>> groups;
+  // Items per segment, in request order; a batch rarely spans many segments.
+  std::vector<std::pair<uint64_t, std::vector<uint32_t>>> groups;
   for (uint32_t i = 0; i < pairs.size(); ++i) {
-    FlatTable* table;
-    FLATKV_RETURN_IF_ERROR(GetOrCreateTable(pairs[i].key, &table));
+    const uint64_t seg = SegmentId(pairs[i].key);
     auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& g) { return g.first == table; });
-    if (it == groups.end()) it = groups.insert(groups.end(), {table, {}});
+                           [&](const auto& g) { return g.first == seg; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {seg, {}});
     it->second.push_back(i);
   }
-  for (const auto& [table, items] : groups) FLATKV_RETURN_IF_ERROR(table->PutBatch(pairs, items));
+  // A batch over more segments than the open-table budget goes in rounds of
+  // at most half the budget, closing idle tables between rounds, so a batch
+  // never needs more descriptors than max_open_files allows.
+  const size_t round = std::max<size_t>(1, table_budget_ / 2);
+  for (size_t first = 0; first < groups.size(); first += round) {
+    CloseIdleAfter close_idle(this);
+    Guard guard(this);
+    const size_t last = std::min(groups.size(), first + round);
+    std::vector<FlatTable*> tables(last - first);
+    for (size_t g = first; g < last; ++g) {
+      FLATKV_RETURN_IF_ERROR(GetOrCreateTable(pairs[groups[g].second[0]].key, &tables[g - first]));
+    }
+    for (size_t g = first; g < last; ++g) {
+      FLATKV_RETURN_IF_ERROR(tables[g - first]->PutBatch(pairs, groups[g].second));
+    }
+  }
   return Status::OK();
 }
 
 Status Store::Get(int64_t key, std::string* value) const {
+  CloseIdleAfter close_idle(this);  // after the Guard has ended
   Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
-  FlatTable* table = FindTable(key);
+  FlatTable* table;
+  FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
   if (table == nullptr) return Status::NotFound("key " + std::to_string(key));
   return table->Get(key, value);
 }
 
 Status Store::Exists(int64_t key) const {
+  CloseIdleAfter close_idle(this);  // after the Guard has ended
   Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
-  FlatTable* table = FindTable(key);
+  FlatTable* table;
+  FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
   if (table == nullptr || !table->Contains(key)) {
     return Status::NotFound("key " + std::to_string(key));
   }
@@ -285,9 +416,11 @@ Status Store::Exists(int64_t key) const {
 }
 
 Status Store::Remove(int64_t key, bool* existed) {
+  CloseIdleAfter close_idle(this);  // after the Guard has ended
   Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
-  FlatTable* table = FindTable(key);
+  FlatTable* table;
+  FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
   if (table == nullptr) {
     if (existed != nullptr) *existed = false;
     return Status::OK();
@@ -296,6 +429,7 @@ Status Store::Remove(int64_t key, bool* existed) {
 }
 
 Status Store::Append(int64_t key, std::string_view value) {
+  CloseIdleAfter close_idle(this);  // after the Guard has ended
   Guard guard(this);
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
   FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
@@ -330,9 +464,21 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
     if (from < lo) return Status::OK();
     from = std::min(from, hi);
   }
+  CloseIdleAfter close_idle(this);  // after the Guard has ended
   Guard guard(this);
   const TableArray& tables = Tables();
   const uint64_t seg = SegmentId(from);
+  // One call reopens at most one table closed by the open-table budget: it
+  // stops at the next closed one (done = false), so a scan never holds more
+  // tables open than the budget allows plus one.
+  bool reopened = false;
+  auto table_of = [&](const TableRef& ref, FlatTable** t) -> Status {
+    *t = ref.table;
+    if (*t != nullptr) return Status::OK();
+    if (reopened) return Status::OK();
+    reopened = true;
+    return OpenSegment(ref.segment, t);
+  };
   uint64_t work = std::max<uint64_t>(1, scan_work_.load(std::memory_order_relaxed));
   // Each table clamps "from" to its own range, so passing the original one
   // to every table in scan order is right; segments that do not exist cost
@@ -342,9 +488,16 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
     auto it = std::lower_bound(tables.begin(), tables.end(), seg,
                                [](const TableRef& r, uint64_t s) { return r.segment < s; });
     for (; it != tables.end() && it->segment <= last_seg; ++it) {
+      FlatTable* table;
+      FLATKV_RETURN_IF_ERROR(table_of(*it, &table));
+      if (table == nullptr) {
+        if (!reopened) continue;  // gone meanwhile (cannot happen: segments stay)
+        *next = std::max(from, SegmentFirstKey(it->segment));
+        *done = false;
+        return Status::OK();
+      }
       bool table_done = true;
-      FLATKV_RETURN_IF_ERROR(
-          it->table->Scan(from, hi, false, limit, &work, out, next, &table_done));
+      FLATKV_RETURN_IF_ERROR(table->Scan(from, hi, false, limit, &work, out, next, &table_done));
       if (!table_done) {
         *done = false;
         return Status::OK();
@@ -356,9 +509,16 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
                                [](uint64_t s, const TableRef& r) { return s < r.segment; });
     while (it != tables.begin() && std::prev(it)->segment >= first_seg) {
       --it;
+      FlatTable* table;
+      FLATKV_RETURN_IF_ERROR(table_of(*it, &table));
+      if (table == nullptr) {
+        if (!reopened) continue;
+        *next = std::min(from, SegmentLastKey(it->segment));
+        *done = false;
+        return Status::OK();
+      }
       bool table_done = true;
-      FLATKV_RETURN_IF_ERROR(
-          it->table->Scan(from, lo, true, limit, &work, out, next, &table_done));
+      FLATKV_RETURN_IF_ERROR(table->Scan(from, lo, true, limit, &work, out, next, &table_done));
       if (!table_done) {
         *done = false;
         return Status::OK();
@@ -388,8 +548,10 @@ Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValu
     std::memcpy(&offset, cursor.data() + 13, 8);
     std::memcpy(&generation, cursor.data() + 21, 8);
   }
+  CloseIdleAfter close_idle(this);  // after the Guard has ended
   Guard guard(this);
   const TableArray& tables = Tables();
+  bool reopened = false;  // at most one closed table reopened per call (see Scan)
   auto it = std::lower_bound(tables.begin(), tables.end(), seg,
                              [](const TableRef& r, uint64_t s) { return r.segment < s; });
   for (; it != tables.end(); ++it) {
@@ -400,11 +562,21 @@ Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValu
       offset = 0;
     }
 
-    int next_file = 0;
-    uint64_t next_offset = 0;
+    int next_file = static_cast<int>(file);
+    uint64_t next_offset = offset;
     bool table_done = true;
-    FLATKV_RETURN_IF_ERROR(it->table->ScanLog(static_cast<int>(file), offset, limit, out,
-                                              &next_file, &next_offset, &table_done));
+    FlatTable* table = it->table;
+    if (table == nullptr && !reopened) {
+      reopened = true;
+      FLATKV_RETURN_IF_ERROR(OpenSegment(it->segment, &table));
+      if (table == nullptr) continue;
+    }
+    if (table == nullptr) {
+      table_done = false;  // resume at this table in the next call
+    } else {
+      FLATKV_RETURN_IF_ERROR(table->ScanLog(static_cast<int>(file), offset, limit, out,
+                                            &next_file, &next_offset, &table_done));
+    }
     if (!table_done) {
       next_cursor->clear();
       next_cursor->push_back(static_cast<char>(kCursorVersion));
@@ -436,6 +608,7 @@ Status Store::GetOrCreateStringTable(FlatTable** table) {
   if (strings_owner_ == nullptr) {
     FLATKV_RETURN_IF_ERROR(OpenStringTable(true, &strings_owner_));
     strings_.store(strings_owner_.get(), std::memory_order_release);
+    open_tables_.fetch_add(1);
   }
   *table = strings_owner_.get();
   return Status::OK();
@@ -608,14 +781,19 @@ Status Store::SScan(std::string_view cursor, size_t limit, std::vector<StringKey
 
 Status Store::Sync() {
   Guard guard(this);
-  for (const TableRef& t : Tables()) FLATKV_RETURN_IF_ERROR(t.table->Sync());
+  // A closed table was made durable when it closed.
+  for (const TableRef& t : Tables()) {
+    if (t.table != nullptr) FLATKV_RETURN_IF_ERROR(t.table->Sync());
+  }
   if (FlatTable* s = strings_.load(std::memory_order_acquire)) FLATKV_RETURN_IF_ERROR(s->Sync());
   return Status::OK();
 }
 
 Status Store::Checkpoint() {
   Guard guard(this);
-  for (const TableRef& t : Tables()) FLATKV_RETURN_IF_ERROR(t.table->Checkpoint());
+  for (const TableRef& t : Tables()) {
+    if (t.table != nullptr) FLATKV_RETURN_IF_ERROR(t.table->Checkpoint());
+  }
   if (FlatTable* s = strings_.load(std::memory_order_acquire)) {
     FLATKV_RETURN_IF_ERROR(s->Checkpoint());
   }
@@ -667,9 +845,12 @@ Status Store::Close() {
   std::lock_guard<std::mutex> lock(tables_mu_);
   if (closed_.exchange(true)) return Status::OK();
   Status result;
-  for (auto& [seg, table] : tables_) {
-    Status st = table->Close();
-    if (!st.ok() && result.ok()) result = st;
+  for (auto* map : {&tables_, &idle_closing_}) {
+    for (auto& [seg, table] : *map) {
+      if (table == nullptr) continue;  // closed by the open-table budget
+      Status st = table->Close();
+      if (!st.ok() && result.ok()) result = st;
+    }
   }
   if (strings_owner_ != nullptr) {
     Status st = strings_owner_->Close();
@@ -685,6 +866,9 @@ Status Store::Close() {
 EngineStats Store::GetStats() const {
   EngineStats s;
   s.segments = Tables().size();
+  s.segments_open = open_tables_.load();
+  s.segment_opens = counters_->segment_opens.load();
+  s.segment_closes = counters_->segment_closes.load();
   s.data_files_open = counters_->data_files_open.load();
   s.bytes_appended = counters_->bytes_appended.load();
   s.fdatasyncs = counters_->fdatasyncs.load();

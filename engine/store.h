@@ -8,6 +8,14 @@
 // absent one; a Put is one append to the key's data file. See FORMAT.md for the
 // bytes on disk and CONCURRENCY.md for the lock order.
 //
+// Open tables are a bounded cache (EngineOptions::max_open_files): a table
+// holds one descriptor and one mapping for its index plus one descriptor per
+// data file. When an operation leaves more tables open than the budget
+// allows, it closes (cleanly, like Close()) the tables no operation used
+// since the last sweep (a CLOCK approximation of LRU); a closed table is
+// reopened on its next use, which reads only its index header (it was closed
+// cleanly). A table being compacted and the string-key table stay open.
+//
 // Thread safety: every method may be called concurrently from any number of
 // threads. Gets never block on each other and run in parallel with writes;
 // writes to keys of different data files proceed in parallel; writes to one
@@ -67,7 +75,10 @@ struct CompactionStatus {
 // Counters the engine keeps; read with Store::GetStats(). Monotonic unless
 // noted.
 struct EngineStats {
-  uint64_t segments = 0;            // open flat tables (current value)
+  uint64_t segments = 0;            // flat tables, open or closed (current value)
+  uint64_t segments_open = 0;       // of those, open now (current value)
+  uint64_t segment_opens = 0;       // reopens of a table closed by the budget
+  uint64_t segment_closes = 0;      // tables closed to stay within max_open_files
   uint64_t data_files_open = 0;     // data files with an open descriptor (current)
   uint64_t bytes_appended = 0;      // log bytes written by this process
   uint64_t fdatasyncs = 0;          // fdatasync calls on data files
@@ -227,13 +238,16 @@ class Store {
   };
   static constexpr size_t kReaderSlots = 32;
   mutable ReaderSlot reader_slots_[kReaderSlots];
-  std::atomic<uint64_t> epoch_{0};
+  mutable std::atomic<uint64_t> epoch_{0};
   // Waits until no operation that started before this call is still running.
-  void SynchronizeReaders();
+  // Callers are serialized (sync_mu_): two overlapping epoch flips would let
+  // the second return while operations of the first's old parity still run.
+  void SynchronizeReaders() const;
+  mutable std::mutex sync_mu_;
 
   struct TableRef {
     uint64_t segment;
-    FlatTable* table;
+    FlatTable* table;  // nullptr: the segment exists but its table is closed
     uint64_t generation;  // bumped by each compaction; log-scan cursors carry it
   };
   using TableArray = std::vector<TableRef>;
@@ -241,10 +255,42 @@ class Store {
   explicit Store(const EngineOptions& options);
 
   uint64_t SegmentId(int64_t key) const;
-  // The table holding "key", or nullptr if its segment does not exist yet.
-  FlatTable* FindTable(int64_t key) const;
-  // The table holding "key", created if absent.
+  int64_t SegmentFirstKey(uint64_t segment) const;
+  int64_t SegmentLastKey(uint64_t segment) const;
+  // Declared before an operation's Guard, so it runs after the Guard ends.
+  struct CloseIdleAfter {
+    const Store* store;
+    ~CloseIdleAfter() { store->MaybeCloseIdle(); }
+  };
+  // The table holding "key" (reopened if the budget had closed it), or
+  // nullptr if its segment does not exist yet. Must run inside a Guard.
+  Status FindTable(int64_t key, FlatTable** table) const;
+  // The table holding "key", created if absent. Must run inside a Guard.
   Status GetOrCreateTable(int64_t key, FlatTable** table);
+  // Slow path of both: under tables_mu_, returns the open table of "seg"
+  // (reopening a closed one, taking back one being closed), or nullptr if
+  // the segment does not exist. Logically const (a cache fill).
+  Status OpenSegment(uint64_t seg, FlatTable** table) const;
+  Status OpenSegmentLocked(uint64_t seg, FlatTable** table);  // EXCLUSIVE_LOCKS_REQUIRED(tables_mu_)
+  // Called after an operation has left its Guard (never inside one: it
+  // waits for readers): closes idle tables while more are open than the
+  // budget allows. Cheap when within the budget.
+  void MaybeCloseIdle() const {
+    if (open_tables_.load(std::memory_order_relaxed) > table_budget_) CloseIdle();
+  }
+  void CloseIdle() const;
+  // Tables that may stay open: max_open_files / (data_files + 1), at least 1.
+  size_t table_budget_ = 1;
+  // Open tables (in tables_, idle_closing_ and the string table).
+  mutable std::atomic<size_t> open_tables_{0};
+  // Tables unpublished by CloseIdle and waiting for their readers to drain
+  // before they close; a use meanwhile takes the table back.
+  std::map<uint64_t, std::unique_ptr<FlatTable>> idle_closing_;  // GUARDED_BY(tables_mu_)
+  mutable std::mutex close_idle_mu_;  // one CloseIdle at a time (try_lock)
+  uint64_t clock_hand_ = 0;           // GUARDED_BY(tables_mu_): next segment to sweep
+  // The segment CompactTable holds a raw pointer to (never closed meanwhile).
+  uint64_t compacting_ = kNoSegment;  // GUARDED_BY(tables_mu_)
+  static constexpr uint64_t kNoSegment = ~uint64_t{0} - 1;
   Status OpenTable(uint64_t segment, bool create, std::unique_ptr<FlatTable>* table);
   std::string SegmentDir(uint64_t segment) const;
   void BackgroundLoop();
@@ -259,7 +305,8 @@ class Store {
   // Replaced arrays are kept until Close() (they are tiny and rare).
   std::atomic<const TableArray*> table_array_{nullptr};
 
-  std::mutex tables_mu_;  // serializes segment creation and Close()
+  std::mutex tables_mu_;  // serializes segment creation, reopening, closing and Close()
+  // Every segment; nullptr while its table is closed (or in closing_).
   std::map<uint64_t, std::unique_ptr<FlatTable>> tables_;  // GUARDED_BY(tables_mu_)
   std::vector<std::unique_ptr<const TableArray>> arrays_;  // GUARDED_BY(tables_mu_)
   std::unique_ptr<EngineCounters> counters_;
@@ -287,6 +334,7 @@ class Store {
   Status OpenHome(uint64_t segment, const TableParams& params, bool create,
                   std::unique_ptr<FlatTable>* table);
   Status CompactTable(uint64_t segment);
+  Status CompactPinned(uint64_t segment);  // CompactTable with the segment pinned
   bool CompactionProgress(uint64_t bytes);  // rate limit, progress, stop check
   void CompactorLoop();
   std::unique_ptr<FlatTable>& OwnerLocked(uint64_t segment);

@@ -389,6 +389,10 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["cache.coalesced"] = static_cast<int64_t>(c.coalesced);
   const engine::EngineStats e = store_->GetStats();
   result["engine.segments"] = static_cast<int64_t>(e.segments);
+  result["engine.segments_open"] = static_cast<int64_t>(e.segments_open);
+  result["engine.segment_opens"] = static_cast<int64_t>(e.segment_opens);
+  result["engine.segment_closes"] = static_cast<int64_t>(e.segment_closes);
+  result["engine.data_files_open"] = static_cast<int64_t>(e.data_files_open);
   result["engine.bytes_appended"] = static_cast<int64_t>(e.bytes_appended);
   result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
   result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);

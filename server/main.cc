@@ -7,9 +7,12 @@
 // With server.http_port it also serves /health, /metrics and an HTTP data
 // API (server/http.h) on a thread of its own.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -267,6 +270,43 @@ bool CloseEngine(flatkv::engine::cache::WriteBackCache* cache, flatkv::engine::S
   return ok;
 }
 
+// Raises the soft RLIMIT_NOFILE to the hard limit (as Redis does) and fits
+// the engine's descriptor budget into what it got, keeping room for
+// connections: min(max_connections + 64, limit / 2) descriptors stay free
+// for sockets, the HTTP port, ZooKeeper and logs.
+uint32_t FitOpenFiles(const flatkv::server::Config& config, uint32_t wanted) {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    spdlog::warn("getrlimit(RLIMIT_NOFILE): {}; keeping storage.max_open_files {}",
+                 std::strerror(errno), wanted);
+    return wanted;
+  }
+  const rlim_t before = lim.rlim_cur;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      lim = raised;
+    } else {
+      spdlog::warn("could not raise the open-file limit from {} to {}: {}", before,
+                   lim.rlim_max, std::strerror(errno));
+    }
+  }
+  const uint64_t limit = lim.rlim_cur == RLIM_INFINITY ? uint64_t{1} << 30 : lim.rlim_cur;
+  const uint64_t reserve =
+      std::min<uint64_t>(static_cast<uint64_t>(config.server.max_connections) + 64, limit / 2);
+  const uint64_t fit = std::max<uint64_t>(2, std::min<uint64_t>(wanted, limit - reserve));
+  spdlog::info("open files: limit {} (was {}, hard {}); {} for tables, {} kept for connections",
+               limit, before, lim.rlim_max == RLIM_INFINITY ? std::string("unlimited")
+                                                            : std::to_string(lim.rlim_max),
+               fit, reserve);
+  if (fit < wanted) {
+    spdlog::warn("storage.max_open_files lowered from {} to {} to fit the open-file limit",
+                 wanted, fit);
+  }
+  return static_cast<uint32_t>(fit);
+}
+
 int Serve(const flatkv::server::Config& config) {
   sigset_t signals = BlockStopSignals();
   std::unique_ptr<flatkv::engine::Store> store;
@@ -277,6 +317,7 @@ int Serve(const flatkv::server::Config& config) {
     // interval and at the log's checkpoints.
     engine_options.sync = flatkv::engine::SyncMode::kInterval;
   }
+  engine_options.max_open_files = FitOpenFiles(config, engine_options.max_open_files);
   flatkv::Status st = flatkv::engine::Store::Open(engine_options, &store);
   if (!st.ok()) {
     spdlog::critical("cannot open the store: {}", st.ToString());

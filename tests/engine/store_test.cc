@@ -2,10 +2,12 @@
 // demand, sparse key spaces, and reopening without reading the data files.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -512,5 +514,165 @@ TEST_CASE("A scan call stops at its work allowance and resumes to return every k
         }
       }
     }
+  }
+}
+
+namespace {
+
+// Descriptors this process has open now.
+size_t OpenDescriptors() {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("Store with 200 segments stays under a 256-descriptor limit and serves every key",
+          "[engine][store][open_files]") {
+  flatkv::test::TempDir dir;
+  // The soft limit of this test process (ctest runs each case alone): a
+  // descriptor past 255 fails with EMFILE.
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  rlimit lim{std::min<rlim_t>(256, old.rlim_max), old.rlim_max};
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &lim) == 0);
+  EngineOptions o;
+  o.path = dir / "s";
+  o.segment_keys = 64;
+  o.data_files = 16;
+  o.max_open_files = 100;  // 5 tables of 17 descriptors
+  constexpr int kSegments = 200;
+  // 16 keys per segment: one in each data file, so a table open holds 17.
+  auto key_of = [](int seg, int i) { return int64_t{seg} * 64 + i * 3; };
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(o, &store).ok());
+    for (int seg = 0; seg < kSegments; ++seg) {
+      for (int i = 0; i < 16; ++i) {
+        const int64_t k = key_of(seg, i);
+        INFO("key " << k);
+        REQUIRE(store->Put(k, ValueFor(k, 40)).ok());
+      }
+    }
+    CHECK(store->GetStats().segments == kSegments);
+    CHECK(store->GetStats().segments_open <= 6);
+    CHECK(store->GetStats().segment_closes >= kSegments - 6);
+    CHECK(OpenDescriptors() < 200);
+    // Every key readable (reopening closed tables), and overwritable.
+    for (int seg = kSegments - 1; seg >= 0; --seg) {
+      for (int i = 0; i < 16; ++i) {
+        const int64_t k = key_of(seg, i);
+        std::string v;
+        INFO("key " << k);
+        REQUIRE(store->Get(k, &v).ok());
+        REQUIRE(v == ValueFor(k, 40));
+      }
+      REQUIRE(store->Put(key_of(seg, 0), "new").ok());
+      REQUIRE(store->Append(key_of(seg, 1), "+").ok());
+    }
+    CHECK(store->GetStats().segment_opens > 0);
+    // A batch over every segment is written in rounds within the budget.
+    std::vector<flatkv::engine::KeyValueRef> batch;
+    std::vector<std::string> values;
+    for (int seg = 0; seg < kSegments; ++seg) values.push_back("batch" + std::to_string(seg));
+    for (int seg = 0; seg < kSegments; ++seg) batch.push_back({key_of(seg, 2), values[seg]});
+    REQUIRE(store->PutBatch(batch).ok());
+    // A forward and a reverse scan see every key, crossing closed tables.
+    for (bool reverse : {false, true}) {
+      int64_t from = reverse ? int64_t{kSegments} * 64 : 0;
+      bool done = false;
+      size_t seen = 0;
+      while (!done) {
+        std::vector<KeyValue> out;
+        int64_t next = 0;
+        REQUIRE(store->Scan(from, reverse, 1000, &out, &next, &done).ok());
+        seen += out.size();
+        from = next;
+      }
+      CHECK(seen == size_t{kSegments} * 16);
+    }
+    // The insertion-order scan too.
+    std::string cursor;
+    size_t logged = 0;
+    for (bool done = false; !done;) {
+      std::vector<KeyValue> out;
+      std::string next;
+      REQUIRE(store->ScanLog(cursor, 1000, &out, &next, &done).ok());
+      logged += out.size();
+      cursor = next;
+    }
+    CHECK(logged == size_t{kSegments} * 16);
+    bool existed = false;
+    REQUIRE(store->Remove(key_of(7, 5), &existed).ok());
+    CHECK(existed);
+    CHECK(OpenDescriptors() < 200);
+  }
+  // Reopened: only the budget's tables stay open; the values survived.
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  CHECK(store->GetStats().segments_open <= 6);
+  for (int seg = 0; seg < kSegments; ++seg) {
+    std::string v;
+    REQUIRE(store->Get(key_of(seg, 0), &v).ok());
+    CHECK(v == "new");
+    REQUIRE(store->Get(key_of(seg, 1), &v).ok());
+    CHECK(v == ValueFor(key_of(seg, 1), 40) + "+");
+    REQUIRE(store->Get(key_of(seg, 2), &v).ok());
+    CHECK(v == "batch" + std::to_string(seg));
+  }
+  CHECK(store->Exists(key_of(7, 5)).IsNotFound());
+  REQUIRE(store->CompactAndWait().ok());
+  std::string v;
+  REQUIRE(store->Get(key_of(150, 3), &v).ok());
+  CHECK(v == ValueFor(key_of(150, 3), 40));
+  CHECK(OpenDescriptors() < 200);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
+}
+
+TEST_CASE("Store closes and reopens tables under concurrent readers and writers",
+          "[engine][store][open_files]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.segment_keys = 32;
+  o.data_files = 4;
+  o.max_open_files = 15;  // 3 tables for 40 segments in use
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  constexpr int64_t kKeys = 40 * 32;
+  for (int64_t k = 0; k < kKeys; ++k) REQUIRE(store->Put(k, std::to_string(k)).ok());
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      for (int i = 0; i < 3000 && !failed.load(); ++i) {
+        const auto k = static_cast<int64_t>(rng() % kKeys);
+        std::string v;
+        if (t % 2 == 0) {
+          if (!store->Get(k, &v).ok() || (v != std::to_string(k) && v != std::string("w").append(std::to_string(k)))) {
+            failed.store(true);
+          }
+        } else if (!store->Put(k, std::string("w").append(std::to_string(k))).ok()) {
+          failed.store(true);
+        }
+      }
+    });
+  }
+  threads.emplace_back([&] {  // a compaction round meanwhile
+    if (!store->CompactAndWait().ok()) failed.store(true);
+  });
+  for (auto& th : threads) th.join();
+  CHECK_FALSE(failed.load());
+  CHECK(store->GetStats().segment_closes > 0);
+  CHECK(store->GetStats().segments_open <= 4);
+  for (int64_t k = 0; k < kKeys; ++k) {
+    std::string v;
+    REQUIRE(store->Get(k, &v).ok());
+    CHECK((v == std::to_string(k) || v == std::string("w").append(std::to_string(k))));
   }
 }
