@@ -258,9 +258,15 @@ class Store {
   int64_t SegmentFirstKey(uint64_t segment) const;
   int64_t SegmentLastKey(uint64_t segment) const;
   // Declared before an operation's Guard, so it runs after the Guard ends.
-  struct CloseIdleAfter {
-    const Store* store;
-    ~CloseIdleAfter() { store->MaybeCloseIdle(); }
+  class CloseIdleAfter {
+   public:
+    explicit CloseIdleAfter(const Store* store) : store_(store) {}
+    ~CloseIdleAfter() { store_->MaybeCloseIdle(); }
+    CloseIdleAfter(const CloseIdleAfter&) = delete;
+    CloseIdleAfter& operator=(const CloseIdleAfter&) = delete;
+
+   private:
+    const Store* store_;
   };
   // The table holding "key" (reopened if the budget had closed it), or
   // nullptr if its segment does not exist yet. Must run inside a Guard.

@@ -329,10 +329,40 @@ Status CheckCluster(Config* config) {
   return Status::OK();
 }
 
+// An error names text from the file or the command line; control bytes in
+// it (a newline in a quoted YAML value or an override) would break the
+// promise of one line per error, so they are shown escaped (\x0a).
+Status OneLine(const Status& st) {
+  if (st.ok()) return st;
+  std::string line;
+  for (const char c : st.message()) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      line += "\\x";
+      line += kHex[u >> 4];
+      line += kHex[u & 15];
+    } else {
+      line += c;
+    }
+  }
+  return Status::InvalidArgument(line);
+}
+
+Status LoadConfigInner(const std::string& path, const std::vector<std::string>& overrides,
+                       Config* config);
+
 }  // namespace
 
 Status LoadConfig(const std::string& path, const std::vector<std::string>& overrides,
                   Config* config) {
+  return OneLine(LoadConfigInner(path, overrides, config));
+}
+
+namespace {
+
+Status LoadConfigInner(const std::string& path, const std::vector<std::string>& overrides,
+                       Config* config) {
   *config = Config();
   if (!path.empty()) {
     std::vector<std::pair<std::string, std::string>> values;
@@ -380,6 +410,8 @@ Status LoadConfig(const std::string& path, const std::vector<std::string>& overr
   if (config->cluster.enabled()) FLATKV_RETURN_IF_ERROR(CheckCluster(config));
   return Status::OK();
 }
+
+}  // namespace
 
 std::string DescribeConfig() {
   std::ostringstream out;

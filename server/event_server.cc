@@ -55,6 +55,7 @@
 // the connections, calls, listeners and bases are freed on the caller's
 // thread, which is safe because every other thread has ended.
 #include "server/event_server.h"
+#include "server/thrift_limits.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -184,6 +185,7 @@ bool Caller::Run(apache::thrift::TProcessor* processor, uint8_t* message, uint32
   bool ok = false;
   try {
     in_->resetBuffer(message, len, TMemoryBuffer::OBSERVE);
+    LimitToMessage(in_protocol_.get(), len);  // lengths that lie are refused unallocated
     out_->resetBuffer();
     out_->getWritePtr(kFrameHeader);
     out_->wroteBytes(kFrameHeader);  // the length, filled in below

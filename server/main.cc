@@ -41,12 +41,12 @@
 #include "server/forwarder.h"
 #include "server/handler.h"
 #include "server/http.h"
+#include "server/thrift_limits.h"
 
 namespace {
 
 using apache::thrift::concurrency::ThreadFactory;
 using apache::thrift::concurrency::ThreadManager;
-using apache::thrift::protocol::TBinaryProtocolFactory;
 using apache::thrift::server::TNonblockingServer;
 using apache::thrift::transport::TNonblockingServerSocket;
 
@@ -200,7 +200,7 @@ class PoolPort final : public ThriftPort {
     auto socket =
         std::make_shared<TNonblockingServerSocket>(config.server.host, config.server.port);
     server_ = std::make_shared<TNonblockingServer>(
-        std::move(processor), std::make_shared<TBinaryProtocolFactory>(), socket,
+        std::move(processor), flatkv::server::LimitedProtocolFactory(config.server.max_frame_bytes), socket,
         std::move(workers));
     raw_ = server_.get();
     server_->setNumIOThreads(static_cast<size_t>(config.server.io_threads));
@@ -273,37 +273,41 @@ bool CloseEngine(flatkv::engine::cache::WriteBackCache* cache, flatkv::engine::S
 // Raises the soft RLIMIT_NOFILE to the hard limit (as Redis does) and fits
 // the engine's descriptor budget into what it got, keeping room for
 // connections: min(max_connections + 64, limit / 2) descriptors stay free
-// for sockets, the HTTP port, ZooKeeper and logs.
-uint32_t FitOpenFiles(const flatkv::server::Config& config, uint32_t wanted) {
+// for sockets, the HTTP port, ZooKeeper and logs. *report says what was
+// obtained; Serve() logs it with the start-up summary (a start-up that fails
+// keeps its one line of error).
+uint32_t FitOpenFiles(const flatkv::server::Config& config, uint32_t wanted,
+                      std::string* report) {
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) != 0) {
-    spdlog::warn("getrlimit(RLIMIT_NOFILE): {}; keeping storage.max_open_files {}",
-                 std::strerror(errno), wanted);
+    *report = std::string("getrlimit(RLIMIT_NOFILE): ") + std::strerror(errno) +
+              "; storage.max_open_files stays " + std::to_string(wanted);
     return wanted;
   }
   const rlim_t before = lim.rlim_cur;
+  std::string failed;
   if (lim.rlim_cur < lim.rlim_max) {
     rlimit raised = lim;
     raised.rlim_cur = lim.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &raised) == 0) {
       lim = raised;
     } else {
-      spdlog::warn("could not raise the open-file limit from {} to {}: {}", before,
-                   lim.rlim_max, std::strerror(errno));
+      failed = std::string(" (raising it failed: ") + std::strerror(errno) + ")";
     }
   }
+  auto text = [](rlim_t v) {
+    return v == RLIM_INFINITY ? std::string("unlimited") : std::to_string(v);
+  };
   const uint64_t limit = lim.rlim_cur == RLIM_INFINITY ? uint64_t{1} << 30 : lim.rlim_cur;
   const uint64_t reserve =
       std::min<uint64_t>(static_cast<uint64_t>(config.server.max_connections) + 64, limit / 2);
   const uint64_t fit = std::max<uint64_t>(2, std::min<uint64_t>(wanted, limit - reserve));
-  spdlog::info("open files: limit {} (was {}, hard {}); {} for tables, {} kept for connections",
-               limit, before, lim.rlim_max == RLIM_INFINITY ? std::string("unlimited")
-                                                            : std::to_string(lim.rlim_max),
-               fit, reserve);
-  if (fit < wanted) {
-    spdlog::warn("storage.max_open_files lowered from {} to {} to fit the open-file limit",
-                 wanted, fit);
-  }
+  *report = "open files: limit " + text(lim.rlim_cur) + " (was " + text(before) + ", hard " +
+            text(lim.rlim_max) + ")" + failed + "; " + std::to_string(fit) + " for tables" +
+            (fit < wanted ? " (storage.max_open_files " + std::to_string(wanted) +
+                                " lowered to fit)"
+                          : "") +
+            ", " + std::to_string(reserve) + " kept for connections";
   return static_cast<uint32_t>(fit);
 }
 
@@ -317,7 +321,9 @@ int Serve(const flatkv::server::Config& config) {
     // interval and at the log's checkpoints.
     engine_options.sync = flatkv::engine::SyncMode::kInterval;
   }
-  engine_options.max_open_files = FitOpenFiles(config, engine_options.max_open_files);
+  std::string open_files;
+  engine_options.max_open_files =
+      FitOpenFiles(config, engine_options.max_open_files, &open_files);
   flatkv::Status st = flatkv::engine::Store::Open(engine_options, &store);
   if (!st.ok()) {
     spdlog::critical("cannot open the store: {}", st.ToString());
@@ -434,6 +440,7 @@ int Serve(const flatkv::server::Config& config) {
                config.server.io_threads,
                workers ? std::to_string(config.server.workers) + " workers"
                        : std::string("calls run on the I/O threads"));
+  spdlog::info("{}", open_files);
   int code = 0;
   st = port->Run();
   if (!st.ok()) {

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz/*_fuzz.cc: clang, ASan + UBSan,
+# -DFLATKV_FUZZ=ON) in build-fuzz/ and runs each for SECONDS (default 60)
+# from its checked-in seeds plus the corpus it grew before (build-fuzz/corpus/).
+# Each run also watches memory: -rss_limit_mb=1024 and -malloc_limit_mb=512
+# (one allocation), so an input that makes the server read or hold hundreds
+# of MiB is a finding like a crash. Prints executions and coverage per
+# target; exits 1 if any target found something: the input is saved in
+# build-fuzz/crashes/<target>/, and once fixed it belongs in
+# tests/fuzz/<target>/regressions/ (replayed by ctest in every build).
+# Usage: bash deploy/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+secs=${1:-60}
+shift || true
+targets=("$@")
+if ((${#targets[@]} == 0)); then
+  targets=(record_fuzz flat_index_fuzz bucket_fuzz generation_fuzz config_fuzz ring_fuzz
+           server_fuzz peer_fuzz http_fuzz)
+fi
+
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DFLATKV_FUZZ=ON -DFLATKV_TESTS=OFF > build-fuzz.configure.log 2>&1 \
+  || { cat build-fuzz.configure.log; exit 1; }
+rm -f build-fuzz.configure.log
+cmake --build build-fuzz --target fuzzers -j "$(nproc)"
+
+mkdir -p build-fuzz/logs
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+  corpus=build-fuzz/corpus/$t
+  crashes=build-fuzz/crashes/$t
+  mkdir -p "$corpus" "$crashes"
+  args=(-max_total_time="$secs" -rss_limit_mb=1024 -malloc_limit_mb=512 -timeout=20
+        -print_final_stats=1 -artifact_prefix="$crashes/")
+  [[ -f tests/fuzz/$t.dict ]] && args+=(-dict="tests/fuzz/$t.dict")
+  log=build-fuzz/logs/$t.log
+  echo "== $t: ${secs}s"
+  if ASAN_OPTIONS=detect_leaks=0 "build-fuzz/tests/fuzz/$t" "${args[@]}" "$corpus" \
+       "tests/fuzz/$t/seeds" > "$log" 2>&1; then
+    status=ok
+  else
+    status=FAILED
+    failed+=("$t")
+    grep -E "ERROR|SUMMARY|Test unit written|==[0-9]+==" "$log" | head -20 || true
+  fi
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
+  cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<< "$last")
+  ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<< "$last")
+  summary+=("$(printf '%-16s %-7s execs %-9s edges(cov) %-6s features %s' "$t" "$status" \
+    "${execs:-?}" "${cov:-?}" "${ft:-?}")")
+done
+echo "== fuzz summary (${secs}s each)"
+printf '%s\n' "${summary[@]}"
+if ((${#failed[@]})); then
+  echo "fuzz: findings in ${failed[*]} (inputs in build-fuzz/crashes/, logs in build-fuzz/logs/)"
+  exit 1
+fi
