@@ -31,7 +31,7 @@ std::string ValueFor(int64_t key, size_t size) {
 
 }  // namespace
 
-TEST_CASE("Store rejects keys outside [key_min, key_max) with KeyOutOfRange",
+TEST_CASE("Store rejects keys below key_min and from key_max up with KeyOutOfRange",
           "[engine][store]") {
   flatkv::test::TempDir dir;
   EngineOptions o;

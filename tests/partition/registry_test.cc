@@ -419,8 +419,7 @@ TEST_CASE("Close() removes the member node at once and the other rings drop it w
   CHECK(b->ring() != nullptr);  // the last ring stays readable after Close()
 }
 
-TEST_CASE("A registry whose settings differ from the ring's gets on_fatal naming the key and "
-          "writes nothing",
+TEST_CASE("Settings that differ from the ring's give on_fatal naming the key and write nothing",
           "[partition][registry]") {
   ZooKeeperServer zk;
   std::unique_ptr<Registry> first = StartRegistered(zk, 100, 9001);
