@@ -15,6 +15,8 @@ packages=(
   libxxhash-dev
   # tests
   catch2 python3 python3-thrift strace
+  # fuzzing (tests/fuzz, deploy/fuzz.sh): clang 14 and its libFuzzer
+  clang libfuzzer-14-dev
   # ring tests: ZooKeeper from Python, and XXH64 to know each string key's owner
   python3-kazoo python3-xxhash
   # peer engines for flatkv-bench

@@ -1,5 +1,8 @@
 #include "server/front_processor.h"
 
+#include <cstring>
+#include <type_traits>
+
 #include <thrift/TApplicationException.h>
 
 namespace flatkv::server {
@@ -35,9 +38,15 @@ bool FrontProcessor::process(std::shared_ptr<TProtocol> in, std::shared_ptr<TPro
          std::string("malformed message header: ") + e.what());
     return true;
   }
-  if (type != T_CALL) {
+  // Thrift stores the wire byte in the enum as it is; a byte outside
+  // TMessageType's range is undefined behaviour once loaded as the enum
+  // (found by tests/fuzz/server_fuzz), so it is read back as its integer.
+  std::underlying_type_t<TMessageType> raw_type;
+  static_assert(sizeof(raw_type) == sizeof(type));
+  std::memcpy(&raw_type, &type, sizeof(raw_type));
+  if (raw_type != T_CALL) {
     Fail(out.get(), name, seqid, TApplicationException::INVALID_MESSAGE_TYPE,
-         name + ": message type " + std::to_string(type) + " is not a call");
+         name + ": message type " + std::to_string(raw_type) + " is not a call");
     return true;
   }
   const size_t queued = workers_ ? workers_->pendingTaskCount() : 0;
