@@ -271,18 +271,19 @@ bool CloseEngine(flatkv::engine::cache::WriteBackCache* cache, flatkv::engine::S
 }
 
 // Raises the soft RLIMIT_NOFILE to the hard limit (as Redis does) and fits
-// the engine's descriptor budget into what it got, keeping room for
-// connections: min(max_connections + 64, limit / 2) descriptors stay free
-// for sockets, the HTTP port, ZooKeeper and logs. *report says what was
-// obtained; Serve() logs it with the start-up summary (a start-up that fails
-// keeps its one line of error).
-uint32_t FitOpenFiles(const flatkv::server::Config& config, uint32_t wanted,
-                      std::string* report) {
+// the descriptors into what it got: min(max_connections + 64, limit / 2)
+// are kept for connections, of which 32 for the listening sockets, the HTTP
+// port, ZooKeeper, wake-up pipes and logs; server.max_connections is
+// lowered to the rest (an accept() that fails with EMFILE would leave
+// libevent's listener readable and spinning) and storage.max_open_files to
+// what remains for tables. Returns what was obtained; Serve() logs it with
+// the start-up summary (a start-up that fails keeps its one line of error).
+std::string FitOpenFiles(flatkv::server::Config* config) {
+  const uint32_t wanted = config->storage.max_open_files;
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) != 0) {
-    *report = std::string("getrlimit(RLIMIT_NOFILE): ") + std::strerror(errno) +
-              "; storage.max_open_files stays " + std::to_string(wanted);
-    return wanted;
+    return std::string("getrlimit(RLIMIT_NOFILE): ") + std::strerror(errno) +
+           "; open-file budgets unchanged";
   }
   const rlim_t before = lim.rlim_cur;
   std::string failed;
@@ -300,18 +301,26 @@ uint32_t FitOpenFiles(const flatkv::server::Config& config, uint32_t wanted,
   };
   const uint64_t limit = lim.rlim_cur == RLIM_INFINITY ? uint64_t{1} << 30 : lim.rlim_cur;
   const uint64_t reserve =
-      std::min<uint64_t>(static_cast<uint64_t>(config.server.max_connections) + 64, limit / 2);
+      std::min<uint64_t>(static_cast<uint64_t>(config->server.max_connections) + 64, limit / 2);
   const uint64_t fit = std::max<uint64_t>(2, std::min<uint64_t>(wanted, limit - reserve));
-  *report = "open files: limit " + text(lim.rlim_cur) + " (was " + text(before) + ", hard " +
-            text(lim.rlim_max) + ")" + failed + "; " + std::to_string(fit) + " for tables" +
-            (fit < wanted ? " (storage.max_open_files " + std::to_string(wanted) +
-                                " lowered to fit)"
-                          : "") +
-            ", " + std::to_string(reserve) + " kept for connections";
-  return static_cast<uint32_t>(fit);
+  config->storage.max_open_files = static_cast<uint32_t>(fit);
+  std::string report = "open files: limit " + text(lim.rlim_cur) + " (was " + text(before) +
+                       ", hard " + text(lim.rlim_max) + ")" + failed + "; " +
+                       std::to_string(fit) + " for tables" +
+                       (fit < wanted ? " (storage.max_open_files " + std::to_string(wanted) +
+                                           " lowered to fit)"
+                                     : "") +
+                       ", " + std::to_string(reserve) + " kept for connections";
+  const int64_t connections = std::max<int64_t>(1, static_cast<int64_t>(reserve) - 32);
+  if (config->server.max_connections > connections) {
+    report += " (server.max_connections " + std::to_string(config->server.max_connections) +
+              " lowered to " + std::to_string(connections) + ")";
+    config->server.max_connections = static_cast<int>(connections);
+  }
+  return report;
 }
 
-int Serve(const flatkv::server::Config& config) {
+int Serve(const flatkv::server::Config& config, const std::string& open_files) {
   sigset_t signals = BlockStopSignals();
   std::unique_ptr<flatkv::engine::Store> store;
   flatkv::engine::EngineOptions engine_options = config.storage;
@@ -321,9 +330,6 @@ int Serve(const flatkv::server::Config& config) {
     // interval and at the log's checkpoints.
     engine_options.sync = flatkv::engine::SyncMode::kInterval;
   }
-  std::string open_files;
-  engine_options.max_open_files =
-      FitOpenFiles(config, engine_options.max_open_files, &open_files);
   flatkv::Status st = flatkv::engine::Store::Open(engine_options, &store);
   if (!st.ok()) {
     spdlog::critical("cannot open the store: {}", st.ToString());
@@ -500,5 +506,6 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   spdlog::flush_on(spdlog::level::info);
   apache::thrift::GlobalOutput.setOutputFunction(ThriftOutput);
-  return Serve(config);
+  const std::string open_files = FitOpenFiles(&config);
+  return Serve(config, open_files);
 }

@@ -61,6 +61,8 @@ with open(log_path) as f:
     text = f.read()
 check("open files: limit 256 (was 128, hard 256)" in text,
       "the server raised its soft open-file limit to the hard one and logged it")
+check("server.max_connections 1024 lowered to 96" in text,
+      "connections are bounded to the descriptors kept for them")
 kv, t = harness.client(port)
 for seg in range(SEGMENTS):
     ks = keys_of(seg)
