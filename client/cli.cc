@@ -54,6 +54,7 @@ enum ExitCode : int {
   kExitUsage = 2,
   kExitServer = 3,
   kExitNetwork = 4,
+  kExitCorrupt = 5,
 };
 
 constexpr int32_t kScanPage = 1000;  // pairs asked for per scan call
@@ -86,6 +87,11 @@ constexpr const char* kUsage =
     "                              order-independent digest of keys and values,\n"
     "                              and its chain position (equal on every member\n"
     "                              of a chain once writes stop)\n"
+    "  admin verify [--no-repair]  read back every record of the instance and\n"
+    "                              check it; in a ring each bad integer key is\n"
+    "                              rewritten from its chain (unless --no-repair);\n"
+    "                              prints counts and each problem; exit 5 if a\n"
+    "                              bad record remains (big stores: --timeout-ms 0)\n"
     "  ring                        print the ring: each mark, the hash ranges it\n"
     "                              owns and their share of the hash space, its\n"
     "                              chain with roles (--zk, or any one instance)\n"
@@ -107,7 +113,8 @@ constexpr const char* kUsage =
     "\n"
     "Exit status: 0 success; 1 key not found (get, sget, rm, srm); 2 usage or\n"
     "local error; 3 error answered by the server (e.g. KeyOutOfRange,\n"
-    "Unauthorized); 4 cannot reach the server or the connection was lost.\n";
+    "Unauthorized); 4 cannot reach the server or the connection was lost;\n"
+    "5 admin verify found a bad record it did not repair.\n";
 
 // Everything the command line says.
 struct Flags {
@@ -118,6 +125,7 @@ struct Flags {
   bool raw = false;
   bool reverse = false;
   bool wait = false;
+  bool no_repair = false;
   std::string zookeeper;                 // --zk: route through the ring
   std::string service_path = "/flatkv";  // --path
   bool help = false;
@@ -186,6 +194,8 @@ Status ApplyFlag(const std::string& name, Flags* f) {
     f->reverse = true;
   } else if (name == "wait") {
     f->wait = true;
+  } else if (name == "no-repair") {
+    f->no_repair = true;
   } else if (name == "help") {
     f->help = true;
   } else {
@@ -402,6 +412,7 @@ class Cli {
   int WaitForCompaction(const rpc::CompactionStatus& before);
   int Stats(const Operands& ops);
   int Digest(const Operands& ops);
+  int Verify(const Operands& ops);
   int Info(const Operands& ops);
   int PrintRing(const Operands& ops);
 
@@ -439,6 +450,7 @@ const Cli::Command Cli::kCommands[] = {
     {"admin stats", 0, 0, &Cli::Stats},
     {"admin info", 0, 0, &Cli::Info},
     {"admin digest", 0, 0, &Cli::Digest},
+    {"admin verify", 0, 0, &Cli::Verify},
     {"ring", 0, 0, &Cli::PrintRing},
 };
 
@@ -448,7 +460,7 @@ int Cli::Run() {
   std::string name = ops[0];
   ops.erase(ops.begin());
   if (name == "admin") {
-    if (ops.empty()) return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest");
+    if (ops.empty()) return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest, verify");
     name += " " + ops[0];
     ops.erase(ops.begin());
   }
@@ -472,6 +484,9 @@ Status Cli::CheckOptions(const std::string& command) const {
   }
   if (flags_.wait && command != "admin compact") {
     return Status::InvalidArgument("--wait applies to admin compact only");
+  }
+  if (flags_.no_repair && command != "admin verify") {
+    return Status::InvalidArgument("--no-repair applies to admin verify only");
   }
   if (flags_.raw && command != "get" && command != "sget") {
     return Status::InvalidArgument("--raw applies to get and sget only");
@@ -711,6 +726,19 @@ int Cli::Digest(const Operands&) {
               d.digest.c_str(), static_cast<long long>(d.appliedEpoch),
               static_cast<long long>(d.appliedSeq));
   return kExitOk;
+}
+
+int Cli::Verify(const Operands&) {
+  rpc::VerifyResult v;
+  const std::string token = Token();
+  const bool repair = !flags_.no_repair;
+  Status st = client_.Call("verify", true, [&](rpc::FlatKVClient& c) { c.verify(v, token, repair); });
+  if (!st.ok()) return Fail(st);
+  std::printf("records %lld\nbytes %lld\ncorrupt %lld\nrepaired %lld\n",
+              static_cast<long long>(v.records), static_cast<long long>(v.bytes),
+              static_cast<long long>(v.corrupt), static_cast<long long>(v.repaired));
+  for (const std::string& p : v.problems) std::printf("problem %s\n", p.c_str());
+  return v.corrupt > v.repaired ? kExitCorrupt : kExitOk;
 }
 
 int Cli::Info(const Operands&) {

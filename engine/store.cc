@@ -311,7 +311,8 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValu
 }
 
 Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
-                   std::vector<KeyValue>* out, int64_t* next, bool* done) const {
+                   std::vector<KeyValue>* out, int64_t* next, bool* done,
+                   std::vector<int64_t>* corrupt) const {
   out->clear();
   *done = true;
   *next = from;
@@ -344,7 +345,7 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
     for (; it != tables.end() && it->segment <= last_seg; ++it) {
       bool table_done = true;
       FLATKV_RETURN_IF_ERROR(
-          it->table->Scan(from, hi, false, limit, &work, out, next, &table_done));
+          it->table->Scan(from, hi, false, limit, &work, out, next, &table_done, corrupt));
       if (!table_done) {
         *done = false;
         return Status::OK();
@@ -358,12 +359,50 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
       --it;
       bool table_done = true;
       FLATKV_RETURN_IF_ERROR(
-          it->table->Scan(from, lo, true, limit, &work, out, next, &table_done));
+          it->table->Scan(from, lo, true, limit, &work, out, next, &table_done, corrupt));
       if (!table_done) {
         *done = false;
         return Status::OK();
       }
     }
+  }
+  return Status::OK();
+}
+
+Status Store::Verify(VerifyReport* report, const std::function<bool()>& keep_going) const {
+  *report = VerifyReport();
+  constexpr size_t kPage = 1024;
+  std::vector<KeyValue> out;
+  auto count = [&] {
+    report->records += out.size();
+    for (const KeyValue& kv : out) report->bytes += kv.value.size();
+  };
+  // Integer keys: the key-order scan, which skips and names bad records.
+  int64_t from = options_.key_min;
+  for (bool done = false; !done;) {
+    if (keep_going && !keep_going()) return Status::Unavailable("verify stopped");
+    int64_t next = from;
+    FLATKV_RETURN_IF_ERROR(Scan(from, false, kPage, options_.key_min, options_.key_max - 1, &out,
+                                &next, &done, &report->corrupt_keys));
+    count();
+    from = next;
+  }
+  // String keys: their buckets, one record each, in slot order.
+  Guard guard(this);
+  const FlatTable* strings = strings_.load(std::memory_order_acquire);
+  if (strings == nullptr) return Status::OK();
+  const int64_t last = static_cast<int64_t>(static_cast<uint64_t>(strings->kmin()) +
+                                            strings->slots() - 1);
+  from = strings->kmin();
+  for (bool done = false; !done;) {
+    if (keep_going && !keep_going()) return Status::Unavailable("verify stopped");
+    out.clear();
+    uint64_t work = kScanWork;
+    int64_t next = from;
+    FLATKV_RETURN_IF_ERROR(strings->Scan(from, last, false, kPage, &work, &out, &next, &done,
+                                         &report->corrupt_buckets));
+    count();
+    from = next;
   }
   return Status::OK();
 }

@@ -145,8 +145,24 @@ class Store {
   // key in the bounds follows; otherwise *next lies in [lo, hi]. A "from"
   // past the bounds in the scan's direction returns nothing with done = true.
   // InvalidArgument if lo > hi. Scan() is this with [INT64_MIN, INT64_MAX].
+  // Both skip a record that fails its checksum (it is counted in
+  // corrupt_records and logged with its file and offset); this one adds its
+  // key to *corrupt when given.
   Status Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
-              std::vector<KeyValue>* out, int64_t* next, bool* done) const;
+              std::vector<KeyValue>* out, int64_t* next, bool* done,
+              std::vector<int64_t>* corrupt = nullptr) const;
+
+  // What Verify() found.
+  struct VerifyReport {
+    uint64_t records = 0;  // live records read (a string-key bucket counts one)
+    uint64_t bytes = 0;    // their value bytes
+    std::vector<int64_t> corrupt_keys;     // integer keys whose record fails its checksum
+    std::vector<int64_t> corrupt_buckets;  // string-key buckets (their slot) that do
+  };
+  // Reads every live record back and checks it (flatkv admin verify): each
+  // bad one is counted and logged as a read would. "keep_going" is asked
+  // between pages of 1024 records (false stops early: Unavailable).
+  Status Verify(VerifyReport* report, const std::function<bool()>& keep_going = nullptr) const;
 
   // The work one Scan call may do before it returns with done = false: one
   // unit per index slot read, and one per empty run of slots jumped over (a

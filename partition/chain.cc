@@ -380,6 +380,13 @@ uint64_t ChainMember::DirtyUntil(uint64_t key) const {
   return 0;
 }
 
+const ChainEntry* ChainMember::NewestUncommitted(uint64_t key) const {
+  for (auto it = log_.rbegin(); it != log_.rend() && it->seq > chain_committed_; ++it) {
+    if (std::find(it->keys.begin(), it->keys.end(), key) != it->keys.end()) return &*it;
+  }
+  return nullptr;
+}
+
 ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, ChainOutput* out) {
   (void)out;
   if (fenced_ || !in_chain() || !verified_) return Read::kRefuse;

@@ -147,6 +147,24 @@ Status Cluster::RouteTo(const partition::Ring& ring, size_t partition, bool writ
   return Status::OK();
 }
 
+std::vector<Cluster::Target> Cluster::OwnChain() {
+  std::vector<Target> out;
+  const auto ring = registry_->ring();
+  const partition::Partition* p = ring ? ring->Find(mark()) : nullptr;
+  if (p == nullptr) return out;
+  for (const partition::Member& m : p->chain) {
+    Target t;
+    t.mark = p->mark;
+    t.address = m.address();
+    t.local = t.address == advertise_;
+    t.context.token = options_.peer_token;
+    t.context.ringVersion = ring->version();
+    t.context.mark = p->mark;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 void Cluster::Refresh() {
   not_owner_retries_.fetch_add(1, std::memory_order_relaxed);
   std::shared_ptr<const partition::Ring> ring;

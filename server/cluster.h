@@ -94,6 +94,10 @@ class Cluster : public ChainCoordinator {
   Status Route(int64_t hash, bool write, Target* target);
   // The same for a partition already chosen (batches, scans).
   Status RouteTo(const partition::Ring& ring, size_t partition, bool write, Target* target);
+  // The members of this instance's own mark, in chain order (head first),
+  // as targets of peer calls (this instance's own entry has local = true).
+  // Empty while no ring is known.
+  std::vector<Target> OwnChain();
   // Re-reads the ring from ZooKeeper (after a NOT_OWNER answer).
   void Refresh();
 

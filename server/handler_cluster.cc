@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include "server/event_server.h"
 #include "server/handler.h"
 
 namespace flatkv::server {
@@ -95,10 +96,12 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
   if (replicator_ != nullptr &&
       (name == "peerChain" || name == "peerSnapshot" || name == "peerPut" ||
        name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
-       name == "peerSPut" || name == "peerSRemove" || name == "digest")) {
+       name == "peerSPut" || name == "peerSRemove" || name == "digest" ||
+       name == "peerRepair")) {
     return true;
   }
   // Calls that never forward: served here whatever the ring says.
+  if (name == "verify") return true;  // reads the whole store
   if (name.substr(0, 4) == "peer" || name == "digest" || name == "ring" || name == "info" ||
       name == "stats" || name == "getWriteMode" || name == "setWriteMode" ||
       name == "compact" || name == "compactionStatus") {
@@ -431,6 +434,51 @@ int64_t Handler::peerSnapshot(const rpc::PeerContext& ctx, const std::string& fr
   return token;
 }
 
+void Handler::verify(rpc::VerifyResult& result, const std::string& token, bool repair) {
+  Run(kVerify, [&] {
+    CheckAdmin(token);
+    ThrowIfError(cache_->Flush());  // async writes reach the store first
+    engine::Store::VerifyReport report;
+    ThrowIfError(store_->Verify(&report));
+    result.records = static_cast<int64_t>(report.records);
+    result.bytes = static_cast<int64_t>(report.bytes);
+    result.corrupt = static_cast<int64_t>(report.corrupt_keys.size() +
+                                          report.corrupt_buckets.size());
+    result.repaired = 0;
+    constexpr size_t kMaxProblems = 100;
+    auto note = [&](std::string line) {
+      spdlog::warn("verify: {}", line);
+      if (result.problems.size() < kMaxProblems) result.problems.push_back(std::move(line));
+    };
+    for (int64_t key : report.corrupt_keys) {
+      std::string value;
+      Status bad = store_->Get(key, &value);  // its message names the file and offset
+      if (!bad.IsCorruption()) {
+        note("key " + std::to_string(key) + ": bad when read, rewritten since");
+        continue;
+      }
+      if (!repair) {
+        note(bad.message());
+        continue;
+      }
+      rpc::GetResult ignored;
+      Status st = RepairRead(key, bad, &ignored);
+      if (st.ok()) {
+        ++result.repaired;
+        note(bad.message() + ": repaired from the chain");
+      } else if (st.message() == bad.message()) {
+        note(bad.message() + ": not repaired (no other member holds a copy)");
+      } else {
+        note(st.message());
+      }
+    }
+    for (int64_t slot : report.corrupt_buckets) {
+      note("string-key bucket " + std::to_string(slot) +
+           ": fails its checksum (string keys are not repaired; the log names the file)");
+    }
+  });
+}
+
 void Handler::digest(rpc::Digest& result, const std::string& token) {
   Run(kDigest, [&] {
     CheckAdmin(token);
@@ -496,7 +544,74 @@ void Handler::ring(rpc::RingInfo& result) {
 void Handler::peerGet(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) {
   Run(kPeerGet, [&] {
     CheckPeer(ctx, key, key);
-    LocalGet(result, key);
+    if (!ctx.ownCopy) return LocalGet(result, key);
+    // Read repair's question: this member's own copy, no gate, no repair;
+    // only from a member in the chain (one catching up may lack writes).
+    const std::string role = replicator_ != nullptr ? replicator_->role() : "";
+    if (role != "head" && role != "middle" && role != "tail") {
+      ThrowKvError(Status::Unavailable("member " + cluster_->advertise() + " is " +
+                                       (role.empty() ? "not in a chain" : role) +
+                                       ": no copy to repair from"));
+    }
+    Status st = cache_->Get(key, &result.value);
+    result.found = st.ok();
+    if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+  });
+}
+
+thread_local bool Handler::redo_ = false;
+
+Status Handler::RepairRead(int64_t key, const Status& bad, rpc::GetResult* result) {
+  if (replicator_ == nullptr || cluster_ == nullptr) return bad;
+  std::vector<Cluster::Target> chain = cluster_->OwnChain();
+  if (chain.size() < 2) return bad;  // no other copy
+  if (EventServer::RedoOnWorker()) {
+    redo_ = true;  // this may block: again, on a worker
+    return bad;
+  }
+  spdlog::warn("key {}: {}; repairing it from the chain", key, bad.message());
+  Status st;
+  if (replicator_->head() == cluster_->advertise()) {
+    st = replicator_->Repair(
+        key, [&](rpc::GetResult* copy) { return FetchCopy(key, copy); }, result);
+  } else {
+    const Cluster::Target& head = chain.front();
+    st = cluster_->Forward(head, "peerRepair", true, [&](rpc::FlatKVClient& c) {
+      c.peerRepair(*result, head.context, key);
+    });
+  }
+  if (!st.ok()) {
+    spdlog::error("key {}: repair failed: {}", key, st.ToString());
+    return Status::Corruption(bad.message() + "; repair from the chain failed: " + st.message());
+  }
+  return Status::OK();
+}
+
+Status Handler::FetchCopy(int64_t key, rpc::GetResult* result) {
+  std::string why;
+  for (Cluster::Target& t : cluster_->OwnChain()) {
+    if (t.local) continue;
+    t.context.__set_ownCopy(true);
+    Status st = cluster_->Forward(t, "peerGet", true, [&](rpc::FlatKVClient& c) {
+      c.peerGet(*result, t.context, key);
+    });
+    if (st.ok()) return st;
+    why += "; " + st.ToString();
+  }
+  return Status::Corruption("no other member of mark " + std::to_string(cluster_->mark()) +
+                            " has a good copy of key " + std::to_string(key) + why);
+}
+
+void Handler::peerRepair(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) {
+  Run(kPeerRepair, [&] {
+    CheckPeer(ctx, key, key);
+    if (replicator_ == nullptr || replicator_->head() != cluster_->advertise()) {
+      ThrowKvError(Status::NotOwner("member " + cluster_->advertise() +
+                                    " is not the head of mark " +
+                                    std::to_string(cluster_->mark()) + "'s chain"));
+    }
+    ThrowIfError(replicator_->Repair(
+        key, [&](rpc::GetResult* copy) { return FetchCopy(key, copy); }, &result));
   });
 }
 

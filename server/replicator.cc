@@ -668,6 +668,89 @@ void Replicator::AppendAsync(int64_t key, std::string suffix, uint64_t max_value
       std::move(done));
 }
 
+std::string Replicator::head() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<std::string>& members = member_.members();
+  return members.empty() ? "" : members.front();
+}
+
+Status Replicator::Repair(int64_t key, const std::function<Status(rpc::GetResult*)>& fetch,
+                          rpc::GetResult* result) {
+  // Shared with the loop's event: a caller that stopped waiting leaves it.
+  struct State {
+    bool fetched = false;  // "copy" holds another member's copy
+    rpc::GetResult copy;
+    bool need_copy = false;
+    rpc::GetResult value;  // what the rewrite writes
+  };
+  for (int round = 0; round < 2; ++round) {
+    auto state = std::make_shared<State>();
+    if (round == 1) {
+      FLATKV_RETURN_IF_ERROR(fetch(&state->copy));
+      state->fetched = true;
+    }
+    // Serial, as an append: the store holds every write sequenced before it.
+    Status st = Wait(
+        [&](WriteDone done) {
+          Sequence(
+              true, "repair",
+              [this, key, state](uint64_t request, int64_t now, ChainOutput* out) {
+                std::string value;
+                Status got = cache_->Get(key, &value);
+                if (got.ok()) {
+                  state->value.found = true;
+                  state->value.value = std::move(value);
+                } else if (got.IsCorruption()) {
+                  // Bad here too: a write not yet committed, else a copy.
+                  bool have = false;
+                  if (const partition::ChainEntry* e =
+                          member_.NewestUncommitted(static_cast<uint64_t>(key))) {
+                    std::vector<rpc::ChainOp> ops;
+                    if (DecodeChainOps(e->op, &ops).ok()) {
+                      for (const rpc::ChainOp& op : ops) {
+                        if (op.kind == rpc::ChainOpKind::PUT && op.key == key) {
+                          state->value.found = true;
+                          state->value.value = op.value;
+                          have = true;
+                        } else if (op.kind == rpc::ChainOpKind::REMOVE && op.key == key) {
+                          state->value.found = false;
+                          state->value.value.clear();
+                          have = true;
+                        }
+                      }
+                    }
+                  }
+                  if (!have && !state->fetched) {
+                    state->need_copy = true;
+                    out->replies.push_back({request, Status::OK()});
+                    return;
+                  }
+                  if (!have) state->value = state->copy;
+                } else if (!got.IsNotFound()) {
+                  out->replies.push_back({request, got});
+                  return;
+                }
+                rpc::ChainOp op;
+                op.kind = state->value.found ? rpc::ChainOpKind::PUT : rpc::ChainOpKind::REMOVE;
+                op.__set_key(key);
+                if (state->value.found) op.__set_value(state->value.value);
+                member_.OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now,
+                                out);
+              },
+              std::move(done));
+        },
+        nullptr);
+    FLATKV_RETURN_IF_ERROR(st);
+    if (!state->need_copy) {
+      repairs_.fetch_add(1, std::memory_order_relaxed);
+      result->found = state->value.found;
+      result->value = state->value.value;
+      return Status::OK();
+    }
+  }
+  return Status::Corruption("key " + std::to_string(key) + ": no good copy to repair from");
+}
+
 Status Replicator::BeforeRead(uint64_t hash) {
   std::unique_lock<std::mutex> lk(mu_);
   const uint64_t request = next_request_++;
@@ -1127,6 +1210,7 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
   (*out)["cluster.chain.applied_entries"] = applied_entries_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.apply_batches"] = apply_batches_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.checkpoints"] = checkpoints_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.repairs"] = repairs_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.log_file_bytes"] =
       static_cast<int64_t>(log_bytes_.load(std::memory_order_relaxed));
   (*out)["cluster.chain.frames_sent"] = frames_sent_.load(std::memory_order_relaxed);

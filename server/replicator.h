@@ -137,6 +137,18 @@ class Replicator {
   // Runs "start" with a WriteDone and waits for its answer (*existed if not
   // null), at most the write timeout and a second.
   Status Wait(const std::function<void(WriteDone)>& start, bool* existed);
+  // Read repair at the head (peerRepair): this or another member's record
+  // of integer key "key" failed its checksum. Rewrites the key through the
+  // chain with its newest value and sets *result to that value once the
+  // chain has acknowledged the rewrite. The newest value is this member's
+  // copy; if that is bad too, the newest write of it the chain has not
+  // committed; failing that, "fetch" (on the caller's thread) gets another
+  // member's copy, which then holds every write of the key (all committed,
+  // and none since, or this member's record would be new). Blocks.
+  Status Repair(int64_t key, const std::function<Status(rpc::GetResult*)>& fetch,
+                rpc::GetResult* result);
+  // Head of the chain: this member's address; else the head's ("" if none).
+  std::string head() const;
   // Before a read of the key with hash "hash" from this member: OK to serve
   // it now (maybe after waiting for a catch-up), else Unavailable.
   Status BeforeRead(uint64_t hash);
@@ -259,6 +271,7 @@ class Replicator {
   std::atomic<int64_t> wipes_{0};
   std::atomic<int64_t> records_{0};
   std::atomic<int64_t> checkpoints_{0};
+  std::atomic<int64_t> repairs_{0};
   std::atomic<uint64_t> log_bytes_{0};
 };
 

@@ -31,6 +31,11 @@ exception KvError {
 struct GetResult {
   1: bool found,
   2: binary value,
+  // multiGet only: this key's record could not be read (found = false):
+  // its error, while every other key of the batch is answered. A single
+  // get throws KvError instead.
+  3: optional ErrorCode errorCode,
+  4: optional string errorMessage,
 }
 
 struct KvPair {
@@ -99,6 +104,10 @@ struct PeerContext {
   1: required string token,     // cluster.peer_token ("" when none is set)
   2: required i64 ringVersion,  // the sender's ring version
   3: required i64 mark,         // the mark the sender routed the call to
+  // peerGet only: read this member's own copy, whatever its role, and
+  // answer STORAGE_ERROR for a bad record instead of repairing it (read
+  // repair asks the other members of the chain with it).
+  4: optional bool ownCopy = false,
 }
 
 // Chain replication between the members of one mark (partition/chain.h;
@@ -158,6 +167,15 @@ struct Digest {
   5: required i64 appliedSeq,
 }
 
+// flatkv admin verify: every live record of a member read back and its
+// checksum checked.
+struct VerifyResult {
+  1: required i64 records,    // live records read (string-key buckets count one each)
+  2: required i64 bytes,      // their value bytes
+  3: required i64 corrupt,    // records failing their checksum
+  4: required i64 repaired,   // of those, rewritten through the chain from another member
+  5: required list<string> problems,  // the first 100: file, offset, key, and the outcome
+}
 // Every argument is "required": a call whose argument is missing or of the
 // wrong type is answered with a TApplicationException naming the method
 // (PROTOCOL_ERROR) instead of running with a default value. The wire format
@@ -224,4 +242,14 @@ service FlatKV {
 
   // Admin: this member's digest (admin.token when one is configured).
   Digest digest(1: required string token) throws (1: KvError err),
+  // Read repair: served by the head of ctx.mark's chain for a member whose
+  // copy of "key" fails its checksum. The head rewrites the key through the
+  // chain with its newest value (its own copy, a write not yet committed,
+  // or another member's copy) and answers that value once the chain has
+  // acknowledged the rewrite.
+  GetResult peerRepair(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
+  // Admin: reads back every live record of this member and checks it;
+  // with repair, a ring member rewrites each
+  // bad integer key from its chain (as a read would).
+  VerifyResult verify(1: required string token, 2: required bool repair) throws (1: KvError err),
 }
