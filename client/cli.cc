@@ -94,7 +94,9 @@ constexpr const char* kUsage =
     "                              bad record remains (big stores: --timeout-ms 0)\n"
     "  ring                        print the ring: each mark, the hash ranges it\n"
     "                              owns and their share of the hash space, its\n"
-    "                              chain with roles (--zk, or any one instance)\n"
+    "                              chain with roles, and members catching up\n"
+    "                              (snapshot %, MB/s, writes behind the tail;\n"
+    "                              from the tail's stats) (--zk, or any instance)\n"
     "\n"
     "Options (anywhere on the line; '--' ends them):\n"
     "  --host H          server address (default 127.0.0.1)\n"
@@ -415,6 +417,7 @@ class Cli {
   int Verify(const Operands& ops);
   int Info(const Operands& ops);
   int PrintRing(const Operands& ops);
+  void PrintJoiners(const partition::Partition& p) const;
 
   // Runs a data call on the ring client (--zk) or on the one instance.
   template <typename Call>
@@ -810,8 +813,59 @@ int Cli::PrintRing(const Operands&) {
       std::printf("    %-8s %s\n", ring->RoleOf(p.mark, m.address()).c_str(),
                   m.address().c_str());
     }
+    PrintJoiners(p);
   }
   return kExitOk;
+}
+
+// A member catching up from the tail of "p" is not in the ring yet: the
+// tail's stats name it, with its snapshot's progress and its lag.
+void Cli::PrintJoiners(const partition::Partition& p) const {
+  const partition::Member* tail = p.tail();
+  if (tail == nullptr) return;
+  ClientOptions o = flags_.client;
+  o.host = tail->host;
+  o.port = tail->port;
+  Client c(o);
+  std::map<std::string, int64_t> stats;
+  if (!c.Stats(&stats).ok()) return;  // the roles above are what is known
+  struct Joiner {
+    int64_t lag = -1;
+    std::map<std::string, int64_t> snapshot;
+  };
+  std::map<std::string, Joiner> joiners;
+  const std::string lag_prefix = "cluster.chain.joiner.", snap_prefix = "cluster.chain.snapshot_to.";
+  for (const auto& [name, value] : stats) {
+    const bool lag = name.rfind(lag_prefix, 0) == 0;
+    if (!lag && name.rfind(snap_prefix, 0) != 0) continue;
+    const std::string rest = name.substr(lag ? lag_prefix.size() : snap_prefix.size());
+    const size_t dot = rest.rfind('.');
+    if (dot == std::string::npos) continue;
+    Joiner& j = joiners[rest.substr(0, dot)];
+    if (lag) {
+      j.lag = value;
+    } else {
+      j.snapshot[rest.substr(dot + 1)] = value;
+    }
+  }
+  for (const auto& [address, j] : joiners) {
+    const bool streaming = !j.snapshot.empty() && j.snapshot.at("done") == 0;
+    if (j.lag < 0 && !streaming) continue;  // a finished stream to a member now in the chain
+    std::string line = "    joining  " + address + "  ";
+    if (streaming) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "snapshot %lld%% (%.1f of %.1f MB, %.1f MB/s)",
+                    static_cast<long long>(j.snapshot.at("percent")),
+                    static_cast<double>(j.snapshot.at("bytes")) / 1e6,
+                    static_cast<double>(j.snapshot.at("total_bytes")) / 1e6,
+                    static_cast<double>(j.snapshot.at("bytes_per_sec")) / 1e6);
+      line += buf;
+    } else {
+      line += "catching up from the log";
+    }
+    if (j.lag >= 0) line += ", " + std::to_string(j.lag) + " writes behind the tail";
+    std::printf("%s\n", line.c_str());
+  }
 }
 
 }  // namespace

@@ -721,6 +721,18 @@ Status Store::Close() {
   return result;
 }
 
+uint64_t Store::LiveBytesEstimate() const {
+  Guard guard(this);
+  uint64_t live = 0;
+  auto add = [&](const FlatTable* t) {
+    const uint64_t total = t->TotalBytes();
+    live += total - std::min(total, t->DeadBytes());
+  };
+  for (const TableRef& ref : Tables()) add(ref.table);
+  if (const FlatTable* strings = strings_.load(std::memory_order_acquire)) add(strings);
+  return live;
+}
+
 EngineStats Store::GetStats() const {
   EngineStats s;
   s.segments = Tables().size();

@@ -215,6 +215,9 @@ class Store {
   Status Close();
 
   EngineStats GetStats() const;
+  // Bytes of live records, estimated: each table's log bytes less those it
+  // knows are dead (record headers included). For progress reports.
+  uint64_t LiveBytesEstimate() const;
   const EngineOptions& options() const { return options_; }
 
   Store(const Store&) = delete;

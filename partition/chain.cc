@@ -257,6 +257,14 @@ void ChainMember::DropDownstream() {
   sent_upto_ = 0;
 }
 
+namespace {
+uint64_t OpBytes(const ChainMessage& m) {
+  uint64_t bytes = 0;
+  for (const ChainEntry& e : m.entries) bytes += e.op.size();
+  return bytes;
+}
+}  // namespace
+
 void ChainMember::Pump(int64_t now, ChainOutput* out) {
   if (down_.empty() || fenced_) return;
   if (sent_upto_ < log_base_.seq) {
@@ -297,7 +305,8 @@ void ChainMember::Pump(int64_t now, ChainOutput* out) {
       if (s.to == down_ && s.msg.kind == ChainMessage::Kind::kReplicate &&
           s.msg.chain == m.chain && !s.msg.entries.empty() &&
           s.msg.entries.back().seq + 1 == m.entries.front().seq &&
-          s.msg.entries.size() + m.entries.size() <= options_.max_batch_entries) {
+          s.msg.entries.size() + m.entries.size() <= options_.max_batch_entries &&
+          OpBytes(s.msg) + bytes <= options_.max_batch_bytes) {
         for (ChainEntry& e : m.entries) s.msg.entries.push_back(std::move(e));
         s.msg.applied = m.applied;
         s.msg.committed = m.committed;

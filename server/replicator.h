@@ -272,12 +272,26 @@ class Replicator {
   std::atomic<int64_t> records_{0};
   std::atomic<int64_t> checkpoints_{0};
   std::atomic<int64_t> repairs_{0};
+  // A snapshot stream's progress, for stats() and `flatkv ring`: the one
+  // this member loads (joiner) and the last one it sent (tail).
+  struct Progress {
+    std::string peer;  // the other end; "" before the first stream
+    uint64_t bytes = 0;
+    uint64_t total = 0;  // the sender's estimate
+    int64_t start_ms = 0;
+    int64_t end_ms = 0;  // 0 while it runs
+    void Report(const std::string& prefix, std::map<std::string, int64_t>* out) const;
+  };
+  mutable std::mutex progress_mu_;
+  Progress loading_;  // GUARDED_BY(progress_mu_)
+  Progress sending_;  // GUARDED_BY(progress_mu_)
   std::atomic<uint64_t> log_bytes_{0};
 };
 
 // Visits every live record of "store" in pages of up to "page": integer
 // keys in key order, then string keys in hash order. A callback returning
-// false ends the walk (OK). Used by snapshots, the wipe and digest.
+// false ends the walk (OK). Used by snapshots, the wipe and digest: a
+// record failing its checksum ends it with Corruption (never skipped).
 Status ForEachPage(const engine::Store& store, size_t page,
                    const std::function<bool(std::vector<engine::KeyValue>*)>& ints,
                    const std::function<bool(std::vector<engine::StringKeyValue>*)>& strings);

@@ -157,6 +157,8 @@ struct SnapshotPage {
   5: required i64 atSeq,
   6: required list<KvPair> pairs,
   7: required list<StringKvPair> spairs,
+  // The sender's estimate of the whole stream's bytes (for progress).
+  8: optional i64 totalBytes,
 }
 // flatkv admin digest: what a member holds, order-independent.
 struct Digest {

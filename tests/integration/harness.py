@@ -34,7 +34,10 @@ def finish(work):
     failed."""
     for zk in _zookeepers:
         zk.close()
-    shutil.rmtree(work, ignore_errors=True)
+    if failures and os.environ.get("FLATKV_KEEP_WORK"):
+        print("work directory kept: " + work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     print("%d passed, %d failed" % (len(passes), len(failures)))
     sys.exit(1 if failures else 0)
 
