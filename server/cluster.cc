@@ -6,6 +6,7 @@
 // on connections per peer beyond the callers in flight (one per handler
 // thread), so the pool never makes a call wait for another.
 #include "server/cluster.h"
+#include "server/migration.h"
 
 #include <spdlog/spdlog.h>
 
@@ -92,7 +93,70 @@ void Cluster::Join() {
   }
 }
 
-void Cluster::Register() { registry_->Register(); }
+void Cluster::Register() {
+  const auto ring = registry_->ring();
+  if (!ring || ring->empty() || ring->Find(mark()) != nullptr) return registry_->Register();
+  std::lock_guard<std::mutex> lock(gate_mu_);
+  if (gate_.joinable() || gate_stop_) return;  // already checking
+  gate_ = std::thread([this] { GateLoop(); });
+}
+
+void Cluster::GateLoop() {
+  std::string logged;
+  for (;;) {
+    const auto ring = registry_->ring();
+    Status st = ring->Find(mark()) != nullptr ? Status::OK() : CheckTakeOver(*ring);
+    std::unique_lock<std::mutex> lock(gate_mu_);
+    if (gate_stop_) return;
+    if (st.ok()) {
+      gate_reason_.clear();
+      lock.unlock();
+      spdlog::info("mark {} takes over ranges that hold no key: registering", mark());
+      registry_->Register();
+      return;
+    }
+    gate_reason_ = st.message();
+    if (gate_reason_ != logged) {
+      spdlog::error("not registering: {}", gate_reason_);
+      logged = gate_reason_;
+    }
+    gate_cv_.wait_for(lock, std::chrono::seconds(2), [this] { return gate_stop_; });
+    if (gate_stop_) return;
+  }
+}
+
+Status Cluster::CheckTakeOver(const partition::Ring& ring) {
+  for (const partition::HashRange& r : RangesTakenBy(ring, mark())) {
+    Target t;
+    FLATKV_RETURN_IF_ERROR(RouteTo(ring, r.partition, /*write=*/false, &t));
+    std::string cursor;
+    for (bool done = false; !done;) {
+      rpc::ExportPage page;
+      FLATKV_RETURN_IF_ERROR(Forward(t, "peerExport", true, [&](rpc::FlatKVClient& c) {
+        c.peerExport(page, t.context, r.lo, r.hi, cursor, 1);
+      }));
+      if (!page.pairs.empty() || !page.spairs.empty()) {
+        const std::string example = !page.pairs.empty()
+                                        ? "key " + std::to_string(page.pairs.front().key)
+                                        : "string key '" + page.spairs.front().key + "'";
+        return Status::InvalidArgument(
+            "mark " + std::to_string(mark()) + " would take over hashes [" +
+            std::to_string(r.lo) + ", " + std::to_string(r.hi) + "] from mark " +
+            std::to_string(t.mark) + ", which holds keys there (" + example +
+            "); moving keys to a new mark is not built yet (issue 11): registering would hide "
+            "them. Start this instance with a mark the ring has, or empty that range first");
+      }
+      done = page.done;
+      cursor = page.cursor;
+    }
+  }
+  return Status::OK();
+}
+
+std::string Cluster::register_blocked() const {
+  std::lock_guard<std::mutex> lock(gate_mu_);
+  return gate_reason_;
+}
 
 void Cluster::Deregister() { registry_->Deregister(); }
 
@@ -103,6 +167,12 @@ Status Cluster::RecordChain(const std::vector<std::string>& members, int64_t rin
 }
 
 void Cluster::Close() {
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    gate_stop_ = true;
+  }
+  gate_cv_.notify_all();
+  if (gate_.joinable() && gate_.get_id() != std::this_thread::get_id()) gate_.join();
   // The replicator first: it may call the registry until it stops.
   hooks_->replicator.store(nullptr);
   if (replicator_) replicator_->Stop();
@@ -306,6 +376,7 @@ void Cluster::AddStats(std::map<std::string, int64_t>* out) const {
   const partition::RegistryStats r = registry_->stats();
   (*out)["cluster.mark"] = mark();
   (*out)["cluster.ring_version"] = r.ring_version;
+  (*out)["cluster.register_blocked"] = register_blocked().empty() ? 0 : 1;
   (*out)["cluster.members_seen"] = r.members_seen;
   (*out)["cluster.zk_connected"] = r.connected;
   if (replicator_) replicator_->AddStats(out);

@@ -19,12 +19,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "FlatKV.h"
@@ -77,6 +79,10 @@ class Cluster : public ChainCoordinator {
   Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) override;
   int64_t disconnected_ms() const override { return registry_->disconnected_ms(); }
   Status Ping(int timeout_ms) override;
+  // Why this instance does not register although it would (a new mark
+  // whose range holds keys: server/migration.h); empty otherwise. For
+  // /health and the log.
+  std::string register_blocked() const;
   // Closes the ZooKeeper session (the member node goes at once). Idempotent.
   void Close();
 
@@ -157,6 +163,12 @@ class Cluster : public ChainCoordinator {
   Status RefuseNotOwner(const rpc::PeerContext& context, const partition::Ring* ring,
                         const std::string& why);
   void CountForward(const std::string& address);
+  // Registers now, or, for a mark not in the ring, once the ranges it
+  // would take over hold no key at their current owner (the gate thread).
+  void GateLoop();
+  // OK if every range "mark" would take over from "ring" is empty at its
+  // owner; InvalidArgument naming a key there; Unavailable if unknown.
+  Status CheckTakeOver(const partition::Ring& ring);
 
   const ClusterOptions options_;
   const partition::Router router_;
@@ -176,6 +188,13 @@ class Cluster : public ChainCoordinator {
   std::atomic<int64_t> unauthorized_{0};       // peer calls with a wrong token
   std::atomic<int64_t> forwarded_async_{0};    // of forwarded_: by an I/O thread
   std::atomic<int64_t> async_connections_{0};  // the I/O threads' open peer connections
+
+  // The register gate (GateLoop). gate_reason_ and gate_stop_ GUARDED_BY(gate_mu_).
+  mutable std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  std::thread gate_;
+  bool gate_stop_ = false;
+  std::string gate_reason_;
 };
 
 }  // namespace flatkv::server

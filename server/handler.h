@@ -41,7 +41,7 @@ class Handler : public rpc::FlatKVIf {
     kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
     kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
     kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kPeerChain, kPeerSnapshot,
-    kDigest, kPeerRepair, kVerify, kMethods
+    kDigest, kPeerRepair, kVerify, kPeerExport, kMethods
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
@@ -88,6 +88,8 @@ class Handler : public rpc::FlatKVIf {
   void digest(rpc::Digest& result, const std::string& token) override;
   void peerRepair(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) override;
   void verify(rpc::VerifyResult& result, const std::string& token, bool repair) override;
+  void peerExport(rpc::ExportPage& result, const rpc::PeerContext& ctx, int64_t lo, int64_t hi,
+                  const std::string& cursor, int32_t limit) override;
 
   // Whether the call in "message" (a binary-protocol message of "len"
   // bytes) may block: in a ring, a data call for a key another instance

@@ -13,6 +13,7 @@
 
 #include "server/event_server.h"
 #include "server/handler.h"
+#include "server/migration.h"
 
 namespace flatkv::server {
 namespace {
@@ -38,8 +39,11 @@ struct Part {
 }  // namespace
 
 std::string Handler::NotReady() const {
-  if (cluster_ == nullptr || cluster_->ring() != nullptr) return "";
-  return "no ring known yet: ZooKeeper (" + config_.cluster.zookeeper + ") not reached";
+  if (cluster_ == nullptr) return "";
+  if (cluster_->ring() == nullptr) {
+    return "no ring known yet: ZooKeeper (" + config_.cluster.zookeeper + ") not reached";
+  }
+  return cluster_->register_blocked();
 }
 
 namespace {
@@ -97,7 +101,7 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
       (name == "peerChain" || name == "peerSnapshot" || name == "peerPut" ||
        name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
        name == "peerSPut" || name == "peerSRemove" || name == "digest" ||
-       name == "peerRepair")) {
+       name == "peerRepair" || name == "peerExport")) {
     return true;
   }
   // Calls that never forward: served here whatever the ring says.
@@ -205,6 +209,15 @@ static void RunParts(Cluster* cluster, const partition::Ring& ring,
     if (p.target.local) continue;
     if (p.status.ok()) {
       p.status = p.connection->Call("receive", false, [&](rpc::FlatKVClient& c) { receive(c, p); });
+    }
+    if (!p.status.ok() && !write && p.connection->network_failed()) {
+      // Maybe a pooled connection the peer closed (it restarted): a read
+      // once more on a fresh one. (A write is not sent twice: a part that
+      // did arrive could overwrite a newer write made meanwhile.)
+      p.status = p.connection->Call("retry", false, [&](rpc::FlatKVClient& c) {
+        send(c, p);
+        receive(c, p);
+      });
     }
     if (!p.status.ok()) p.status = cluster->PeerFailure(p.target, *p.connection, p.status);
     cluster->Return(std::move(p.connection));
@@ -556,6 +569,21 @@ void Handler::peerGet(rpc::GetResult& result, const rpc::PeerContext& ctx, int64
     Status st = cache_->Get(key, &result.value);
     result.found = st.ok();
     if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+  });
+}
+
+void Handler::peerExport(rpc::ExportPage& result, const rpc::PeerContext& ctx, int64_t lo,
+                         int64_t hi, const std::string& cursor, int32_t limit) {
+  Run(kPeerExport, [&] {
+    if (limit <= 0 || lo > hi) {
+      throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT,
+                      "peerExport: limit must be positive and lo at most hi");
+    }
+    CheckPeer(ctx, lo, hi);
+    ThrowIfError(cache_->Flush());  // writes still in an async cache too
+    const auto ring = cluster_->ring();
+    const int64_t bound = ring ? ring->settings().hash_bound : config_.cluster.hash_bound;
+    ThrowIfError(ExportRange(*store_, bound, lo, hi, cursor, static_cast<size_t>(limit), &result));
   });
 }
 

@@ -160,6 +160,15 @@ struct SnapshotPage {
   // The sender's estimate of the whole stream's bytes (for progress).
   8: optional i64 totalBytes,
 }
+// One page of a hash range exported by a member (peerExport): integer keys
+// in key order, then string keys (in bucket order) whose hash lies in the
+// range.
+struct ExportPage {
+  1: required list<KvPair> pairs,
+  2: required list<StringKvPair> spairs,
+  3: required bool done,       // nothing follows
+  4: required binary cursor,   // pass back to resume; empty starts
+}
 // flatkv admin digest: what a member holds, order-independent.
 struct Digest {
   1: required i64 keys,        // live integer keys
@@ -250,6 +259,11 @@ service FlatKV {
   // or another member's copy) and answers that value once the chain has
   // acknowledged the rewrite.
   GetResult peerRepair(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
+  // The records of this member's store whose hash lies in [lo, hi]
+  // (inclusive; ctx.mark must own all of it): for a new mark that takes the
+  // range over. At most "limit" records per page (fewer, even none, with
+  // done = false: a page's work is bounded).
+  ExportPage peerExport(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required binary cursor, 5: required i32 limit) throws (1: KvError err),
   // Admin: reads back every live record of this member and checks it;
   // with repair, a ring member rewrites each
   // bad integer key from its chain (as a read would).

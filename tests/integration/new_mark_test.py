@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""Process test of a new mark joining a ring that holds data (issue 11's
+first guard, server/migration.h): an instance started with a mark the ring
+does not have registers only if the range it would take over holds no key
+at its current owner, since registering would hide those keys.
+
+One real ZooKeeper, mark A = 1000 (so it owns every hash: integer keys
+0..2999 and string keys), holding integer keys 100..199 and 1500..1599 and
+a few string keys. An instance with mark B = 1200 would take [1000, 1199]
+(empty: it registers, and both then serve); an instance with mark C = 1800
+would take [1200, 1799], which A owns by the ring's wraparound and where
+keys 1500..1599 live, so C does not register: its
+/health and stats say why, naming a key, the ring stays as it was, and
+every key still reads its value. Once those keys are removed, C registers
+by itself and the ring has three marks. peerExport is checked directly: a
+range's integer keys in order and its string keys by hash, in pages.
+
+Usage: new_mark_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
+import http.client
+import os
+import sys
+import time
+
+import harness
+from harness import check, free_port
+
+server_bin, thrift_bin, idl = sys.argv[1:4]
+work = harness.workdir("flatkv-new-mark-", thrift_bin, idl)
+from flatkv.ttypes import ErrorCode, KvError, PeerContext  # noqa: E402
+
+zk = harness.ZooKeeper(work)
+
+
+class Instance:
+    def __init__(self, name, mark):
+        self.port = free_port()
+        self.http = free_port()
+        self.mark = mark
+        self.proc = harness.start_member(
+            server_bin, self.port, os.path.join(work, name), zk, mark,
+            "--set", "storage.key_max=3000", "--set", "server.http_port=%d" % self.http,
+            log=os.path.join(work, name + ".log"), session_timeout_ms=1500)
+
+    def call(self, fn):
+        c, t = harness.client(self.port, 10000)
+        try:
+            return fn(c)
+        finally:
+            t.close()
+
+    def health(self):
+        h = http.client.HTTPConnection("127.0.0.1", self.http, timeout=5)
+        h.request("GET", "/health")
+        r = h.getresponse()
+        return r.status, r.read().decode()
+
+
+def marks():
+    r = a.call(lambda c: c.ring())
+    return sorted(p.mark for p in r.partitions if p.chain)
+
+
+def wait_until(what, cond, timeout=20.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if cond():
+                return True
+        except Exception:
+            pass
+        time.sleep(0.1)
+    check(False, "%s within %.0f s" % (what, timeout))
+    harness.finish(work)
+
+
+a = Instance("a", 1000)
+wait_until("mark 1000 serving", lambda: marks() == [1000])
+keys = list(range(100, 200)) + list(range(1500, 1600))
+a.call(lambda c: [c.put(k, b"v%d" % k) for k in keys])
+skeys = [b"s%d" % i for i in range(50)]
+a.call(lambda c: [c.sput(s, b"sv" + s) for s in skeys])
+
+# peerExport over [1400, 1599]: A owns it; pages of 30.
+ring = a.call(lambda c: c.ring())
+ctx = PeerContext(token="", ringVersion=ring.version, mark=1000)
+got, sgot, cursor, pages = [], [], b"", 0
+while True:
+    page = a.call(lambda c: c.peerExport(ctx, 1400, 1599, cursor, 30))
+    got += [(p.key, p.value) for p in page.pairs]
+    sgot += [p.key for p in page.spairs]
+    pages += 1
+    if page.done:
+        break
+    cursor = page.cursor
+check(got == [(k, b"v%d" % k) for k in range(1500, 1600)] and pages >= 4,
+      "peerExport returns the range's integer keys in order, in pages (%d pages)" % pages)
+all_s, cursor = [], b""
+while True:
+    page = a.call(lambda c: c.peerExport(ctx, -2**63, 2**63 - 1, cursor, 7))
+    all_s += [p.key for p in page.spairs]
+    if page.done:
+        break
+    cursor = page.cursor
+check(sorted(all_s) == sorted(skeys), "peerExport of the whole hash space returns every string key")
+try:
+    a.call(lambda c: c.peerExport(PeerContext(token="", ringVersion=ring.version, mark=77),
+                                  0, 10, b"", 5))
+    check(False, "peerExport for a mark not this instance's is refused")
+except KvError as e:
+    check(e.code == ErrorCode.NOT_OWNER, "peerExport for a mark not this instance's: NOT_OWNER")
+
+# B takes [1000, 1199], which holds no key: it registers.
+b = Instance("b", 1200)
+wait_until("mark 1200 registered over an empty range", lambda: marks() == [1000, 1200])
+check(all(b.call(lambda c: c.get(k)).value == b"v%d" % k for k in keys),
+      "every key reads its value through the new mark's instance")
+
+# C would take [1200, 1799] from A, where keys 1500..1599 live: it waits.
+c_ = Instance("c", 1800)
+time.sleep(3)
+check(marks() == [1000, 1200], "an instance whose range holds keys does not register")
+status, body = c_.health()
+check(status == 503 and "1500" in body and "would take over" in body,
+      "its /health says why, naming a key there: %d %r" % (status, body[:200]))
+check(c_.call(lambda c: c.stats())["cluster.register_blocked"] == 1, "its stats say so")
+check(all(a.call(lambda c: c.get(k)).value == b"v%d" % k for k in keys),
+      "no key was hidden")
+a.call(lambda c: [c.remove(k) for k in range(1500, 1600)])
+wait_until("C registers once its range is empty", lambda: marks() == [1000, 1200, 1800], 15)
+check(c_.call(lambda c: c.stats())["cluster.register_blocked"] == 0, "and its stats say so")
+check(c_.health()[0] == 200, "its /health is OK")
+check(all(c_.call(lambda c: c.get(k)).value == b"v%d" % k for k in range(100, 200)),
+      "the remaining keys read their values through C")
+harness.finish(work)
