@@ -389,6 +389,16 @@ uint64_t ChainMember::DirtyUntil(uint64_t key) const {
   return 0;
 }
 
+bool ChainMember::Rebase(ChainPosition at) {
+  if (in_chain() || !log_.empty() || applied_.seq != 0) return false;
+  applied_ = at;
+  log_base_ = at;
+  committed_ = 0;
+  chain_committed_ = 0;
+  intact_ = true;
+  return true;
+}
+
 const ChainEntry* ChainMember::NewestUncommitted(uint64_t key) const {
   for (auto it = log_.rbegin(); it != log_.rend() && it->seq > chain_committed_; ++it) {
     if (std::find(it->keys.begin(), it->keys.end(), key) != it->keys.end()) return &*it;

@@ -158,6 +158,15 @@ class Registry {
   // no answer within "timeout_ms". Blocks the caller.
   Status Ping(int timeout_ms);
 
+  // The ring change node (.cluster/change, RingChange in ring.h; issue 11),
+  // written on the registry's thread; each returns once ring() shows the
+  // result. CreateChange is Busy, naming the change, while another one
+  // exists (one change at a time). UpdateChange overwrites its data;
+  // DeleteChange removes it (OK if it is gone). Blocking.
+  Status CreateChange(const RingChange& change);
+  Status UpdateChange(const RingChange& change);
+  Status DeleteChange();
+
   // The newest ring, or nullptr while none has been read yet (ZooKeeper
   // unreachable since start). Never blocks.
   std::shared_ptr<const Ring> ring() const;

@@ -82,6 +82,8 @@ Status Cluster::StartReplication(const Config& config, engine::Store* store,
   FLATKV_RETURN_IF_ERROR(Replicator::Start(std::move(o), store, cache, this, &replicator_));
   hooks_->replicator.store(replicator_.get());
   if (auto ring = registry_->ring()) replicator_->OnRing(ring);
+  store_ = store;
+  cache_ = cache;
   return Status::OK();
 }
 
@@ -95,7 +97,11 @@ void Cluster::Join() {
 
 void Cluster::Register() {
   const auto ring = registry_->ring();
-  if (!ring || ring->empty() || ring->Find(mark()) != nullptr) return registry_->Register();
+  const partition::RingChange* change = ring ? ring->change() : nullptr;
+  const bool mine = change != nullptr && change->importer == advertise_ && change->mark == mark();
+  if (!mine && (!ring || ring->empty() || ring->Find(mark()) != nullptr)) {
+    return registry_->Register();
+  }
   std::lock_guard<std::mutex> lock(gate_mu_);
   if (gate_.joinable() || gate_stop_) return;  // already checking
   gate_ = std::thread([this] { GateLoop(); });
@@ -104,25 +110,229 @@ void Cluster::Register() {
 void Cluster::GateLoop() {
   std::string logged;
   for (;;) {
-    const auto ring = registry_->ring();
-    Status st = ring->Find(mark()) != nullptr ? Status::OK() : CheckTakeOver(*ring);
+    Status st = GateStep();
     std::unique_lock<std::mutex> lock(gate_mu_);
     if (gate_stop_) return;
     if (st.ok()) {
       gate_reason_.clear();
-      lock.unlock();
-      spdlog::info("mark {} takes over ranges that hold no key: registering", mark());
-      registry_->Register();
       return;
     }
     gate_reason_ = st.message();
     if (gate_reason_ != logged) {
-      spdlog::error("not registering: {}", gate_reason_);
+      spdlog::error("not registering yet: {}", gate_reason_);
       logged = gate_reason_;
     }
-    gate_cv_.wait_for(lock, std::chrono::seconds(2), [this] { return gate_stop_; });
+    gate_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return gate_stop_; });
     if (gate_stop_) return;
   }
+}
+
+bool Cluster::GateStopped() const {
+  std::lock_guard<std::mutex> lock(gate_mu_);
+  return gate_stop_;
+}
+
+Status Cluster::GateStep() {
+  const auto ring = registry_->ring();
+  const partition::RingChange* change = ring->change();
+  const bool mine = change != nullptr && change->importer == advertise_ && change->mark == mark();
+  if (ring->Find(mark()) != nullptr) {
+    // In the ring already (registered before a restart, say): register,
+    // and finish the change this instance started, if one is left.
+    registry_->Register();
+    return mine ? FinishImport(*change) : Status::OK();
+  }
+  if (change != nullptr && !mine) {
+    return Status::Busy("another ring change runs (" + change->ToJson() + "); waiting for it");
+  }
+  if (!mine) {
+    Status st = CheckTakeOver(*ring);
+    if (st.ok()) {
+      spdlog::info("mark {} takes over ranges that hold no key: registering", mark());
+      registry_->Register();
+      return st;
+    }
+    if (!st.IsInvalidArgument()) return st;  // the owner could not be asked: again
+  }
+  return Import(*ring);
+}
+
+// Cursor-walks every page of "ranges" at "target" (peerExport), calling
+// "page" for each; stops at the first failure.
+static Status ExportPages(Cluster* cluster, const Cluster::Target& target,
+                          const std::vector<partition::HashRange>& ranges, int32_t limit,
+                          const std::function<Status(rpc::ExportPage&)>& page) {
+  for (const partition::HashRange& r : ranges) {
+    std::string cursor;
+    for (bool done = false; !done;) {
+      rpc::ExportPage p;
+      FLATKV_RETURN_IF_ERROR(cluster->Forward(target, "peerExport", true, [&](rpc::FlatKVClient& c) {
+        c.peerExport(p, target.context, r.lo, r.hi, cursor, limit);
+      }));
+      FLATKV_RETURN_IF_ERROR(page(p));
+      done = p.done;
+      cursor = p.cursor;
+    }
+  }
+  return Status::OK();
+}
+
+Status Cluster::Import(const partition::Ring& ring) {
+  if (replicator_ == nullptr || store_ == nullptr) {
+    return Status::Unavailable("importing needs chain replication (a ring member's store)");
+  }
+  const std::vector<partition::HashRange> ranges = RangesTakenBy(ring, mark());
+  if (ranges.empty()) return Status::Unavailable("no range to take over");
+  const size_t source_index = ranges.front().partition;
+  partition::RingChange change;
+  if (ring.change() != nullptr) {
+    change = *ring.change();  // ours, from before a restart: copy again from the start
+  } else {
+    change.mark = mark();
+    change.source = ring.partitions()[source_index].mark;
+    change.importer = advertise_;
+    change.state = "copy";
+    for (const partition::HashRange& r : ranges) change.ranges.emplace_back(r.lo, r.hi);
+    FLATKV_RETURN_IF_ERROR(registry_->CreateChange(change));
+    spdlog::info("ring change: mark {} imports {} from mark {}", mark(), change.ToJson(),
+                 change.source);
+  }
+  const auto now_ring = registry_->ring();
+  if (now_ring->change() == nullptr || now_ring->change()->importer != advertise_) {
+    return Status::Unavailable("the ring change node is not ours any more");
+  }
+  change = *now_ring->change();
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    import_ = ImportProgress();
+    import_.running = true;
+    import_.start_ms = NowMillis();
+  }
+  // 1. The source stops taking writes to the ranges and commits what it took.
+  Target head;
+  FLATKV_RETURN_IF_ERROR(RouteTo(*now_ring, source_index, /*write=*/true, &head));
+  FLATKV_RETURN_IF_ERROR(Forward(head, "peerFence", true, [&](rpc::FlatKVClient& c) {
+    c.peerFence(head.context);
+  }));
+  // 2. This store starts empty (an earlier attempt may have left half a copy).
+  FLATKV_RETURN_IF_ERROR(WipeStore());
+  // 3. The copy, from the member that serves the source's reads.
+  Target reader;
+  FLATKV_RETURN_IF_ERROR(RouteTo(*now_ring, source_index, /*write=*/false, &reader));
+  const uint64_t rate = static_cast<uint64_t>(options_.migrate_mb_per_sec) << 20;
+  const int64_t started = NowMillis();
+  Status copied = ExportPages(this, reader, ranges, 512, [&](rpc::ExportPage& p) {
+    if (GateStopped()) return Status::Unavailable("stopping");
+    std::vector<engine::KeyValueRef> batch;
+    uint64_t bytes = 0;
+    for (const rpc::KvPair& kv : p.pairs) {
+      batch.push_back({kv.key, kv.value});
+      bytes += kv.value.size() + 8;
+    }
+    if (!batch.empty()) FLATKV_RETURN_IF_ERROR(cache_->PutBatch(batch));
+    for (const rpc::StringKvPair& kv : p.spairs) {
+      FLATKV_RETURN_IF_ERROR(cache_->SPut(kv.key, kv.value));
+      bytes += kv.key.size() + kv.value.size();
+    }
+    uint64_t total;
+    {
+      std::lock_guard<std::mutex> lock(gate_mu_);
+      import_.keys += p.pairs.size() + p.spairs.size();
+      import_.bytes += bytes;
+      total = import_.bytes;
+    }
+    if (rate > 0) {  // cluster.migrate_mb_per_sec
+      const int64_t due = static_cast<int64_t>(total * 1000 / rate);
+      const int64_t spent = NowMillis() - started;
+      if (due > spent) std::this_thread::sleep_for(std::chrono::milliseconds(due - spent));
+    }
+    return Status::OK();
+  });
+  if (!copied.ok()) return copied;
+  // 4. Durable, and the chain position no log covers (joiners take a copy).
+  FLATKV_RETURN_IF_ERROR(cache_->Flush());
+  FLATKV_RETURN_IF_ERROR(store_->Sync());
+  FLATKV_RETURN_IF_ERROR(replicator_->AdoptImport(change.czxid));
+  ImportProgress done;
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    import_.copied_ms = NowMillis();
+    done = import_;
+  }
+  const double secs = static_cast<double>(done.copied_ms - done.start_ms) / 1000.0;
+  spdlog::info("ring change: imported {} keys, {:.1f} MB in {:.2f} s ({:.1f} MB/s); registering "
+               "mark {}",
+               done.keys, static_cast<double>(done.bytes) / 1e6, secs,
+               secs > 0 ? static_cast<double>(done.bytes) / 1e6 / secs : 0.0, mark());
+  // 5. The ring flips: the source answers NOT_OWNER for the ranges from now.
+  registry_->Register();
+  return FinishImport(change);
+}
+
+Status Cluster::FinishImport(partition::RingChange change) {
+  const auto ring = registry_->ring();
+  const partition::Partition* own = ring->Find(mark());
+  const bool listed = own != nullptr && std::any_of(own->chain.begin(), own->chain.end(),
+                                                    [&](const partition::Member& m) {
+                                                      return m.address() == advertise_;
+                                                    });
+  if (!listed) return Status::Unavailable("ring change: waiting for this member to register");
+  if (change.state != "drop") {
+    change.state = "drop";
+    FLATKV_RETURN_IF_ERROR(registry_->UpdateChange(change));
+  }
+  // The source drops what moved (only now: this member confirmed it holds it all).
+  size_t source_index = ring->partitions().size();
+  for (size_t i = 0; i < ring->partitions().size(); ++i) {
+    if (ring->partitions()[i].mark == change.source) source_index = i;
+  }
+  if (source_index == ring->partitions().size()) {
+    return Status::Unavailable("ring change: source mark " + std::to_string(change.source) +
+                               " is not in the ring");
+  }
+  Target head;
+  FLATKV_RETURN_IF_ERROR(RouteTo(*ring, source_index, /*write=*/true, &head));
+  int64_t dropped = 0;
+  for (const auto& [lo, hi] : change.ranges) {
+    for (int64_t n = 1; n > 0;) {
+      FLATKV_RETURN_IF_ERROR(Forward(head, "peerDrop", true, [&](rpc::FlatKVClient& c) {
+        n = c.peerDrop(head.context, lo, hi, 20000);
+      }));
+      dropped += n;
+    }
+  }
+  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange());
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    import_.running = false;
+    import_.dropped = dropped;
+  }
+  spdlog::info("ring change done: mark {} serves {}; mark {} dropped {} moved keys", mark(),
+               change.ToJson(), change.source, dropped);
+  return Status::OK();
+}
+
+Status Cluster::WipeStore() {
+  std::vector<int64_t> keys;
+  std::vector<std::string> skeys;
+  FLATKV_RETURN_IF_ERROR(cache_->Flush());
+  FLATKV_RETURN_IF_ERROR(ForEachPage(
+      *store_, 1024,
+      [&](std::vector<engine::KeyValue>* out) {
+        for (const engine::KeyValue& kv : *out) keys.push_back(kv.key);
+        return true;
+      },
+      [&](std::vector<engine::StringKeyValue>* out) {
+        for (engine::StringKeyValue& kv : *out) skeys.push_back(std::move(kv.key));
+        return true;
+      }));
+  for (int64_t k : keys) FLATKV_RETURN_IF_ERROR(cache_->Remove(k, nullptr));
+  for (const std::string& k : skeys) FLATKV_RETURN_IF_ERROR(cache_->SRemove(k, nullptr));
+  if (!keys.empty() || !skeys.empty()) {
+    spdlog::info("ring change: emptied this store first ({} keys, {} string keys)", keys.size(),
+                 skeys.size());
+  }
+  return Status::OK();
 }
 
 Status Cluster::CheckTakeOver(const partition::Ring& ring) {
@@ -151,6 +361,25 @@ Status Cluster::CheckTakeOver(const partition::Ring& ring) {
     }
   }
   return Status::OK();
+}
+
+Status Cluster::CheckWritable(int64_t hash) const {
+  const auto ring = registry_->ring();
+  const partition::RingChange* change = ring ? ring->change() : nullptr;
+  if (change == nullptr || change->state != "copy" || change->source != mark() ||
+      !change->Covers(hash)) {
+    return Status::OK();
+  }
+  return Status::Unavailable("hash " + std::to_string(hash) + " is moving from mark " +
+                             std::to_string(mark()) + " to the new mark " +
+                             std::to_string(change->mark) + " (copied by " + change->importer +
+                             "); writes to it resume once that mark serves");
+}
+
+int64_t Cluster::NowMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 std::string Cluster::register_blocked() const {
@@ -377,6 +606,20 @@ void Cluster::AddStats(std::map<std::string, int64_t>* out) const {
   (*out)["cluster.mark"] = mark();
   (*out)["cluster.ring_version"] = r.ring_version;
   (*out)["cluster.register_blocked"] = register_blocked().empty() ? 0 : 1;
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    if (import_.start_ms != 0) {
+      const int64_t end = import_.copied_ms != 0 ? import_.copied_ms : NowMillis();
+      const int64_t ms = std::max<int64_t>(1, end - import_.start_ms);
+      (*out)["cluster.import.keys"] = static_cast<int64_t>(import_.keys);
+      (*out)["cluster.import.bytes"] = static_cast<int64_t>(import_.bytes);
+      (*out)["cluster.import.bytes_per_sec"] = static_cast<int64_t>(import_.bytes * 1000 /
+                                                                    static_cast<uint64_t>(ms));
+      (*out)["cluster.import.copied"] = import_.copied_ms != 0 ? 1 : 0;
+      (*out)["cluster.import.running"] = import_.running ? 1 : 0;
+      (*out)["cluster.import.dropped_at_source"] = import_.dropped;
+    }
+  }
   (*out)["cluster.members_seen"] = r.members_seen;
   (*out)["cluster.zk_connected"] = r.connected;
   if (replicator_) replicator_->AddStats(out);

@@ -142,6 +142,9 @@ class Cluster : public ChainCoordinator {
   // and the mark (peerScanLog covers the whole partition).
   Status CheckPeerRange(const rpc::PeerContext& context, int64_t lo, int64_t hi);
   Status CheckPeerMark(const rpc::PeerContext& context);
+  // Unavailable while a ring change moves "hash" away from this mark (its
+  // state "copy": the importer copies what this mark holds there).
+  Status CheckWritable(int64_t hash) const;
 
   // The ring as the IDL's RingInfo.
   void Describe(rpc::RingInfo* info) const;
@@ -169,6 +172,19 @@ class Cluster : public ChainCoordinator {
   // OK if every range "mark" would take over from "ring" is empty at its
   // owner; InvalidArgument naming a key there; Unavailable if unknown.
   Status CheckTakeOver(const partition::Ring& ring);
+  // One pass of the gate: OK once registered (and this instance's ring
+  // change, if any, finished); else why not yet (retried).
+  Status GateStep();
+  bool GateStopped() const;
+  // A new mark whose ranges hold keys (issue 11; server/migration.h): the
+  // ring change node, the source's fence, a copy of the ranges into this
+  // (emptied) store, the position adopted, registration; then FinishImport.
+  Status Import(const partition::Ring& ring);
+  // Registered: state "drop", the source drops the moved keys, the change
+  // node goes.
+  Status FinishImport(partition::RingChange change);
+  Status WipeStore();
+  static int64_t NowMillis();
 
   const ClusterOptions options_;
   const partition::Router router_;
@@ -195,6 +211,18 @@ class Cluster : public ChainCoordinator {
   std::thread gate_;
   bool gate_stop_ = false;
   std::string gate_reason_;
+  // A new mark's import (GUARDED_BY(gate_mu_)), for stats().
+  struct ImportProgress {
+    bool running = false;
+    int64_t start_ms = 0;
+    int64_t copied_ms = 0;
+    uint64_t keys = 0;
+    uint64_t bytes = 0;
+    int64_t dropped = 0;
+  };
+  ImportProgress import_;
+  engine::Store* store_ = nullptr;                     // set by StartReplication
+  engine::cache::WriteBackCache* cache_ = nullptr;
 };
 
 }  // namespace flatkv::server

@@ -254,6 +254,11 @@ const std::vector<Key>& Schema() {
        "rate limit of a full copy to a joining member, MiB/s; 0 = none",
        Int<int64_t>([](Config* c) { return &c->cluster.resync_mb_per_sec; }, 0, 1000000,
                     "cluster.resync_mb_per_sec")},
+      {"cluster.migrate_mb_per_sec", "0",
+       "rate limit of a new mark's import of its range from the mark that owned it, MiB/s; "
+       "0 = none",
+       Int<int64_t>([](Config* c) { return &c->cluster.migrate_mb_per_sec; }, 0, 1000000,
+                    "cluster.migrate_mb_per_sec")},
   };
   return keys;
 }

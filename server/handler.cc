@@ -10,7 +10,7 @@ constexpr const char* kMethodNames[] = {
     "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats",
     "ring", "peerGet", "peerPut", "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
     "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove", "peerChain", "peerSnapshot",
-    "digest", "peerRepair", "verify", "peerExport"};
+    "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop"};
 
 // Room a frame needs beside the value: the call's name, sequence id, fields.
 constexpr uint64_t kFrameOverhead = 4096;
@@ -156,6 +156,7 @@ void Handler::LocalMultiPut(const std::vector<rpc::KvPair>& pairs) {
   for (size_t i = 0; i < pairs.size(); ++i) {
     CheckValue(pairs[i].value.size());
     batch[i] = {pairs[i].key, pairs[i].value};
+    if (cluster_ != nullptr) ThrowIfError(cluster_->CheckWritable(pairs[i].key));
   }
   if (replicator_ != nullptr) {
     // One replicated write: atomic on every member of this partition.

@@ -41,7 +41,7 @@ class Handler : public rpc::FlatKVIf {
     kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
     kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
     kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kPeerChain, kPeerSnapshot,
-    kDigest, kPeerRepair, kVerify, kPeerExport, kMethods
+    kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kMethods
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
@@ -76,6 +76,8 @@ class Handler : public rpc::FlatKVIf {
                 bool reverse, int64_t lo, int64_t hi) override;
   void peerScanLog(rpc::LogScanResult& result, const rpc::PeerContext& ctx,
                    const std::string& cursor, int32_t limit) override;
+  void peerFence(const rpc::PeerContext& ctx) override;
+  int64_t peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, int32_t limit) override;
   void peerSGet(rpc::GetResult& result, const rpc::PeerContext& ctx,
                 const std::string& key) override;
   void peerSPut(const rpc::PeerContext& ctx, const std::string& key,
@@ -216,6 +218,9 @@ class Handler : public rpc::FlatKVIf {
   // failed. Inline on an I/O thread it asks to run on a worker instead
   // (EventServer::RedoOnWorker, sets redo_) and returns "bad".
   Status RepairRead(int64_t key, const Status& bad, rpc::GetResult* result);
+  // Throws NOT_OWNER unless this instance is the head of ctx.mark's chain
+  // (and ctx's token and mark are right).
+  void CheckHeadOf(const rpc::PeerContext& ctx, const char* what);
   // The head's side of a repair: another member's copy of "key" (peerGet
   // with ownCopy), from the first member after the head that has a good one.
   Status FetchCopy(int64_t key, rpc::GetResult* result);

@@ -101,7 +101,8 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
       (name == "peerChain" || name == "peerSnapshot" || name == "peerPut" ||
        name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
        name == "peerSPut" || name == "peerSRemove" || name == "digest" ||
-       name == "peerRepair" || name == "peerExport")) {
+       name == "peerRepair" || name == "peerExport" || name == "peerFence" ||
+       name == "peerDrop")) {
     return true;
   }
   // Calls that never forward: served here whatever the ring says.
@@ -385,6 +386,7 @@ Status Handler::StartChainWrite(Method method, int64_t key, const std::string& s
   if (has_value) FLATKV_RETURN_IF_ERROR(ValueSize(value.size()));
   FLATKV_RETURN_IF_ERROR(string_keyed ? store_->CheckStringKey(string_key)
                                       : store_->CheckKey(key));
+  FLATKV_RETURN_IF_ERROR(cluster_->CheckWritable(string_keyed ? StringHash(string_key) : key));
   if (method == kAppend) {
     replicator_->AppendAsync(key, std::move(value), max_value_bytes_, std::move(done));
     return Status::OK();
@@ -585,6 +587,85 @@ void Handler::peerExport(rpc::ExportPage& result, const rpc::PeerContext& ctx, i
     const int64_t bound = ring ? ring->settings().hash_bound : config_.cluster.hash_bound;
     ThrowIfError(ExportRange(*store_, bound, lo, hi, cursor, static_cast<size_t>(limit), &result));
   });
+}
+
+void Handler::CheckHeadOf(const rpc::PeerContext& ctx, const char* what) {
+  if (cluster_ == nullptr || replicator_ == nullptr) {
+    ThrowKvError(Status::NotOwner("this instance is not a member of a chain"));
+  }
+  ThrowIfError(cluster_->CheckPeerMark(ctx));
+  if (replicator_->head() != cluster_->advertise()) {
+    ThrowKvError(Status::NotOwner(std::string(what) + ": member " + cluster_->advertise() +
+                                  " is not the head of mark " +
+                                  std::to_string(cluster_->mark()) + "'s chain"));
+  }
+}
+
+void Handler::peerFence(const rpc::PeerContext& ctx) {
+  Run(kPeerFence, [&] {
+    CheckHeadOf(ctx, "peerFence");
+    cluster_->Refresh();  // the change node, read before anything else is accepted
+    const auto ring = cluster_->ring();
+    const partition::RingChange* change = ring ? ring->change() : nullptr;
+    if (change == nullptr || change->state != "copy" || change->source != cluster_->mark()) {
+      ThrowKvError(Status::InvalidArgument("peerFence: no ring change copies keys from mark " +
+                                           std::to_string(cluster_->mark())));
+    }
+    // An empty write: answered once everything sequenced before it is.
+    ThrowIfError(replicator_->Write({}, {}, nullptr));
+  });
+}
+
+int64_t Handler::peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, int32_t limit) {
+  int64_t dropped = 0;
+  Run(kPeerDrop, [&] {
+    if (limit <= 0 || lo > hi) {
+      throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT,
+                      "peerDrop: limit must be positive and lo at most hi");
+    }
+    CheckHeadOf(ctx, "peerDrop");
+    cluster_->Refresh();
+    const auto ring = cluster_->ring();
+    // Never drop what this mark still owns.
+    for (const partition::HashRange& r : ring->KeyOrder()) {
+      if (r.hi < lo || r.lo > hi) continue;
+      if (ring->partitions()[r.partition].mark == cluster_->mark()) {
+        ThrowKvError(Status::InvalidArgument(
+            "peerDrop: mark " + std::to_string(cluster_->mark()) + " still owns hashes [" +
+            std::to_string(std::max(lo, r.lo)) + ", " + std::to_string(std::min(hi, r.hi)) + "]"));
+      }
+    }
+    ThrowIfError(cache_->Flush());
+    std::string cursor;
+    for (bool done = false; !done && dropped < limit;) {
+      rpc::ExportPage page;
+      const size_t want = static_cast<size_t>(std::min<int64_t>(512, limit - dropped));
+      ThrowIfError(ExportRange(*store_, ring->settings().hash_bound, lo, hi, cursor, want, &page));
+      std::vector<rpc::ChainOp> ops;
+      std::vector<uint64_t> hashes;
+      for (const rpc::KvPair& p : page.pairs) {
+        rpc::ChainOp op;
+        op.kind = rpc::ChainOpKind::REMOVE;
+        op.__set_key(p.key);
+        ops.push_back(std::move(op));
+        hashes.push_back(static_cast<uint64_t>(p.key));
+      }
+      for (const rpc::StringKvPair& p : page.spairs) {
+        rpc::ChainOp op;
+        op.kind = rpc::ChainOpKind::SREMOVE;
+        op.__set_skey(p.key);
+        hashes.push_back(static_cast<uint64_t>(StringHash(p.key)));
+        ops.push_back(std::move(op));
+      }
+      if (!ops.empty()) {
+        dropped += static_cast<int64_t>(ops.size());
+        ThrowIfError(replicator_->Write(std::move(ops), std::move(hashes), nullptr));
+      }
+      done = page.done;
+      cursor = page.cursor;
+    }
+  });
+  return dropped;
 }
 
 thread_local bool Handler::redo_ = false;

@@ -685,6 +685,32 @@ void Replicator::AppendAsync(int64_t key, std::string suffix, uint64_t max_value
       std::move(done));
 }
 
+Status Replicator::AdoptImport(int64_t epoch) {
+  Waiter w;
+  Event ev;
+  ev.done = &w;
+  ev.serial = true;
+  ev.run = [](int64_t, ChainOutput*) {};
+  ev.after = [this, epoch, &w](int64_t, ChainOutput*) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!member_.Rebase({epoch, 0})) {
+        w.status = Status::InvalidArgument("cannot adopt an import: member " + options_.self +
+                                           " is " + member_.role() + " and applied seq " +
+                                           std::to_string(member_.applied().seq));
+        return;
+      }
+    }
+    intact_ = true;
+    Checkpoint();
+    if (!logged_intact_) w.status = Status::IOError("the chain log was not rewritten");
+  };
+  Post(std::move(ev));
+  std::unique_lock<std::mutex> lk(mu_);
+  w.cv.wait(lk, [&] { return w.done; });
+  return w.status;
+}
+
 std::string Replicator::head() const {
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<std::string>& members = member_.members();

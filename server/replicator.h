@@ -147,6 +147,11 @@ class Replicator {
   // and none since, or this member's record would be new). Blocks.
   Status Repair(int64_t key, const std::function<Status(rpc::GetResult*)>& fetch,
                 rpc::GetResult* result);
+  // This member's store now holds a range imported from another mark
+  // (issue 11; before it registers): its position becomes (epoch, 0),
+  // intact, made durable with the store (a checkpoint). InvalidArgument if
+  // it is in a chain or applied writes already.
+  Status AdoptImport(int64_t epoch);
   // Head of the chain: this member's address; else the head's ("" if none).
   std::string head() const;
   // Before a read of the key with hash "hash" from this member: OK to serve

@@ -264,6 +264,16 @@ service FlatKV {
   // range over. At most "limit" records per page (fewer, even none, with
   // done = false: a page's work is bounded).
   ExportPage peerExport(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required binary cursor, 5: required i32 limit) throws (1: KvError err),
+  // A ring change (.cluster/change) moving keys from ctx.mark to a new
+  // mark, served by the head of ctx.mark. peerFence: re-reads the ring and
+  // answers once every write this mark accepted before it saw the change is
+  // committed; from then on the change's ranges hold still here (writes to
+  // them are UNAVAILABLE) until the new mark serves them.
+  void peerFence(1: required PeerContext ctx) throws (1: KvError err),
+  // Once the new mark serves [lo, hi] (this mark no longer owns any of it):
+  // removes up to "limit" keys this mark still holds there, through its
+  // chain, and returns how many (0: none left).
+  i64 peerDrop(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
   // Admin: reads back every live record of this member and checks it;
   // with repair, a ring member rewrites each
   // bad integer key from its chain (as a read would).

@@ -1,19 +1,18 @@
 #!/usr/bin/python3
-"""Process test of a new mark joining a ring that holds data (issue 11's
-first guard, server/migration.h): an instance started with a mark the ring
-does not have registers only if the range it would take over holds no key
-at its current owner, since registering would hide those keys.
+"""Process test of a new mark joining a ring that holds data (issue 11,
+server/migration.h): an instance started with a mark the ring does not have
+registers at once over a range that holds no key, and otherwise imports
+the range from its owner first (registering would hide those keys).
 
 One real ZooKeeper, mark A = 1000 (so it owns every hash: integer keys
 0..2999 and string keys), holding integer keys 100..199 and 1500..1599 and
 a few string keys. An instance with mark B = 1200 would take [1000, 1199]
 (empty: it registers, and both then serve); an instance with mark C = 1800
 would take [1200, 1799], which A owns by the ring's wraparound and where
-keys 1500..1599 live, so C does not register: its
-/health and stats say why, naming a key, the ring stays as it was, and
-every key still reads its value. Once those keys are removed, C registers
-by itself and the ring has three marks. peerExport is checked directly: a
-range's integer keys in order and its string keys by hash, in pages.
+keys 1500..1599 live, so C imports them: it registers once it has them,
+every key reads its value everywhere, A drops its copies and C takes new
+writes there. peerExport is checked directly: a range's integer keys in
+order and its string keys by hash, in pages.
 
 Usage: new_mark_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
 import http.client
@@ -115,20 +114,23 @@ wait_until("mark 1200 registered over an empty range", lambda: marks() == [1000,
 check(all(b.call(lambda c: c.get(k)).value == b"v%d" % k for k in keys),
       "every key reads its value through the new mark's instance")
 
-# C would take [1200, 1799] from A, where keys 1500..1599 live: it waits.
+# C would take [1200, 1799], which A owns by the wraparound and where keys
+# 1500..1599 live: it imports them (A refuses writes there meanwhile),
+# registers, and A drops its copies.
 c_ = Instance("c", 1800)
-time.sleep(3)
-check(marks() == [1000, 1200], "an instance whose range holds keys does not register")
-status, body = c_.health()
-check(status == 503 and "1500" in body and "would take over" in body,
-      "its /health says why, naming a key there: %d %r" % (status, body[:200]))
-check(c_.call(lambda c: c.stats())["cluster.register_blocked"] == 1, "its stats say so")
-check(all(a.call(lambda c: c.get(k)).value == b"v%d" % k for k in keys),
-      "no key was hidden")
-a.call(lambda c: [c.remove(k) for k in range(1500, 1600)])
-wait_until("C registers once its range is empty", lambda: marks() == [1000, 1200, 1800], 15)
-check(c_.call(lambda c: c.stats())["cluster.register_blocked"] == 0, "and its stats say so")
-check(c_.health()[0] == 200, "its /health is OK")
-check(all(c_.call(lambda c: c.get(k)).value == b"v%d" % k for k in range(100, 200)),
-      "the remaining keys read their values through C")
+wait_until("C imported and registered", lambda: marks() == [1000, 1200, 1800], 30)
+wait_until("the ring change finished", lambda: "change" not in zk.children("/flatkv/.cluster"), 20)
+s = c_.call(lambda c: c.stats())
+check(s.get("cluster.import.keys") == 100 and s.get("cluster.import.copied") == 1 and
+      s.get("cluster.import.dropped_at_source") == 100,
+      "C's stats: 100 keys imported, 100 dropped at the source (%s)" %
+      {k: v for k, v in s.items() if k.startswith("cluster.import")})
+check(all(x.call(lambda c: c.get(k)).value == b"v%d" % k for x in (a, b, c_) for k in keys),
+      "every key reads its value through every instance")
+check(c_.call(lambda c: c.digest("")).keys == 100 and a.call(lambda c: c.digest("")).keys == 100,
+      "C holds the 100 moved keys and A only its own 100")
+check(c_.health()[0] == 200 and c_.call(lambda c: c.stats())["cluster.register_blocked"] == 0,
+      "C's /health is OK")
+c_.call(lambda c: c.put(1550, b"new"))
+check(a.call(lambda c: c.get(1550)).value == b"new", "a write to a moved key lands at C")
 harness.finish(work)
