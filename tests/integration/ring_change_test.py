@@ -3,7 +3,7 @@
 server/migration.h): real ZooKeeper, real members, kill -9.
 
 Mark A = 1,000,000 (a chain of two, sync) owns every key at first and holds
-about 16 MB in the ranges that will move. Writers call random instances
+about 24 MB in the ranges that will move. Writers call random instances
 with self-verifying values (harness.versioned) on keys in and out of the
 moving ranges, and record what was acknowledged.
 
@@ -13,8 +13,10 @@ moving ranges, and record what was acknowledged.
    resumes and registers; a second member of M then joins its chain.
 2. Mark N = 1,800,000 takes [1,500,000, 1,799,999] from A (A owns it by the
    wraparound): mid-copy A's head is killed with kill -9; the importer
-   copies again from A's new head and tail, registers; A's old head
-   restarts and rejoins.
+   finishes against A's new head, registers; A's old head restarts and
+   rejoins.
+3. Mark P = 2,500,000 takes [1,800,000, 2,499,999] from A: ZooKeeper is
+   restarted mid-copy; the change completes.
 
 After each: the change node is gone, the ring has the mark. At the end:
 every acknowledged write reads its newest version from every instance,
@@ -107,16 +109,17 @@ members = [a0, a1]
 # ~16 MB in the ranges that move (8000 keys of 1 KiB each per range).
 pad = b"p" * 1000
 c, t = harness.client(a0.port, 20000)
-for base in (1000000, 1500000):
+for base in (1000000, 1500000, 1800000):
     for i in range(0, 8000, 200):
         c.multiPut([KvPair(k, pad + b"%d" % k) for k in range(base + i, base + i + 200)])
 t.close()
-preloaded = {k: pad + b"%d" % k for b in (1000000, 1500000) for k in range(b, b + 8000)}
+preloaded = {k: pad + b"%d" % k for b in (1000000, 1500000, 1800000)
+             for k in range(b, b + 8000)}
 
 lock = threading.Lock()
 acked, attempted, bad, errors = {}, {}, [], {}
 progress = {"in": 0, "out": 0}
-KEYS_IN = [1000000 + 9000 + i for i in range(150)] + [1500000 + 9000 + i for i in range(150)]
+KEYS_IN = [b + 9000 + i for b in (1000000, 1500000, 1800000) for i in range(100)]
 KEYS_OUT = list(range(100, 400))
 
 
@@ -206,6 +209,21 @@ wait_until("A's old head rejoined", lambda: len(ring()[A]) == 2, 60)
 wait_until("writes go on", progressed("in"), 20)
 check(True, "N added although A's head was killed mid-copy")
 
+# --- 3. Add P; restart ZooKeeper mid-copy. --------------------------------
+P = 2500000
+p0 = Member("p0", P, "--set", "cluster.migrate_mb_per_sec=4")
+members.append(p0)
+wait_until("p0's import under way",
+           lambda: 0 < p0.call(lambda c: c.stats(), 2000).get("cluster.import.bytes", 0), 30)
+zk.stop()
+time.sleep(1.0)
+zk.start()
+took = wait_until("p0 imported and registered after the ZooKeeper restart",
+                  lambda: ring().get(P) == [p0.port] and no_change(), 90)
+print("ZooKeeper restarted mid-copy: P registered and change done %.1f s later" % took)
+wait_until("writes go on", progressed("in"), 30)
+check(True, "P added although ZooKeeper restarted mid-copy")
+
 stop.set()
 for th in threads:
     th.join()
@@ -236,7 +254,8 @@ for mark, chain in ((A, [a0, a1]), (M, [m0, m1])):
     ds = [m.call(lambda c: c.digest("")) for m in chain]
     check(len({(d.keys, d.digest) for d in ds}) == 1, "mark %d: equal digests" % mark)
 
-owns = {A: lambda k: k < A or k >= N, M: lambda k: A <= k < M, N: lambda k: M <= k < N}
+owns = {A: lambda k: k < A or k >= P, M: lambda k: A <= k < M, N: lambda k: M <= k < N,
+        P: lambda k: N <= k < P}
 for m in members:
     harness.stop(m.proc)
 for m in members:
