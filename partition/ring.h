@@ -101,9 +101,11 @@ struct RecordedChain {
 //   {"kind": "add", "mark": 1800, "source": 1000, "importer": "127.0.0.1:9003",
 //    "state": "copy", "ranges": [[1200, 1799]]}
 // "add": an instance of the new mark "mark" takes the hash ranges (inclusive)
-// over from mark "source". state "copy": the source refuses writes to the
-// ranges while the importer copies them; "drop": the new mark serves them
-// and the source drops its copies; then the node is deleted.
+// over from mark "source". The source refuses writes to the ranges while
+// the node exists. state "copy": the importer copies them (a restarted
+// importer copies again); "flip": its copy is complete and durable, it
+// registers (never copies again); "drop": the new mark serves them and the
+// source drops its copies; then the node is deleted.
 struct RingChange {
   std::string kind = "add";
   int64_t mark = 0;

@@ -136,9 +136,24 @@ Status Cluster::GateStep() {
   const auto ring = registry_->ring();
   const partition::RingChange* change = ring->change();
   const bool mine = change != nullptr && change->importer == advertise_ && change->mark == mark();
+  std::optional<partition::RingChange> flipped;
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    flipped = flipped_;
+  }
+  if (flipped) {
+    // This process wrote state "flip" (the ring read may lag behind it).
+    registry_->Register();
+    return FinishImport(*flipped);
+  }
+  if (mine && change->state != "copy") {
+    // The copy is complete and durable: register (again) and finish. Never
+    // copy again: the ring may flip at any moment from here.
+    registry_->Register();
+    return FinishImport(*change);
+  }
   if (ring->Find(mark()) != nullptr) {
-    // In the ring already (registered before a restart, say): register,
-    // and finish the change this instance started, if one is left.
+    // In the ring already: register (a restart, say).
     registry_->Register();
     return mine ? FinishImport(*change) : Status::OK();
   }
@@ -264,7 +279,15 @@ Status Cluster::Import(const partition::Ring& ring) {
                "mark {}",
                done.keys, static_cast<double>(done.bytes) / 1e6, secs,
                secs > 0 ? static_cast<double>(done.bytes) / 1e6 / secs : 0.0, mark());
-  // 5. The ring flips: the source answers NOT_OWNER for the ranges from now.
+  // 5. Recorded before registering, so that nothing copies again once the
+  // ring may flip (a wipe then would lose what the source is about to drop).
+  change.state = "flip";
+  FLATKV_RETURN_IF_ERROR(registry_->UpdateChange(change));
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    flipped_ = change;
+  }
+  // 6. The ring flips: the source answers NOT_OWNER for the ranges from now.
   registry_->Register();
   return FinishImport(change);
 }
@@ -366,8 +389,9 @@ Status Cluster::CheckTakeOver(const partition::Ring& ring) {
 Status Cluster::CheckWritable(int64_t hash) const {
   const auto ring = registry_->ring();
   const partition::RingChange* change = ring ? ring->change() : nullptr;
-  if (change == nullptr || change->state != "copy" || change->source != mark() ||
-      !change->Covers(hash)) {
+  // Every state: until the ring flips this mark still owns the ranges, and
+  // a write taken now would miss the importer's copy.
+  if (change == nullptr || change->source != mark() || !change->Covers(hash)) {
     return Status::OK();
   }
   return Status::Unavailable("hash " + std::to_string(hash) + " is moving from mark " +

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -221,6 +222,9 @@ class Cluster : public ChainCoordinator {
     int64_t dropped = 0;
   };
   ImportProgress import_;
+  // The change this process moved to state "flip": from then on it only
+  // registers and finishes, whatever a lagging ring read says.
+  std::optional<partition::RingChange> flipped_;
   engine::Store* store_ = nullptr;                     // set by StartReplication
   engine::cache::WriteBackCache* cache_ = nullptr;
 };
