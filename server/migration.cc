@@ -68,7 +68,9 @@ Status ExportRange(const engine::Store& store, int64_t hash_bound, int64_t lo, i
   while (!done && page->spairs.size() < limit && walked < kStringWalkFactor * limit) {
     std::vector<engine::StringKeyValue> out;
     std::string next;
-    FLATKV_RETURN_IF_ERROR(store.SScan(strings_cursor, limit, &out, &next, &done));
+    // At most what the page still has room for: each entry scanned may match.
+    FLATKV_RETURN_IF_ERROR(
+        store.SScan(strings_cursor, limit - page->spairs.size(), &out, &next, &done));
     walked += out.size() + 1;
     for (engine::StringKeyValue& kv : out) {
       const int64_t h = partition::Ring::HashString(kv.key, hash_bound);
