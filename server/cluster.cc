@@ -324,12 +324,14 @@ Status Cluster::FinishImport(partition::RingChange change) {
       dropped += n;
     }
   }
-  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange());
   {
+    // Before the node goes: whoever sees it gone sees these too.
     std::lock_guard<std::mutex> lock(gate_mu_);
     import_.running = false;
     import_.dropped = dropped;
+    gate_reason_.clear();
   }
+  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange());
   spdlog::info("ring change done: mark {} serves {}; mark {} dropped {} moved keys", mark(),
                change.ToJson(), change.source, dropped);
   return Status::OK();

@@ -44,16 +44,7 @@ def call(port, fn):
 
 
 def wait_until(what, cond, timeout=60.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            if cond():
-                return
-        except Exception:
-            pass
-        time.sleep(0.05)
-    check(False, "%s within %.0f s" % (what, timeout))
-    harness.finish(work)
+    return harness.wait_until(work, what, cond, timeout, 0.05)
 
 
 def roles():

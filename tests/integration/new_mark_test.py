@@ -60,16 +60,7 @@ def marks():
 
 
 def wait_until(what, cond, timeout=20.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            if cond():
-                return True
-        except Exception:
-            pass
-        time.sleep(0.1)
-    check(False, "%s within %.0f s" % (what, timeout))
-    harness.finish(work)
+    return harness.wait_until(work, what, cond, timeout, 0.1)
 
 
 a = Instance("a", 1000)

@@ -148,16 +148,7 @@ class Member:
 
 
 def wait_until(what, cond, timeout=30.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            if cond():
-                return True
-        except Exception:
-            pass
-        time.sleep(0.05)
-    check(False, "%s within %.0f s" % (what, timeout))
-    harness.finish(work)
+    return harness.wait_until(work, what, cond, timeout, 0.05)
 
 
 def chain_size():

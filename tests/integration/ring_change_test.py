@@ -76,17 +76,7 @@ class Member:
 
 
 def wait_until(what, cond, timeout=60.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            if cond():
-                return time.monotonic() - t0
-        except Exception:
-            pass
-        time.sleep(0.1)
-    check(False, "%s within %.0f s" % (what, timeout))
-    stop.set()
-    harness.finish(work)
+    return harness.wait_until(work, what, cond, timeout, 0.1, on_fail=stop.set)
 
 
 def ring():
@@ -233,21 +223,38 @@ for th in threads:
 print("acknowledged %d writes; errors seen by the writers: %s" % (sum(acked.values()), errors))
 
 # --- Checks ---------------------------------------------------------------
+# Every mark serving (a member whose session expired under load rejoins).
+wait_until("every mark serving", lambda: all(ring().get(x) for x in (A, M, N, P)), 60)
 time.sleep(1.0)
+
+
+def multi_get(c, keys):
+    # A member may be rejoining after a session expiry under load: the
+    # read is retried while it says UNAVAILABLE, for up to 20 s.
+    t0 = time.monotonic()
+    while True:
+        try:
+            return c.multiGet(keys)
+        except KvError as e:
+            if e.code != 7 or time.monotonic() - t0 > 20:
+                raise
+            time.sleep(0.2)
+
+
 for m in members:
     c, t = harness.client(m.port, 10000)
     try:
         keys = sorted(acked)
         for i in range(0, len(keys), 200):
             part = keys[i:i + 200]
-            for key, res in zip(part, c.multiGet(part)):
+            for key, res in zip(part, multi_get(c, part)):
                 harness.judge_versioned(key, res.value if res.found else None, acked[key],
                                         attempted, bad)
         pk = sorted(preloaded)
         lost = []
         for i in range(0, len(pk), 500):
             part = pk[i:i + 500]
-            lost += [k for k, res in zip(part, c.multiGet(part)) if res.value != preloaded[k]]
+            lost += [k for k, res in zip(part, multi_get(c, part)) if res.value != preloaded[k]]
         check(not lost, "%s: every preloaded key reads its value (%d wrong)" % (m.name, len(lost)))
     finally:
         t.close()
