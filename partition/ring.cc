@@ -184,7 +184,8 @@ Status RecordedChain::FromJson(std::string_view json, RecordedChain* out) {
 
 std::string RingChange::ToJson() const {
   std::string out = "{\"kind\": \"" + kind + "\", \"mark\": " + std::to_string(mark) +
-                    ", \"source\": " + std::to_string(source) + ", \"importer\": \"" +
+                    ", \"into\": " + std::to_string(into) + ", \"source\": " +
+                    std::to_string(source) + ", \"importer\": \"" +
                     importer + "\", \"state\": \"" + state + "\", \"ranges\": [";
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (i > 0) out += ", ";
@@ -195,7 +196,7 @@ std::string RingChange::ToJson() const {
 
 Status RingChange::FromJson(std::string_view json, RingChange* out) {
   RingChange result;
-  bool have[6] = {};
+  bool have[7] = {};
   const auto bad = [&](std::string_view why) {
     std::string quoted(json.substr(0, 160));
     for (char& c : quoted) {
@@ -206,10 +207,13 @@ Status RingChange::FromJson(std::string_view json, RingChange* out) {
   };
   const std::string why = ParseObject(json, [&](const std::string& key, std::string_view* s) {
     if (key == "kind" && !have[0]) {
-      if (!ReadString(s, &result.kind) || result.kind != "add") {
-        return std::string("kind must be \"add\"");
+      if (!ReadString(s, &result.kind) || (result.kind != "add" && result.kind != "remove")) {
+        return std::string("kind must be \"add\" or \"remove\"");
       }
       have[0] = true;
+    } else if (key == "into" && !have[6]) {
+      if (!ReadInteger(s, &result.into)) return std::string("into must be an integer");
+      have[6] = true;
     } else if (key == "mark" && !have[1]) {
       if (!ReadInteger(s, &result.mark)) return std::string("mark must be an integer");
       have[1] = true;
@@ -250,7 +254,11 @@ Status RingChange::FromJson(std::string_view json, RingChange* out) {
   });
   if (!why.empty()) return bad(why);
   for (bool h : have) {
-    if (!h) return bad("needs kind, mark, source, importer, state and ranges");
+    if (!h) return bad("needs kind, mark, into, source, importer, state and ranges");
+  }
+  if (result.kind == "add" ? result.into != result.mark : result.source != result.mark) {
+    return bad(result.kind == "add" ? "an add's into must be its mark"
+                                    : "a remove's source must be its mark");
   }
   *out = std::move(result);
   return Status::OK();

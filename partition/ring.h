@@ -98,17 +98,22 @@ struct RecordedChain {
 // A ring change in progress (issue 11; server/migration.h), as the JSON
 // data of <service_path>/.cluster/change (persistent; one change at a time:
 // whoever creates the node holds the change):
-//   {"kind": "add", "mark": 1800, "source": 1000, "importer": "127.0.0.1:9003",
-//    "state": "copy", "ranges": [[1200, 1799]]}
-// "add": an instance of the new mark "mark" takes the hash ranges (inclusive)
-// over from mark "source". The source refuses writes to the ranges while
-// the node exists. state "copy": the importer copies them (a restarted
-// importer copies again); "flip": its copy is complete and durable, it
-// registers (never copies again); "drop": the new mark serves them and the
-// source drops its copies; then the node is deleted.
+//   {"kind": "add", "mark": 1800, "into": 1800, "source": 1000,
+//    "importer": "127.0.0.1:9003", "state": "copy", "ranges": [[1200, 1799]]}
+// "add": an instance of the new mark "mark" (= "into") takes the hash ranges
+// (inclusive) over from mark "source". "remove": mark "mark" (= "source")
+// leaves the ring and the mark that inherits its ranges, "into", takes them
+// over; "importer" is the head of "into". The source refuses writes to the
+// ranges while the node exists. state "copy": the importer copies them (a
+// restarted importer copies again); "flip": its copy is complete and
+// durable (never copied again), the ring flips (add: the importer
+// registers; remove: the source's members deregister and exit, its mark
+// node goes); "drop" (add): the source drops its copies; then the node is
+// deleted.
 struct RingChange {
   std::string kind = "add";
   int64_t mark = 0;
+  int64_t into = 0;
   int64_t source = 0;
   std::string importer;  // host:port
   std::string state = "copy";
@@ -120,7 +125,8 @@ struct RingChange {
   static Status FromJson(std::string_view json, RingChange* out);
   bool Covers(int64_t h) const;
   bool operator==(const RingChange& o) const {
-    return kind == o.kind && mark == o.mark && source == o.source && importer == o.importer &&
+    return kind == o.kind && mark == o.mark && into == o.into && source == o.source &&
+           importer == o.importer &&
            state == o.state && ranges == o.ranges && czxid == o.czxid;
   }
 };

@@ -8,6 +8,8 @@
 #include "server/cluster.h"
 #include "server/migration.h"
 
+#include <future>
+
 #include <spdlog/spdlog.h>
 
 namespace flatkv::server {
@@ -173,20 +175,31 @@ Status Cluster::GateStep() {
 }
 
 // Cursor-walks every page of "ranges" at "target" (peerExport), calling
-// "page" for each; stops at the first failure.
+// "page" for each; stops at the first failure. The next page is fetched
+// while "page" loads the current one.
 static Status ExportPages(Cluster* cluster, const Cluster::Target& target,
                           const std::vector<partition::HashRange>& ranges, int32_t limit,
                           const std::function<Status(rpc::ExportPage&)>& page) {
   for (const partition::HashRange& r : ranges) {
-    std::string cursor;
-    for (bool done = false; !done;) {
-      rpc::ExportPage p;
-      FLATKV_RETURN_IF_ERROR(cluster->Forward(target, "peerExport", true, [&](rpc::FlatKVClient& c) {
-        c.peerExport(p, target.context, r.lo, r.hi, cursor, limit);
-      }));
-      FLATKV_RETURN_IF_ERROR(page(p));
-      done = p.done;
-      cursor = p.cursor;
+    auto fetch = [cluster, &target, r, limit](std::string cursor) {
+      std::pair<Status, rpc::ExportPage> got;
+      got.first = cluster->Forward(target, "peerExport", true, [&](rpc::FlatKVClient& c) {
+        c.peerExport(got.second, target.context, r.lo, r.hi, cursor, limit);
+      });
+      return got;
+    };
+    auto next = std::async(std::launch::async, fetch, std::string());
+    for (;;) {
+      auto [st, p] = next.get();
+      if (!st.ok()) return st;
+      const bool done = p.done;
+      if (!done) next = std::async(std::launch::async, fetch, p.cursor);
+      st = page(p);
+      if (!st.ok()) {
+        if (!done) next.wait();
+        return st;
+      }
+      if (done) break;
     }
   }
   return Status::OK();
@@ -204,6 +217,7 @@ Status Cluster::Import(const partition::Ring& ring) {
     change = *ring.change();  // ours, from before a restart: copy again from the start
   } else {
     change.mark = mark();
+    change.into = mark();
     change.source = ring.partitions()[source_index].mark;
     change.importer = advertise_;
     change.state = "copy";

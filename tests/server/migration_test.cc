@@ -108,6 +108,7 @@ TEST_CASE("a range exports its integer keys in order and its string keys by hash
 TEST_CASE("the ring change node's JSON reads back, and anything else is refused") {
   RingChange c;
   c.mark = 1800;
+  c.into = 1800;
   c.source = 1000;
   c.importer = "127.0.0.1:9003";
   c.state = "flip";
@@ -115,17 +116,24 @@ TEST_CASE("the ring change node's JSON reads back, and anything else is refused"
   RingChange back;
   REQUIRE(RingChange::FromJson(c.ToJson(), &back).ok());
   CHECK(back == c);
+  c.kind = "remove";
+  c.source = 1800;
+  c.into = 2000;
+  REQUIRE(RingChange::FromJson(c.ToJson(), &back).ok());
+  CHECK(back == c);
   CHECK(back.Covers(1500));
   CHECK(back.Covers(INT64_MIN));
   CHECK_FALSE(back.Covers(1800));
   CHECK_FALSE(back.Covers(0));
   for (const char* bad : {
-           R"({"kind": "add", "mark": 1, "source": 2, "importer": "h:1", "state": "copy"})",
-           R"({"kind": "remove", "mark": 1, "source": 2, "importer": "h:1", "state": "copy", "ranges": [[1, 2]]})",
-           R"({"kind": "add", "mark": 1, "source": 2, "importer": "h", "state": "copy", "ranges": [[1, 2]]})",
-           R"({"kind": "add", "mark": 1, "source": 2, "importer": "h:1", "state": "go", "ranges": [[1, 2]]})",
-           R"({"kind": "add", "mark": 1, "source": 2, "importer": "h:1", "state": "copy", "ranges": [[3, 2]]})",
-           R"({"kind": "add", "mark": 1, "source": 2, "importer": "h:1", "state": "copy", "ranges": [[1, 2]], "x": 1})",
+           R"({"kind": "add", "mark": 1, "into": 1, "source": 2, "importer": "h:1", "state": "copy"})",
+           R"({"kind": "add", "mark": 1, "into": 3, "source": 2, "importer": "h:1", "state": "copy", "ranges": [[1, 2]]})",
+           R"({"kind": "remove", "mark": 1, "into": 3, "source": 2, "importer": "h:1", "state": "copy", "ranges": [[1, 2]]})",
+           R"({"kind": "move", "mark": 1, "into": 1, "source": 2, "importer": "h:1", "state": "copy", "ranges": [[1, 2]]})",
+           R"({"kind": "add", "mark": 1, "into": 1, "source": 2, "importer": "h", "state": "copy", "ranges": [[1, 2]]})",
+           R"({"kind": "add", "mark": 1, "into": 1, "source": 2, "importer": "h:1", "state": "go", "ranges": [[1, 2]]})",
+           R"({"kind": "add", "mark": 1, "into": 1, "source": 2, "importer": "h:1", "state": "copy", "ranges": [[3, 2]]})",
+           R"({"kind": "add", "mark": 1, "into": 1, "source": 2, "importer": "h:1", "state": "copy", "ranges": [[1, 2]], "x": 1})",
            "not json"}) {
     RingChange out;
     CHECK(RingChange::FromJson(bad, &out).IsInvalidArgument());
