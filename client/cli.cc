@@ -87,6 +87,9 @@ constexpr const char* kUsage =
     "                              order-independent digest of keys and values,\n"
     "                              and its chain position (equal on every member\n"
     "                              of a chain once writes stop)\n"
+    "  admin remove-mark M [--wait]  remove mark M from the ring: its keys move\n"
+    "                              to the next mark up, then its members exit;\n"
+    "                              --wait returns once M has left the ring\n"
     "  admin verify [--no-repair]  read back every record of the instance and\n"
     "                              check it; in a ring each bad integer key is\n"
     "                              rewritten from its chain (unless --no-repair);\n"
@@ -415,6 +418,7 @@ class Cli {
   int Stats(const Operands& ops);
   int Digest(const Operands& ops);
   int Verify(const Operands& ops);
+  int RemoveMark(const Operands& ops);
   int Info(const Operands& ops);
   int PrintRing(const Operands& ops);
   void PrintJoiners(const partition::Partition& p) const;
@@ -454,6 +458,7 @@ const Cli::Command Cli::kCommands[] = {
     {"admin info", 0, 0, &Cli::Info},
     {"admin digest", 0, 0, &Cli::Digest},
     {"admin verify", 0, 0, &Cli::Verify},
+    {"admin remove-mark", 1, 1, &Cli::RemoveMark},
     {"ring", 0, 0, &Cli::PrintRing},
 };
 
@@ -463,7 +468,8 @@ int Cli::Run() {
   std::string name = ops[0];
   ops.erase(ops.begin());
   if (name == "admin") {
-    if (ops.empty()) return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest, verify");
+    if (ops.empty()) return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest, verify, "
+                   "remove-mark");
     name += " " + ops[0];
     ops.erase(ops.begin());
   }
@@ -485,8 +491,8 @@ Status Cli::CheckOptions(const std::string& command) const {
   if ((flags_.limit || flags_.reverse) && command != "scan") {
     return Status::InvalidArgument("--limit and --reverse apply to scan only");
   }
-  if (flags_.wait && command != "admin compact") {
-    return Status::InvalidArgument("--wait applies to admin compact only");
+  if (flags_.wait && command != "admin compact" && command != "admin remove-mark") {
+    return Status::InvalidArgument("--wait applies to admin compact and admin remove-mark only");
   }
   if (flags_.no_repair && command != "admin verify") {
     return Status::InvalidArgument("--no-repair applies to admin verify only");
@@ -742,6 +748,29 @@ int Cli::Verify(const Operands&) {
               static_cast<long long>(v.corrupt), static_cast<long long>(v.repaired));
   for (const std::string& p : v.problems) std::printf("problem %s\n", p.c_str());
   return v.corrupt > v.repaired ? kExitCorrupt : kExitOk;
+}
+
+int Cli::RemoveMark(const Operands& ops) {
+  int64_t mark = 0;
+  if (!ParseInt(ops[0], &mark)) return Usage("remove-mark wants an integer mark, not '" + ops[0] + "'");
+  const std::string token = Token();
+  Status st = client_.Call("removeMark", false, [&](rpc::FlatKVClient& c) { c.removeMark(token, mark); });
+  if (!st.ok()) return Fail(st);
+  if (!flags_.wait) {
+    std::printf("removal of mark %lld started (flatkv ring, or --wait, to follow)\n",
+                static_cast<long long>(mark));
+    return kExitOk;
+  }
+  for (;;) {
+    rpc::RingInfo info;
+    if (st = client_.Ring(&info); !st.ok()) return Fail(st);
+    const bool present = std::any_of(info.partitions.begin(), info.partitions.end(),
+                                     [&](const rpc::Partition& p) { return p.mark == mark; });
+    if (!present) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  std::printf("mark %lld removed\n", static_cast<long long>(mark));
+  return kExitOk;
 }
 
 int Cli::Info(const Operands&) {

@@ -226,9 +226,9 @@ struct Request {
   Kind kind = Kind::kPing;
   RecordedChain chain;  // kRecord
   // kChange: create, set or delete .cluster/change; "change" for the first two.
-  enum class ChangeOp { kCreate, kSet, kDelete };
+  enum class ChangeOp { kCreate, kSet, kDelete, kDeleteMark };
   ChangeOp change_op = ChangeOp::kCreate;
-  RingChange change;
+  RingChange change;  // kDeleteMark: change.mark
   bool started = false;  // GUARDED_BY(Impl::mu_): taken by the registry thread
   bool done = false;     // GUARDED_BY(Impl::mu_)
   Status status;         // GUARDED_BY(Impl::mu_): the answer, once done
@@ -1083,6 +1083,13 @@ Status Registry::Impl::ChangeNow(const Request& request) {
       rc = zoo_delete(zh_, change_path_.c_str(), -1);
       if (rc == ZNONODE) rc = ZOK;
       break;
+    case Request::ChangeOp::kDeleteMark: {
+      const std::string path = marks_path_ + "/" + std::to_string(request.change.mark);
+      rc = zoo_delete(zh_, path.c_str(), -1);
+      if (rc == ZNONODE) rc = ZOK;
+      if (rc != ZOK) return ZkError("delete", path, rc);
+      break;
+    }
   }
   return rc == ZOK ? Status::OK() : ZkError("ring change", change_path_, rc);
 }
@@ -1210,6 +1217,14 @@ Status Registry::UpdateChange(const RingChange& change) {
   request->change_op = Request::ChangeOp::kSet;
   request->change = change;
   return impl_->Submit(request, impl_->opt_.session_timeout_ms, "updating the ring change");
+}
+
+Status Registry::DeleteMark(int64_t mark) {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kChange;
+  request->change_op = Request::ChangeOp::kDeleteMark;
+  request->change.mark = mark;
+  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "deleting a mark");
 }
 
 Status Registry::DeleteChange() {

@@ -166,6 +166,9 @@ class Registry {
   Status CreateChange(const RingChange& change);
   Status UpdateChange(const RingChange& change);
   Status DeleteChange();
+  // Removes .cluster/marks/<mark> (a removed mark, once no member of it is
+  // registered). OK if it is gone. Blocking.
+  Status DeleteMark(int64_t mark);
 
   // The newest ring, or nullptr while none has been read yet (ZooKeeper
   // unreachable since start). Never blocks.

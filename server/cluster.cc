@@ -8,6 +8,9 @@
 #include "server/cluster.h"
 #include "server/migration.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <future>
 
 #include <spdlog/spdlog.h>
@@ -45,6 +48,7 @@ Status Cluster::Start(const Config& config, std::function<void(const Status&)> o
   options.on_ring = [hooks](std::shared_ptr<const partition::Ring> ring) {
     spdlog::info("ring version {}: {}", ring->version(), ring->ToString());
     if (Replicator* r = hooks->replicator.load()) r->OnRing(ring);
+    if (Cluster* c = hooks->cluster.load()) c->OnRingChange(*ring);
   };
   options.on_registered = [hooks](int64_t czxid) {
     if (Replicator* r = hooks->replicator.load()) r->OnRegistered(czxid);
@@ -54,7 +58,9 @@ Status Cluster::Start(const Config& config, std::function<void(const Status&)> o
   options.reregister_after_expiry = false;
   std::unique_ptr<partition::Registry> registry;
   FLATKV_RETURN_IF_ERROR(partition::Registry::Start(std::move(options), &registry));
-  result->reset(new Cluster(config, std::move(registry), std::move(hooks)));
+  result->reset(new Cluster(config, std::move(registry), hooks));
+  hooks->cluster.store(result->get());
+  if (auto ring = (*result)->ring()) (*result)->OnRingChange(*ring);
   return Status::OK();
 }
 
@@ -435,6 +441,177 @@ Status Cluster::RecordChain(const std::vector<std::string>& members, int64_t rin
   return registry_->RecordChain(members, ring_version);
 }
 
+Status Cluster::StartRemoveMark(int64_t removed) {
+  const auto ring = registry_->ring();
+  if (!ring) return Status::Unavailable("no ring known yet: ZooKeeper not reached");
+  const std::vector<partition::Partition>& parts = ring->partitions();
+  size_t at = parts.size();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].mark == removed) at = i;
+  }
+  if (at == parts.size()) {
+    return Status::InvalidArgument("mark " + std::to_string(removed) + " is not in the ring");
+  }
+  if (parts.size() < 2) {
+    return Status::InvalidArgument("mark " + std::to_string(removed) +
+                                   " is the ring's only mark: nothing would inherit its keys");
+  }
+  // The next mark up inherits the range (the lowest, if this is the highest).
+  const partition::Partition& into = parts[(at + 1) % parts.size()];
+  if (into.chain.empty()) {
+    return Status::Unavailable("mark " + std::to_string(into.mark) +
+                               ", which would inherit the keys, has no serving member");
+  }
+  partition::RingChange change;
+  change.kind = "remove";
+  change.mark = removed;
+  change.source = removed;
+  change.into = into.mark;
+  change.importer = into.chain.front().address();
+  for (const partition::HashRange& r : ring->KeyOrder()) {
+    if (r.partition == at) change.ranges.emplace_back(r.lo, r.hi);
+  }
+  FLATKV_RETURN_IF_ERROR(registry_->CreateChange(change));
+  spdlog::info("ring change: removing mark {}: {}", removed, change.ToJson());
+  return Status::OK();
+}
+
+void Cluster::OnRingChange(const partition::Ring& ring) {
+  const partition::RingChange* change = ring.change();
+  if (change == nullptr || change->kind != "remove") return;
+  if (change->mark == mark() && change->state != "copy") {
+    // This mark leaves the ring: its keys are with the inheriting mark.
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(gate_mu_);
+      first = !leaving_;
+      leaving_ = true;
+    }
+    if (first) {
+      spdlog::warn("mark {} was removed from the ring (its keys now belong to mark {}): this "
+                   "member stops serving and exits",
+                   mark(), change->into);
+      kill(getpid(), SIGTERM);  // a clean stop: the member node goes first
+    }
+    return;
+  }
+  if (change->importer != advertise_ || change->into != mark()) return;
+  std::lock_guard<std::mutex> lock(gate_mu_);
+  if (change_running_ || gate_stop_) return;
+  if (change_.joinable()) change_.join();  // an earlier change's, finished
+  change_running_ = true;
+  change_ = std::thread([this] {
+    std::string logged;
+    for (;;) {
+      Status st = RemoveStep();
+      std::unique_lock<std::mutex> wait(gate_mu_);
+      if (gate_stop_ || st.ok()) {
+        change_running_ = false;
+        return;
+      }
+      if (st.message() != logged) {
+        spdlog::warn("ring change: {}", st.message());
+        logged = st.message();
+      }
+      gate_cv_.wait_for(wait, std::chrono::seconds(1), [this] { return gate_stop_; });
+      if (gate_stop_) return;
+    }
+  });
+}
+
+Status Cluster::RemoveStep() {
+  const auto ring = registry_->ring();
+  const partition::RingChange* now = ring->change();
+  if (now == nullptr || now->kind != "remove" || now->importer != advertise_) return Status::OK();
+  partition::RingChange change = *now;
+  const std::vector<partition::Partition>& parts = ring->partitions();
+  size_t source = parts.size();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].mark == change.source) source = i;
+  }
+  if (change.state == "copy") {
+    if (source == parts.size()) return Status::Unavailable("the removed mark is not in the ring");
+    if (replicator_ == nullptr || replicator_->head() != advertise_) {
+      return Status::Unavailable("only the head of mark " + std::to_string(mark()) +
+                                 " imports a removed mark's keys");
+    }
+    Target head, reader;
+    FLATKV_RETURN_IF_ERROR(RouteTo(*ring, source, /*write=*/true, &head));
+    FLATKV_RETURN_IF_ERROR(Forward(head, "peerFence", true, [&](rpc::FlatKVClient& c) {
+      c.peerFence(head.context);
+    }));
+    FLATKV_RETURN_IF_ERROR(RouteTo(*ring, source, /*write=*/false, &reader));
+    std::vector<partition::HashRange> ranges;
+    for (const auto& [lo, hi] : change.ranges) ranges.push_back({lo, hi, source});
+    {
+      std::lock_guard<std::mutex> lock(gate_mu_);
+      import_ = ImportProgress();
+      import_.running = true;
+      import_.start_ms = NowMillis();
+    }
+    const int64_t bound = ring->settings().hash_bound;
+    // Through this mark's chain: every member of it gets the keys.
+    Status copied = ExportPages(this, reader, ranges, 512, [&](rpc::ExportPage& p) {
+      std::vector<rpc::ChainOp> ops;
+      std::vector<uint64_t> hashes;
+      uint64_t bytes = 0;
+      for (rpc::KvPair& kv : p.pairs) {
+        rpc::ChainOp op;
+        op.kind = rpc::ChainOpKind::PUT;
+        op.__set_key(kv.key);
+        bytes += kv.value.size() + 8;
+        op.__set_value(std::move(kv.value));
+        hashes.push_back(static_cast<uint64_t>(kv.key));
+        ops.push_back(std::move(op));
+      }
+      for (rpc::StringKvPair& kv : p.spairs) {
+        rpc::ChainOp op;
+        op.kind = rpc::ChainOpKind::SPUT;
+        hashes.push_back(static_cast<uint64_t>(partition::Ring::HashString(kv.key, bound)));
+        bytes += kv.key.size() + kv.value.size();
+        op.__set_skey(std::move(kv.key));
+        op.__set_value(std::move(kv.value));
+        ops.push_back(std::move(op));
+      }
+      if (!ops.empty()) {
+        const size_t n = ops.size();
+        Status st = replicator_->Write(std::move(ops), std::move(hashes), nullptr);
+        if (!st.ok()) return st;
+        std::lock_guard<std::mutex> lock(gate_mu_);
+        import_.keys += n;
+        import_.bytes += bytes;
+      }
+      return Status::OK();
+    });
+    if (!copied.ok()) return copied;
+    {
+      std::lock_guard<std::mutex> lock(gate_mu_);
+      import_.copied_ms = NowMillis();
+    }
+    change.state = "flip";
+    FLATKV_RETURN_IF_ERROR(registry_->UpdateChange(change));
+    spdlog::info("ring change: mark {} holds mark {}'s keys; its members leave now", mark(),
+                 change.source);
+  }
+  // The removed mark's members deregister and exit (OnRingChange); then its
+  // mark node goes and the ring gives its ranges to this mark.
+  const auto again = registry_->ring();
+  const partition::Partition* removed = again->Find(change.source);
+  if (removed != nullptr && !removed->chain.empty()) {
+    return Status::Unavailable("waiting for mark " + std::to_string(change.source) +
+                               "'s members to leave");
+  }
+  FLATKV_RETURN_IF_ERROR(registry_->DeleteMark(change.source));
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    import_.running = false;
+  }
+  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange());
+  spdlog::info("ring change done: mark {} removed, mark {} serves its ranges", change.source,
+               mark());
+  return Status::OK();
+}
+
 void Cluster::Close() {
   {
     std::lock_guard<std::mutex> lock(gate_mu_);
@@ -442,6 +619,7 @@ void Cluster::Close() {
   }
   gate_cv_.notify_all();
   if (gate_.joinable() && gate_.get_id() != std::this_thread::get_id()) gate_.join();
+  if (change_.joinable() && change_.get_id() != std::this_thread::get_id()) change_.join();
   // The replicator first: it may call the registry until it stops.
   hooks_->replicator.store(nullptr);
   if (replicator_) replicator_->Stop();

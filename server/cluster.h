@@ -80,6 +80,14 @@ class Cluster : public ChainCoordinator {
   Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) override;
   int64_t disconnected_ms() const override { return registry_->disconnected_ms(); }
   Status Ping(int timeout_ms) override;
+  // flatkv admin remove-mark: records the change (.cluster/change, kind
+  // remove) that moves mark "removed"'s keys to the next mark up, whose head
+  // then does the rest (RemoveStep). InvalidArgument for a mark not in the
+  // ring or the only one; Busy while another change runs.
+  Status StartRemoveMark(int64_t removed);
+  // Every new ring (registry thread; never blocks): a removed mark's members
+  // leave; the inheriting mark's head starts its part.
+  void OnRingChange(const partition::Ring& ring);
   // Why this instance does not register although it would (a new mark
   // whose range holds keys: server/migration.h); empty otherwise. For
   // /health and the log.
@@ -160,6 +168,7 @@ class Cluster : public ChainCoordinator {
   // replication starts; the registry may call before).
   struct Hooks {
     std::atomic<Replicator*> replicator{nullptr};
+    std::atomic<Cluster*> cluster{nullptr};
   };
   Cluster(const Config& config, std::unique_ptr<partition::Registry> registry,
           std::shared_ptr<Hooks> hooks);
@@ -185,6 +194,10 @@ class Cluster : public ChainCoordinator {
   // node goes.
   Status FinishImport(partition::RingChange change);
   Status WipeStore();
+  // The inheriting head's part of a remove-mark: fence, copy through its
+  // chain, state flip, wait for the removed members to leave, delete the
+  // mark node and the change.
+  Status RemoveStep();
   static int64_t NowMillis();
 
   const ClusterOptions options_;
@@ -225,6 +238,9 @@ class Cluster : public ChainCoordinator {
   // The change this process moved to state "flip": from then on it only
   // registers and finishes, whatever a lagging ring read says.
   std::optional<partition::RingChange> flipped_;
+  std::thread change_;   // RemoveStep's, started by OnRingChange
+  bool change_running_ = false;
+  bool leaving_ = false;  // this member's mark was removed
   engine::Store* store_ = nullptr;                     // set by StartReplication
   engine::cache::WriteBackCache* cache_ = nullptr;
 };

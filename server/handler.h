@@ -41,7 +41,7 @@ class Handler : public rpc::FlatKVIf {
     kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
     kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
     kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kPeerChain, kPeerSnapshot,
-    kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kMethods
+    kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kRemoveMark, kMethods
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
@@ -77,6 +77,7 @@ class Handler : public rpc::FlatKVIf {
   void peerScanLog(rpc::LogScanResult& result, const rpc::PeerContext& ctx,
                    const std::string& cursor, int32_t limit) override;
   void peerFence(const rpc::PeerContext& ctx) override;
+  void removeMark(const std::string& token, int64_t mark) override;
   int64_t peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, int32_t limit) override;
   void peerSGet(rpc::GetResult& result, const rpc::PeerContext& ctx,
                 const std::string& key) override;

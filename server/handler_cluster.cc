@@ -601,6 +601,16 @@ void Handler::CheckHeadOf(const rpc::PeerContext& ctx, const char* what) {
   }
 }
 
+void Handler::removeMark(const std::string& token, int64_t mark) {
+  Run(kRemoveMark, [&] {
+    CheckAdmin(token);
+    if (cluster_ == nullptr) {
+      ThrowKvError(Status::InvalidArgument("removeMark: this instance is not a ring member"));
+    }
+    ThrowIfError(cluster_->StartRemoveMark(mark));
+  });
+}
+
 void Handler::peerFence(const rpc::PeerContext& ctx) {
   Run(kPeerFence, [&] {
     CheckHeadOf(ctx, "peerFence");

@@ -274,6 +274,11 @@ service FlatKV {
   // removes up to "limit" keys this mark still holds there, through its
   // chain, and returns how many (0: none left).
   i64 peerDrop(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
+  // Admin (any ring member): removes "mark" from the ring: its keys move to
+  // the next mark up, then its members stop serving and exit. Returns once
+  // the change is recorded (.cluster/change); it runs in the background.
+  // OVERLOADED while another ring change runs.
+  void removeMark(1: required string token, 2: required i64 mark) throws (1: KvError err),
   // Admin: reads back every live record of this member and checks it;
   // with repair, a ring member rewrites each
   // bad integer key from its chain (as a read would).
