@@ -100,6 +100,9 @@ constexpr const char* kUsage =
     "                              chain with roles, and members catching up\n"
     "                              (snapshot %, MB/s, writes behind the tail;\n"
     "                              from the tail's stats) (--zk, or any instance)\n"
+    "  ring suggest-mark           a mark that halves the fullest mark's keys (by\n"
+    "                              the digest key counts; integer keys: their\n"
+    "                              median, found by a key-order scan)\n"
     "\n"
     "Options (anywhere on the line; '--' ends them):\n"
     "  --host H          server address (default 127.0.0.1)\n"
@@ -422,6 +425,8 @@ class Cli {
   int Info(const Operands& ops);
   int PrintRing(const Operands& ops);
   void PrintJoiners(const partition::Partition& p) const;
+  int SuggestMark(const Operands& ops);
+  std::shared_ptr<const partition::Ring> LoadRing(Status* st);
 
   // Runs a data call on the ring client (--zk) or on the one instance.
   template <typename Call>
@@ -460,6 +465,7 @@ const Cli::Command Cli::kCommands[] = {
     {"admin verify", 0, 0, &Cli::Verify},
     {"admin remove-mark", 1, 1, &Cli::RemoveMark},
     {"ring", 0, 0, &Cli::PrintRing},
+    {"ring suggest-mark", 0, 0, &Cli::SuggestMark},
 };
 
 int Cli::Run() {
@@ -468,8 +474,13 @@ int Cli::Run() {
   std::string name = ops[0];
   ops.erase(ops.begin());
   if (name == "admin") {
-    if (ops.empty()) return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest, verify, "
+    if (ops.empty()) {
+      return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest, verify, "
                    "remove-mark");
+    }
+    name += " " + ops[0];
+    ops.erase(ops.begin());
+  } else if (name == "ring" && !ops.empty() && ops[0] == "suggest-mark") {
     name += " " + ops[0];
     ops.erase(ops.begin());
   }
@@ -806,16 +817,20 @@ int Main(int argc, char** argv) {
 
 // One line per mark: its hash ranges and their share of the i64 hash
 // space, then its chain, head first, with each member's role.
-int Cli::PrintRing(const Operands&) {
-  std::shared_ptr<const partition::Ring> ring;
+std::shared_ptr<const partition::Ring> Cli::LoadRing(Status* st) {
   if (flags_.zookeeper.empty()) {
     rpc::RingInfo info;
-    if (Status st = client_.Ring(&info); !st.ok()) return Fail(st);
-    ring = RingFromInfo(info);
-  } else {
-    if (Status st = Data([](auto&) { return Status::OK(); }); !st.ok()) return Fail(st);
-    ring = ring_->ring();
+    *st = client_.Ring(&info);
+    return st->ok() ? RingFromInfo(info) : nullptr;
   }
+  *st = Data([](auto&) { return Status::OK(); });
+  return st->ok() ? ring_->ring() : nullptr;
+}
+
+int Cli::PrintRing(const Operands&) {
+  Status st;
+  std::shared_ptr<const partition::Ring> ring = LoadRing(&st);
+  if (!st.ok()) return Fail(st);
   std::printf("ring version %lld, replication %s, string hash bound %lld, %zu marks\n",
               static_cast<long long>(ring->version()), ring->settings().replication.c_str(),
               static_cast<long long>(ring->settings().hash_bound), ring->partitions().size());
@@ -844,6 +859,91 @@ int Cli::PrintRing(const Operands&) {
     }
     PrintJoiners(p);
   }
+  return kExitOk;
+}
+
+// The fullest mark by key count (each mark's digest, from its last member:
+// the tail, which serves reads), and a mark that halves it: for integer
+// keys their median (a key-order scan of its ranges), for string keys the
+// middle of its largest hash range (their hashes are uniform).
+int Cli::SuggestMark(const Operands&) {
+  Status st;
+  std::shared_ptr<const partition::Ring> ring = LoadRing(&st);
+  if (!st.ok()) return Fail(st);
+  const std::string token = Token();
+  size_t fullest = ring->partitions().size();
+  rpc::Digest best;
+  for (size_t i = 0; i < ring->partitions().size(); ++i) {
+    const partition::Partition& p = ring->partitions()[i];
+    if (p.chain.empty()) continue;
+    ClientOptions o = flags_.client;
+    o.host = p.chain.back().host;
+    o.port = p.chain.back().port;
+    Client c(o);
+    rpc::Digest d;
+    if (st = c.Call("digest", true, [&](rpc::FlatKVClient& x) { x.digest(d, token); }); !st.ok()) {
+      return Fail(st);
+    }
+    std::printf("mark %lld: %lld integer keys, %lld string keys\n", static_cast<long long>(p.mark),
+                static_cast<long long>(d.keys), static_cast<long long>(d.stringKeys));
+    if (fullest == ring->partitions().size() ||
+        d.keys + d.stringKeys > best.keys + best.stringKeys) {
+      fullest = i;
+      best = d;
+    }
+  }
+  if (fullest == ring->partitions().size() || best.keys + best.stringKeys < 2) {
+    std::fprintf(stderr, "flatkv: no mark holds two keys or more: nothing to halve\n");
+    return kExitNotFound;
+  }
+  const int64_t mark = ring->partitions()[fullest].mark;
+  std::vector<partition::HashRange> ranges;
+  for (const partition::HashRange& r : ring->KeyOrder()) {
+    if (r.partition == fullest) ranges.push_back(r);
+  }
+  int64_t suggestion = 0;
+  std::string why;
+  if (best.keys >= best.stringKeys) {
+    // The median integer key: scan the ranges in key order (through the
+    // instance called: the scan walks the ring) to the middle key.
+    const int64_t half = best.keys / 2;
+    int64_t seen = 0;
+    bool found = false;
+    for (const partition::HashRange& r : ranges) {
+      int64_t from = r.lo;
+      while (!found) {
+        rpc::ScanResult page;
+        st = Data([&](auto& c) { return c.Scan(from, 1000, false, &page); });
+        if (!st.ok()) return Fail(st);
+        for (const rpc::KvPair& kv : page.pairs) {
+          if (kv.key > r.hi) break;
+          if (++seen > half) {
+            suggestion = kv.key;
+            found = true;
+            break;
+          }
+        }
+        if (found || page.done || page.pairs.empty() || page.pairs.back().key >= r.hi) break;
+        from = page.nextKey;
+      }
+      if (found) break;
+    }
+    if (!found) return Fail(Status::Unavailable("the keys changed during the scan: try again"));
+    why = "the new mark would take its " + std::to_string(half) + " integer keys below " +
+          std::to_string(suggestion) + ", about half";
+  } else {
+    const partition::HashRange* widest = &ranges.front();
+    for (const partition::HashRange& r : ranges) {
+      if (static_cast<long double>(r.hi) - r.lo > static_cast<long double>(widest->hi) - widest->lo) {
+        widest = &r;
+      }
+    }
+    suggestion = widest->lo + (widest->hi - widest->lo) / 2;
+    why = "mostly string keys, whose hashes are uniform: the middle of its hash range [" +
+          std::to_string(widest->lo) + ", " + std::to_string(widest->hi) + "]";
+  }
+  std::printf("suggested mark %lld: halves mark %lld (%s)\n", static_cast<long long>(suggestion),
+              static_cast<long long>(mark), why.c_str());
   return kExitOk;
 }
 

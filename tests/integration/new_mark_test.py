@@ -14,16 +14,19 @@ every key reads its value everywhere, A drops its copies and C takes new
 writes there. peerExport is checked directly: a range's integer keys in
 order and its string keys by hash, in pages.
 
-Usage: new_mark_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
+`flatkv ring suggest-mark` then names the mark that halves the fullest one.
+
+Usage: new_mark_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT"""
 import http.client
 import os
+import subprocess
 import sys
 import time
 
 import harness
 from harness import check, free_port
 
-server_bin, thrift_bin, idl = sys.argv[1:4]
+server_bin, cli_bin, thrift_bin, idl = sys.argv[1:5]
 work = harness.workdir("flatkv-new-mark-", thrift_bin, idl)
 from flatkv.ttypes import ErrorCode, KvError, PeerContext  # noqa: E402
 
@@ -124,4 +127,12 @@ check(c_.health()[0] == 200 and c_.call(lambda c: c.stats())["cluster.register_b
       "C's /health is OK")
 c_.call(lambda c: c.put(1550, b"new"))
 check(a.call(lambda c: c.get(1550)).value == b"new", "a write to a moved key lands at C")
+# A holds 100 integer keys (100..199) and 50 string keys, B none, C 100:
+# the median of A's integer keys is the 51st, 150.
+r = subprocess.run([cli_bin, "--port", str(b.port), "ring", "suggest-mark"], capture_output=True,
+                   timeout=60)
+out = r.stdout.decode()
+check(r.returncode == 0 and "mark 1000: 100 integer keys, 50 string keys" in out and
+      "suggested mark 150: halves mark 1000" in out,
+      "ring suggest-mark halves the fullest mark at its median integer key: %r" % out)
 harness.finish(work)
