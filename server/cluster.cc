@@ -613,6 +613,7 @@ Status Cluster::RemoveStep() {
 }
 
 void Cluster::Close() {
+  hooks_->cluster.store(nullptr);  // the registry's callbacks leave this alone from now
   {
     std::lock_guard<std::mutex> lock(gate_mu_);
     gate_stop_ = true;
