@@ -90,6 +90,8 @@ constexpr const char* kUsage =
     "  admin remove-mark M [--wait]  remove mark M from the ring: its keys move\n"
     "                              to the next mark up, then its members exit;\n"
     "                              --wait returns once M has left the ring\n"
+    "  admin abort-change          roll back the ring change in progress while it\n"
+    "                              still copies (stop its importer first)\n"
     "  admin verify [--no-repair]  read back every record of the instance and\n"
     "                              check it; in a ring each bad integer key is\n"
     "                              rewritten from its chain (unless --no-repair);\n"
@@ -422,6 +424,7 @@ class Cli {
   int Digest(const Operands& ops);
   int Verify(const Operands& ops);
   int RemoveMark(const Operands& ops);
+  int AbortChange(const Operands& ops);
   int Info(const Operands& ops);
   int PrintRing(const Operands& ops);
   void PrintJoiners(const partition::Partition& p) const;
@@ -464,6 +467,7 @@ const Cli::Command Cli::kCommands[] = {
     {"admin digest", 0, 0, &Cli::Digest},
     {"admin verify", 0, 0, &Cli::Verify},
     {"admin remove-mark", 1, 1, &Cli::RemoveMark},
+    {"admin abort-change", 0, 0, &Cli::AbortChange},
     {"ring", 0, 0, &Cli::PrintRing},
     {"ring suggest-mark", 0, 0, &Cli::SuggestMark},
 };
@@ -476,7 +480,7 @@ int Cli::Run() {
   if (name == "admin") {
     if (ops.empty()) {
       return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest, verify, "
-                   "remove-mark");
+                   "remove-mark, abort-change");
     }
     name += " " + ops[0];
     ops.erase(ops.begin());
@@ -781,6 +785,14 @@ int Cli::RemoveMark(const Operands& ops) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   std::printf("mark %lld removed\n", static_cast<long long>(mark));
+  return kExitOk;
+}
+
+int Cli::AbortChange(const Operands&) {
+  const std::string token = Token();
+  Status st = client_.Call("abortChange", false, [&](rpc::FlatKVClient& c) { c.abortChange(token); });
+  if (!st.ok()) return Fail(st);
+  std::printf("ring change rolled back\n");
   return kExitOk;
 }
 

@@ -226,7 +226,7 @@ struct Request {
   Kind kind = Kind::kPing;
   RecordedChain chain;  // kRecord
   // kChange: create, set or delete .cluster/change; "change" for the first two.
-  enum class ChangeOp { kCreate, kSet, kDelete, kDeleteMark };
+  enum class ChangeOp { kCreate, kSet, kDelete, kDeleteMark, kAbort };
   ChangeOp change_op = ChangeOp::kCreate;
   RingChange change;  // kDeleteMark: change.mark
   bool started = false;  // GUARDED_BY(Impl::mu_): taken by the registry thread
@@ -1074,15 +1074,40 @@ Status Registry::Impl::ChangeNow(const Request& request) {
       }
       break;
     }
-    case Request::ChangeOp::kSet: {
-      const std::string json = request.change.ToJson();
-      rc = zoo_set(zh_, change_path_.c_str(), json.data(), static_cast<int>(json.size()), -1);
+    case Request::ChangeOp::kSet:
+    case Request::ChangeOp::kDelete:
+    case Request::ChangeOp::kAbort: {
+      // Only the node of this very change (its czxid), at the version read:
+      // never one an abort removed and another change created since.
+      std::string data;
+      Stat node{};
+      rc = GetData(change_path_, false, &data, &node);
+      if (rc == ZNONODE) {
+        if (request.change_op == Request::ChangeOp::kDelete) return Status::OK();
+        return Status::NotFound("no ring change runs (" + change_path_ + " is gone)");
+      }
+      if (rc != ZOK) break;
+      if (request.change_op == Request::ChangeOp::kAbort) {
+        RingChange now;
+        if (RingChange::FromJson(data, &now).ok() && now.state != "copy") {
+          return Status::InvalidArgument("the ring change is past its copy (state " + now.state +
+                                         "): it cannot be rolled back; it finishes by itself "
+                                         "once its importer runs");
+        }
+      } else if (node.czxid != request.change.czxid) {
+        return Status::Busy("the ring change node belongs to another change now");
+      }
+      if (request.change_op == Request::ChangeOp::kSet) {
+        const std::string json = request.change.ToJson();
+        rc = zoo_set(zh_, change_path_.c_str(), json.data(), static_cast<int>(json.size()),
+                     node.version);
+      } else {
+        rc = zoo_delete(zh_, change_path_.c_str(), node.version);
+        if (rc == ZNONODE) rc = ZOK;
+      }
+      if (rc == ZBADVERSION) return Status::Busy("the ring change node changed meanwhile");
       break;
     }
-    case Request::ChangeOp::kDelete:
-      rc = zoo_delete(zh_, change_path_.c_str(), -1);
-      if (rc == ZNONODE) rc = ZOK;
-      break;
     case Request::ChangeOp::kDeleteMark: {
       const std::string path = marks_path_ + "/" + std::to_string(request.change.mark);
       rc = zoo_delete(zh_, path.c_str(), -1);
@@ -1227,11 +1252,19 @@ Status Registry::DeleteMark(int64_t mark) {
   return impl_->Submit(request, impl_->opt_.session_timeout_ms, "deleting a mark");
 }
 
-Status Registry::DeleteChange() {
+Status Registry::DeleteChange(const RingChange& change) {
   auto request = std::make_shared<Request>();
   request->kind = Request::Kind::kChange;
   request->change_op = Request::ChangeOp::kDelete;
+  request->change = change;
   return impl_->Submit(request, impl_->opt_.session_timeout_ms, "deleting the ring change");
+}
+
+Status Registry::AbortChange() {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kChange;
+  request->change_op = Request::ChangeOp::kAbort;
+  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "aborting the ring change");
 }
 
 Status Registry::Ping(int timeout_ms) {

@@ -351,7 +351,7 @@ Status Cluster::FinishImport(partition::RingChange change) {
     import_.dropped = dropped;
     gate_reason_.clear();
   }
-  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange());
+  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange(change));
   spdlog::info("ring change done: mark {} serves {}; mark {} dropped {} moved keys", mark(),
                change.ToJson(), change.source, dropped);
   return Status::OK();
@@ -473,6 +473,12 @@ Status Cluster::StartRemoveMark(int64_t removed) {
   }
   FLATKV_RETURN_IF_ERROR(registry_->CreateChange(change));
   spdlog::info("ring change: removing mark {}: {}", removed, change.ToJson());
+  return Status::OK();
+}
+
+Status Cluster::AbortChange() {
+  FLATKV_RETURN_IF_ERROR(registry_->AbortChange());
+  spdlog::warn("ring change aborted by an admin (rolled back before anything registered)");
   return Status::OK();
 }
 
@@ -606,7 +612,7 @@ Status Cluster::RemoveStep() {
     std::lock_guard<std::mutex> lock(gate_mu_);
     import_.running = false;
   }
-  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange());
+  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange(change));
   spdlog::info("ring change done: mark {} removed, mark {} serves its ranges", change.source,
                mark());
   return Status::OK();

@@ -85,6 +85,10 @@ class Cluster : public ChainCoordinator {
   // then does the rest (RemoveStep). InvalidArgument for a mark not in the
   // ring or the only one; Busy while another change runs.
   Status StartRemoveMark(int64_t removed);
+  // flatkv admin abort-change: rolls back the ring change in progress while
+  // it is still copying (Registry::AbortChange); its importer, if it runs,
+  // finds the node gone and starts over.
+  Status AbortChange();
   // Every new ring (registry thread; never blocks): a removed mark's members
   // leave; the inheriting mark's head starts its part.
   void OnRingChange(const partition::Ring& ring);

@@ -10,7 +10,7 @@ constexpr const char* kMethodNames[] = {
     "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats",
     "ring", "peerGet", "peerPut", "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
     "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove", "peerChain", "peerSnapshot",
-    "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop", "removeMark"};
+    "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop", "removeMark", "abortChange"};
 
 // Room a frame needs beside the value: the call's name, sequence id, fields.
 constexpr uint64_t kFrameOverhead = 4096;

@@ -41,7 +41,7 @@ class Handler : public rpc::FlatKVIf {
     kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
     kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
     kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kPeerChain, kPeerSnapshot,
-    kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kRemoveMark, kMethods
+    kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kRemoveMark, kAbortChange, kMethods
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
@@ -78,6 +78,7 @@ class Handler : public rpc::FlatKVIf {
                    const std::string& cursor, int32_t limit) override;
   void peerFence(const rpc::PeerContext& ctx) override;
   void removeMark(const std::string& token, int64_t mark) override;
+  void abortChange(const std::string& token) override;
   int64_t peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, int32_t limit) override;
   void peerSGet(rpc::GetResult& result, const rpc::PeerContext& ctx,
                 const std::string& key) override;

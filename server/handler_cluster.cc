@@ -611,6 +611,16 @@ void Handler::removeMark(const std::string& token, int64_t mark) {
   });
 }
 
+void Handler::abortChange(const std::string& token) {
+  Run(kAbortChange, [&] {
+    CheckAdmin(token);
+    if (cluster_ == nullptr) {
+      ThrowKvError(Status::InvalidArgument("abortChange: this instance is not a ring member"));
+    }
+    ThrowIfError(cluster_->AbortChange());
+  });
+}
+
 void Handler::peerFence(const rpc::PeerContext& ctx) {
   Run(kPeerFence, [&] {
     CheckHeadOf(ctx, "peerFence");

@@ -279,6 +279,11 @@ service FlatKV {
   // the change is recorded (.cluster/change); it runs in the background.
   // OVERLOADED while another ring change runs.
   void removeMark(1: required string token, 2: required i64 mark) throws (1: KvError err),
+  // Admin (any ring member): rolls back the ring change in progress while
+  // it still copies (nothing registered yet): the source takes writes to
+  // the ranges again. INVALID_ARGUMENT past that point (it finishes by
+  // itself); stop the importer first, or it starts the change over.
+  void abortChange(1: required string token) throws (1: KvError err),
   // Admin: reads back every live record of this member and checks it;
   // with repair, a ring member rewrites each
   // bad integer key from its chain (as a read would).

@@ -57,6 +57,14 @@ class Instance:
         return r.status, r.read().decode()
 
 
+def error_code(fn):
+    try:
+        fn()
+    except KvError as e:
+        return e.code
+    return None
+
+
 def marks():
     r = a.call(lambda c: c.ring())
     return sorted(p.mark for p in r.partitions if p.chain)
@@ -135,4 +143,33 @@ out = r.stdout.decode()
 check(r.returncode == 0 and "mark 1000: 100 integer keys, 50 string keys" in out and
       "suggested mark 150: halves mark 1000" in out,
       "ring suggest-mark halves the fullest mark at its median integer key: %r" % out)
+# An importer that never comes back: a change node naming a dead one. The
+# source refuses writes to its ranges (reads go on) until an admin rolls
+# the change back; a change past its copy cannot be rolled back.
+import logging  # noqa: E402
+from kazoo.client import KazooClient  # noqa: E402
+logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+kz = KazooClient(hosts=zk.hosts, timeout=5.0)
+kz.start(timeout=10)
+dead = (b'{"kind": "add", "mark": 2500, "into": 2500, "source": 1000, '
+        b'"importer": "127.0.0.1:1", "state": "%s", "ranges": [[1800, 2499]]}')
+a.call(lambda c: c.put(2100, b"before"))
+kz.create("/flatkv/.cluster/change", dead % b"copy")
+wait_until("A sees the change", lambda: error_code(lambda: a.call(lambda c: c.put(2101, b"probe"))) == ErrorCode.UNAVAILABLE, 10)
+check(error_code(lambda: b.call(lambda c: c.put(2100, b"during"))) == ErrorCode.UNAVAILABLE and
+      b.call(lambda c: c.get(2100)).value == b"before",
+      "a change whose importer is gone: writes to its ranges UNAVAILABLE, reads served")
+r = subprocess.run([cli_bin, "--port", str(b.port), "admin", "abort-change"], capture_output=True,
+                   timeout=30)
+check(r.returncode == 0, "flatkv admin abort-change rolls it back: %r" % r.stderr[-200:])
+wait_until("writes resume", lambda: error_code(lambda: a.call(lambda c: c.put(2100, b"after"))) is None, 10)
+check(b.call(lambda c: c.get(2100)).value == b"after", "after the roll-back the source takes writes again")
+kz.create("/flatkv/.cluster/change", dead % b"flip")
+r = subprocess.run([cli_bin, "--port", str(b.port), "admin", "abort-change"], capture_output=True,
+                   timeout=30)
+check(r.returncode == 3 and b"cannot be rolled back" in r.stderr,
+      "a change past its copy cannot be rolled back: %r" % r.stderr[-200:])
+kz.delete("/flatkv/.cluster/change")
+kz.stop()
+kz.close()
 harness.finish(work)
