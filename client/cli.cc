@@ -54,6 +54,7 @@ enum ExitCode : int {
   kExitUsage = 2,
   kExitServer = 3,
   kExitNetwork = 4,
+  kExitCorrupt = 5,
 };
 
 constexpr int32_t kScanPage = 1000;  // pairs asked for per scan call
@@ -86,9 +87,24 @@ constexpr const char* kUsage =
     "                              order-independent digest of keys and values,\n"
     "                              and its chain position (equal on every member\n"
     "                              of a chain once writes stop)\n"
+    "  admin remove-mark M [--wait]  remove mark M from the ring: its keys move\n"
+    "                              to the next mark up, then its members exit;\n"
+    "                              --wait returns once M has left the ring\n"
+    "  admin abort-change          roll back the ring change in progress while it\n"
+    "                              still copies (stop its importer first)\n"
+    "  admin verify [--no-repair]  read back every record of the instance and\n"
+    "                              check it; in a ring each bad integer key is\n"
+    "                              rewritten from its chain (unless --no-repair);\n"
+    "                              prints counts and each problem; exit 5 if a\n"
+    "                              bad record remains (big stores: --timeout-ms 0)\n"
     "  ring                        print the ring: each mark, the hash ranges it\n"
     "                              owns and their share of the hash space, its\n"
-    "                              chain with roles (--zk, or any one instance)\n"
+    "                              chain with roles, and members catching up\n"
+    "                              (snapshot %, MB/s, writes behind the tail;\n"
+    "                              from the tail's stats) (--zk, or any instance)\n"
+    "  ring suggest-mark           a mark that halves the fullest mark's keys (by\n"
+    "                              the digest key counts; integer keys: their\n"
+    "                              median, found by a key-order scan)\n"
     "\n"
     "Options (anywhere on the line; '--' ends them):\n"
     "  --host H          server address (default 127.0.0.1)\n"
@@ -107,7 +123,8 @@ constexpr const char* kUsage =
     "\n"
     "Exit status: 0 success; 1 key not found (get, sget, rm, srm); 2 usage or\n"
     "local error; 3 error answered by the server (e.g. KeyOutOfRange,\n"
-    "Unauthorized); 4 cannot reach the server or the connection was lost.\n";
+    "Unauthorized); 4 cannot reach the server or the connection was lost;\n"
+    "5 admin verify found a bad record it did not repair.\n";
 
 // Everything the command line says.
 struct Flags {
@@ -118,6 +135,7 @@ struct Flags {
   bool raw = false;
   bool reverse = false;
   bool wait = false;
+  bool no_repair = false;
   std::string zookeeper;                 // --zk: route through the ring
   std::string service_path = "/flatkv";  // --path
   bool help = false;
@@ -186,6 +204,8 @@ Status ApplyFlag(const std::string& name, Flags* f) {
     f->reverse = true;
   } else if (name == "wait") {
     f->wait = true;
+  } else if (name == "no-repair") {
+    f->no_repair = true;
   } else if (name == "help") {
     f->help = true;
   } else {
@@ -402,8 +422,14 @@ class Cli {
   int WaitForCompaction(const rpc::CompactionStatus& before);
   int Stats(const Operands& ops);
   int Digest(const Operands& ops);
+  int Verify(const Operands& ops);
+  int RemoveMark(const Operands& ops);
+  int AbortChange(const Operands& ops);
   int Info(const Operands& ops);
   int PrintRing(const Operands& ops);
+  void PrintJoiners(const partition::Partition& p) const;
+  int SuggestMark(const Operands& ops);
+  std::shared_ptr<const partition::Ring> LoadRing(Status* st);
 
   // Runs a data call on the ring client (--zk) or on the one instance.
   template <typename Call>
@@ -439,7 +465,11 @@ const Cli::Command Cli::kCommands[] = {
     {"admin stats", 0, 0, &Cli::Stats},
     {"admin info", 0, 0, &Cli::Info},
     {"admin digest", 0, 0, &Cli::Digest},
+    {"admin verify", 0, 0, &Cli::Verify},
+    {"admin remove-mark", 1, 1, &Cli::RemoveMark},
+    {"admin abort-change", 0, 0, &Cli::AbortChange},
     {"ring", 0, 0, &Cli::PrintRing},
+    {"ring suggest-mark", 0, 0, &Cli::SuggestMark},
 };
 
 int Cli::Run() {
@@ -448,7 +478,13 @@ int Cli::Run() {
   std::string name = ops[0];
   ops.erase(ops.begin());
   if (name == "admin") {
-    if (ops.empty()) return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest");
+    if (ops.empty()) {
+      return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest, verify, "
+                   "remove-mark, abort-change");
+    }
+    name += " " + ops[0];
+    ops.erase(ops.begin());
+  } else if (name == "ring" && !ops.empty() && ops[0] == "suggest-mark") {
     name += " " + ops[0];
     ops.erase(ops.begin());
   }
@@ -470,8 +506,11 @@ Status Cli::CheckOptions(const std::string& command) const {
   if ((flags_.limit || flags_.reverse) && command != "scan") {
     return Status::InvalidArgument("--limit and --reverse apply to scan only");
   }
-  if (flags_.wait && command != "admin compact") {
-    return Status::InvalidArgument("--wait applies to admin compact only");
+  if (flags_.wait && command != "admin compact" && command != "admin remove-mark") {
+    return Status::InvalidArgument("--wait applies to admin compact and admin remove-mark only");
+  }
+  if (flags_.no_repair && command != "admin verify") {
+    return Status::InvalidArgument("--no-repair applies to admin verify only");
   }
   if (flags_.raw && command != "get" && command != "sget") {
     return Status::InvalidArgument("--raw applies to get and sget only");
@@ -713,6 +752,50 @@ int Cli::Digest(const Operands&) {
   return kExitOk;
 }
 
+int Cli::Verify(const Operands&) {
+  rpc::VerifyResult v;
+  const std::string token = Token();
+  const bool repair = !flags_.no_repair;
+  Status st = client_.Call("verify", true, [&](rpc::FlatKVClient& c) { c.verify(v, token, repair); });
+  if (!st.ok()) return Fail(st);
+  std::printf("records %lld\nbytes %lld\ncorrupt %lld\nrepaired %lld\n",
+              static_cast<long long>(v.records), static_cast<long long>(v.bytes),
+              static_cast<long long>(v.corrupt), static_cast<long long>(v.repaired));
+  for (const std::string& p : v.problems) std::printf("problem %s\n", p.c_str());
+  return v.corrupt > v.repaired ? kExitCorrupt : kExitOk;
+}
+
+int Cli::RemoveMark(const Operands& ops) {
+  int64_t mark = 0;
+  if (!ParseInt(ops[0], &mark)) return Usage("remove-mark wants an integer mark, not '" + ops[0] + "'");
+  const std::string token = Token();
+  Status st = client_.Call("removeMark", false, [&](rpc::FlatKVClient& c) { c.removeMark(token, mark); });
+  if (!st.ok()) return Fail(st);
+  if (!flags_.wait) {
+    std::printf("removal of mark %lld started (flatkv ring, or --wait, to follow)\n",
+                static_cast<long long>(mark));
+    return kExitOk;
+  }
+  for (;;) {
+    rpc::RingInfo info;
+    if (st = client_.Ring(&info); !st.ok()) return Fail(st);
+    const bool present = std::any_of(info.partitions.begin(), info.partitions.end(),
+                                     [&](const rpc::Partition& p) { return p.mark == mark; });
+    if (!present) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  std::printf("mark %lld removed\n", static_cast<long long>(mark));
+  return kExitOk;
+}
+
+int Cli::AbortChange(const Operands&) {
+  const std::string token = Token();
+  Status st = client_.Call("abortChange", false, [&](rpc::FlatKVClient& c) { c.abortChange(token); });
+  if (!st.ok()) return Fail(st);
+  std::printf("ring change rolled back\n");
+  return kExitOk;
+}
+
 int Cli::Info(const Operands&) {
   rpc::NodeInfo info;
   if (Status st = client_.Info(&info); !st.ok()) return Fail(st);
@@ -746,16 +829,20 @@ int Main(int argc, char** argv) {
 
 // One line per mark: its hash ranges and their share of the i64 hash
 // space, then its chain, head first, with each member's role.
-int Cli::PrintRing(const Operands&) {
-  std::shared_ptr<const partition::Ring> ring;
+std::shared_ptr<const partition::Ring> Cli::LoadRing(Status* st) {
   if (flags_.zookeeper.empty()) {
     rpc::RingInfo info;
-    if (Status st = client_.Ring(&info); !st.ok()) return Fail(st);
-    ring = RingFromInfo(info);
-  } else {
-    if (Status st = Data([](auto&) { return Status::OK(); }); !st.ok()) return Fail(st);
-    ring = ring_->ring();
+    *st = client_.Ring(&info);
+    return st->ok() ? RingFromInfo(info) : nullptr;
   }
+  *st = Data([](auto&) { return Status::OK(); });
+  return st->ok() ? ring_->ring() : nullptr;
+}
+
+int Cli::PrintRing(const Operands&) {
+  Status st;
+  std::shared_ptr<const partition::Ring> ring = LoadRing(&st);
+  if (!st.ok()) return Fail(st);
   std::printf("ring version %lld, replication %s, string hash bound %lld, %zu marks\n",
               static_cast<long long>(ring->version()), ring->settings().replication.c_str(),
               static_cast<long long>(ring->settings().hash_bound), ring->partitions().size());
@@ -782,8 +869,144 @@ int Cli::PrintRing(const Operands&) {
       std::printf("    %-8s %s\n", ring->RoleOf(p.mark, m.address()).c_str(),
                   m.address().c_str());
     }
+    PrintJoiners(p);
   }
   return kExitOk;
+}
+
+// The fullest mark by key count (each mark's digest, from its last member:
+// the tail, which serves reads), and a mark that halves it: for integer
+// keys their median (a key-order scan of its ranges), for string keys the
+// middle of its largest hash range (their hashes are uniform).
+int Cli::SuggestMark(const Operands&) {
+  Status st;
+  std::shared_ptr<const partition::Ring> ring = LoadRing(&st);
+  if (!st.ok()) return Fail(st);
+  const std::string token = Token();
+  size_t fullest = ring->partitions().size();
+  rpc::Digest best;
+  for (size_t i = 0; i < ring->partitions().size(); ++i) {
+    const partition::Partition& p = ring->partitions()[i];
+    if (p.chain.empty()) continue;
+    ClientOptions o = flags_.client;
+    o.host = p.chain.back().host;
+    o.port = p.chain.back().port;
+    Client c(o);
+    rpc::Digest d;
+    if (st = c.Call("digest", true, [&](rpc::FlatKVClient& x) { x.digest(d, token); }); !st.ok()) {
+      return Fail(st);
+    }
+    std::printf("mark %lld: %lld integer keys, %lld string keys\n", static_cast<long long>(p.mark),
+                static_cast<long long>(d.keys), static_cast<long long>(d.stringKeys));
+    if (fullest == ring->partitions().size() ||
+        d.keys + d.stringKeys > best.keys + best.stringKeys) {
+      fullest = i;
+      best = d;
+    }
+  }
+  if (fullest == ring->partitions().size() || best.keys + best.stringKeys < 2) {
+    std::fprintf(stderr, "flatkv: no mark holds two keys or more: nothing to halve\n");
+    return kExitNotFound;
+  }
+  const int64_t mark = ring->partitions()[fullest].mark;
+  std::vector<partition::HashRange> ranges;
+  for (const partition::HashRange& r : ring->KeyOrder()) {
+    if (r.partition == fullest) ranges.push_back(r);
+  }
+  int64_t suggestion = 0;
+  std::string why;
+  if (best.keys >= best.stringKeys) {
+    // The median integer key: scan the ranges in key order (through the
+    // instance called: the scan walks the ring) to the middle key.
+    const int64_t half = best.keys / 2;
+    int64_t seen = 0;
+    bool found = false;
+    for (const partition::HashRange& r : ranges) {
+      int64_t from = r.lo;
+      while (!found) {
+        rpc::ScanResult page;
+        st = Data([&](auto& c) { return c.Scan(from, 1000, false, &page); });
+        if (!st.ok()) return Fail(st);
+        for (const rpc::KvPair& kv : page.pairs) {
+          if (kv.key > r.hi) break;
+          if (++seen > half) {
+            suggestion = kv.key;
+            found = true;
+            break;
+          }
+        }
+        if (found || page.done || page.pairs.empty() || page.pairs.back().key >= r.hi) break;
+        from = page.nextKey;
+      }
+      if (found) break;
+    }
+    if (!found) return Fail(Status::Unavailable("the keys changed during the scan: try again"));
+    why = "the new mark would take its " + std::to_string(half) + " integer keys below " +
+          std::to_string(suggestion) + ", about half";
+  } else {
+    const partition::HashRange* widest = &ranges.front();
+    for (const partition::HashRange& r : ranges) {
+      if (static_cast<long double>(r.hi) - r.lo > static_cast<long double>(widest->hi) - widest->lo) {
+        widest = &r;
+      }
+    }
+    suggestion = widest->lo + (widest->hi - widest->lo) / 2;
+    why = "mostly string keys, whose hashes are uniform: the middle of its hash range [" +
+          std::to_string(widest->lo) + ", " + std::to_string(widest->hi) + "]";
+  }
+  std::printf("suggested mark %lld: halves mark %lld (%s)\n", static_cast<long long>(suggestion),
+              static_cast<long long>(mark), why.c_str());
+  return kExitOk;
+}
+
+// A member catching up from the tail of "p" is not in the ring yet: the
+// tail's stats name it, with its snapshot's progress and its lag.
+void Cli::PrintJoiners(const partition::Partition& p) const {
+  const partition::Member* tail = p.tail();
+  if (tail == nullptr) return;
+  ClientOptions o = flags_.client;
+  o.host = tail->host;
+  o.port = tail->port;
+  Client c(o);
+  std::map<std::string, int64_t> stats;
+  if (!c.Stats(&stats).ok()) return;  // the roles above are what is known
+  struct Joiner {
+    int64_t lag = -1;
+    std::map<std::string, int64_t> snapshot;
+  };
+  std::map<std::string, Joiner> joiners;
+  const std::string lag_prefix = "cluster.chain.joiner.", snap_prefix = "cluster.chain.snapshot_to.";
+  for (const auto& [name, value] : stats) {
+    const bool lag = name.rfind(lag_prefix, 0) == 0;
+    if (!lag && name.rfind(snap_prefix, 0) != 0) continue;
+    const std::string rest = name.substr(lag ? lag_prefix.size() : snap_prefix.size());
+    const size_t dot = rest.rfind('.');
+    if (dot == std::string::npos) continue;
+    Joiner& j = joiners[rest.substr(0, dot)];
+    if (lag) {
+      j.lag = value;
+    } else {
+      j.snapshot[rest.substr(dot + 1)] = value;
+    }
+  }
+  for (const auto& [address, j] : joiners) {
+    const bool streaming = !j.snapshot.empty() && j.snapshot.at("done") == 0;
+    if (j.lag < 0 && !streaming) continue;  // a finished stream to a member now in the chain
+    std::string line = "    joining  " + address + "  ";
+    if (streaming) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "snapshot %lld%% (%.1f of %.1f MB, %.1f MB/s)",
+                    static_cast<long long>(j.snapshot.at("percent")),
+                    static_cast<double>(j.snapshot.at("bytes")) / 1e6,
+                    static_cast<double>(j.snapshot.at("total_bytes")) / 1e6,
+                    static_cast<double>(j.snapshot.at("bytes_per_sec")) / 1e6);
+      line += buf;
+    } else {
+      line += "catching up from the log";
+    }
+    if (j.lag >= 0) line += ", " + std::to_string(j.lag) + " writes behind the tail";
+    std::printf("%s\n", line.c_str());
+  }
 }
 
 }  // namespace

@@ -594,7 +594,8 @@ Status FlatTable::ScanRead(uint64_t slot, KeyValue* kv) const {
 }
 
 Status FlatTable::Scan(int64_t from, int64_t stop, bool reverse, size_t limit, uint64_t* work,
-                       std::vector<KeyValue>* out, int64_t* next, bool* done) const {
+                       std::vector<KeyValue>* out, int64_t* next, bool* done,
+                       std::vector<int64_t>* corrupt) const {
   *done = true;
   const int64_t first = kmin();
   const int64_t last = static_cast<int64_t>(static_cast<uint64_t>(first) + slots() - 1);
@@ -641,6 +642,8 @@ Status FlatTable::Scan(int64_t from, int64_t stop, bool reverse, size_t limit, u
     Status st = ScanRead(s, &kv);
     if (st.ok()) {
       out->push_back(std::move(kv));
+    } else if (st.IsCorruption()) {
+      if (corrupt != nullptr) corrupt->push_back(kv.key);
     } else if (!st.IsNotFound()) {
       result = st;
       break;

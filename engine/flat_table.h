@@ -99,9 +99,12 @@ class FlatTable {
   // over (FlatIndex::EmptySpan) spends one unit. If the limit is reached or
   // the allowance runs out before the range ends, sets *done = false and
   // *next to the first key of the range not yet looked at (inside the range);
-  // otherwise sets *done = true and leaves *next alone.
+  // otherwise sets *done = true and leaves *next alone. A record failing
+  // its checksum is skipped (counted and logged by the read), its key added
+  // to *corrupt when that is given.
   Status Scan(int64_t from, int64_t stop, bool reverse, size_t limit, uint64_t* work,
-              std::vector<KeyValue>* out, int64_t* next, bool* done) const;
+              std::vector<KeyValue>* out, int64_t* next, bool* done,
+              std::vector<int64_t>* corrupt = nullptr) const;
 
   // Insertion-order scan of data file "file" from "offset" onward, then the
   // following files. Adds live records to *out up to "limit"; sets

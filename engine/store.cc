@@ -11,6 +11,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -124,6 +125,7 @@ Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result)
       FLATKV_RETURN_IF_ERROR(store->OpenTable(seg, true, &table));
       if (store->open_tables_.load() >= store->table_budget_ &&
           store->pending_.count(seg) == 0) {
+        store->NoteClosedLocked(seg, table.get());
         FLATKV_RETURN_IF_ERROR(table->Close());
         table.reset();
       } else {
@@ -258,6 +260,10 @@ Status Store::OpenSegmentLocked(uint64_t seg, FlatTable** table) {
       std::unique_ptr<FlatTable> reopened;
       FLATKV_RETURN_IF_ERROR(OpenTable(seg, false, &reopened));
       it->second = std::move(reopened);
+      if (auto live = closed_live_.find(seg); live != closed_live_.end()) {
+        closed_live_total_.fetch_sub(live->second);
+        closed_live_.erase(live);
+      }
       open_tables_.fetch_add(1);
       counters_->segment_opens.fetch_add(1, std::memory_order_relaxed);
     }
@@ -282,6 +288,12 @@ Status Store::GetOrCreateTable(int64_t key, FlatTable** table) {
   open_tables_.fetch_add(1);
   PublishTablesLocked();
   return Status::OK();
+}
+
+void Store::NoteClosedLocked(uint64_t seg, const FlatTable* table) {
+  const uint64_t total = table->TotalBytes();
+  const uint64_t live = total - std::min(total, table->DeadBytes());
+  closed_live_total_.fetch_add(live - std::exchange(closed_live_[seg], live));
 }
 
 // A CLOCK sweep: tables whose bit is set get a second chance (the bit is
@@ -321,6 +333,7 @@ void Store::CloseIdle() const {
   for (uint64_t seg : victims) {
     auto it = self->idle_closing_.find(seg);
     if (it == self->idle_closing_.end()) continue;  // taken back by a reader
+    self->NoteClosedLocked(seg, it->second.get());
     Status st = it->second->Close();
     if (!st.ok()) spdlog::error("closing idle table {}: {}", it->second->dir(), st.ToString());
     self->idle_closing_.erase(it);
@@ -445,7 +458,8 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValu
 }
 
 Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
-                   std::vector<KeyValue>* out, int64_t* next, bool* done) const {
+                   std::vector<KeyValue>* out, int64_t* next, bool* done,
+                   std::vector<int64_t>* corrupt) const {
   out->clear();
   *done = true;
   *next = from;
@@ -497,7 +511,8 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
         return Status::OK();
       }
       bool table_done = true;
-      FLATKV_RETURN_IF_ERROR(table->Scan(from, hi, false, limit, &work, out, next, &table_done));
+      FLATKV_RETURN_IF_ERROR(
+          table->Scan(from, hi, false, limit, &work, out, next, &table_done, corrupt));
       if (!table_done) {
         *done = false;
         return Status::OK();
@@ -518,12 +533,51 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
         return Status::OK();
       }
       bool table_done = true;
-      FLATKV_RETURN_IF_ERROR(table->Scan(from, lo, true, limit, &work, out, next, &table_done));
+      FLATKV_RETURN_IF_ERROR(
+          table->Scan(from, lo, true, limit, &work, out, next, &table_done, corrupt));
       if (!table_done) {
         *done = false;
         return Status::OK();
       }
     }
+  }
+  return Status::OK();
+}
+
+Status Store::Verify(VerifyReport* report, const std::function<bool()>& keep_going) const {
+  *report = VerifyReport();
+  constexpr size_t kPage = 1024;
+  std::vector<KeyValue> out;
+  auto count = [&] {
+    report->records += out.size();
+    for (const KeyValue& kv : out) report->bytes += kv.value.size();
+  };
+  // Integer keys: the key-order scan, which skips and names bad records.
+  int64_t from = options_.key_min;
+  for (bool done = false; !done;) {
+    if (keep_going && !keep_going()) return Status::Unavailable("verify stopped");
+    int64_t next = from;
+    FLATKV_RETURN_IF_ERROR(Scan(from, false, kPage, options_.key_min, options_.key_max - 1, &out,
+                                &next, &done, &report->corrupt_keys));
+    count();
+    from = next;
+  }
+  // String keys: their buckets, one record each, in slot order.
+  Guard guard(this);
+  const FlatTable* strings = strings_.load(std::memory_order_acquire);
+  if (strings == nullptr) return Status::OK();
+  const int64_t last = static_cast<int64_t>(static_cast<uint64_t>(strings->kmin()) +
+                                            strings->slots() - 1);
+  from = strings->kmin();
+  for (bool done = false; !done;) {
+    if (keep_going && !keep_going()) return Status::Unavailable("verify stopped");
+    out.clear();
+    uint64_t work = kScanWork;
+    int64_t next = from;
+    FLATKV_RETURN_IF_ERROR(strings->Scan(from, last, false, kPage, &work, &out, &next, &done,
+                                         &report->corrupt_buckets));
+    count();
+    from = next;
   }
   return Status::OK();
 }
@@ -861,6 +915,23 @@ Status Store::Close() {
     if (!st.ok() && result.ok()) result = st;
   }
   return result;
+}
+
+uint64_t Store::LiveBytesEstimate() const {
+  Guard guard(this);
+  uint64_t live = 0;
+  auto add = [&](const FlatTable* t) {
+    const uint64_t total = t->TotalBytes();
+    live += total - std::min(total, t->DeadBytes());
+  };
+  // Closed tables count with the live bytes they had when they closed (a
+  // table being closed right now may be missed: it is an estimate).
+  for (const TableRef& ref : Tables()) {
+    if (ref.table != nullptr) add(ref.table);
+  }
+  live += closed_live_total_.load();
+  if (const FlatTable* strings = strings_.load(std::memory_order_acquire)) add(strings);
+  return live;
 }
 
 EngineStats Store::GetStats() const {

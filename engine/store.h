@@ -156,8 +156,24 @@ class Store {
   // key in the bounds follows; otherwise *next lies in [lo, hi]. A "from"
   // past the bounds in the scan's direction returns nothing with done = true.
   // InvalidArgument if lo > hi. Scan() is this with [INT64_MIN, INT64_MAX].
+  // Both skip a record that fails its checksum (it is counted in
+  // corrupt_records and logged with its file and offset); this one adds its
+  // key to *corrupt when given.
   Status Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
-              std::vector<KeyValue>* out, int64_t* next, bool* done) const;
+              std::vector<KeyValue>* out, int64_t* next, bool* done,
+              std::vector<int64_t>* corrupt = nullptr) const;
+
+  // What Verify() found.
+  struct VerifyReport {
+    uint64_t records = 0;  // live records read (a string-key bucket counts one)
+    uint64_t bytes = 0;    // their value bytes
+    std::vector<int64_t> corrupt_keys;     // integer keys whose record fails its checksum
+    std::vector<int64_t> corrupt_buckets;  // string-key buckets (their slot) that do
+  };
+  // Reads every live record back and checks it (flatkv admin verify): each
+  // bad one is counted and logged as a read would. "keep_going" is asked
+  // between pages of 1024 records (false stops early: Unavailable).
+  Status Verify(VerifyReport* report, const std::function<bool()>& keep_going = nullptr) const;
 
   // The work one Scan call may do before it returns with done = false: one
   // unit per index slot read, and one per empty run of slots jumped over (a
@@ -210,6 +226,9 @@ class Store {
   Status Close();
 
   EngineStats GetStats() const;
+  // Bytes of live records, estimated: each table's log bytes less those it
+  // knows are dead (record headers included). For progress reports.
+  uint64_t LiveBytesEstimate() const;
   const EngineOptions& options() const { return options_; }
 
   Store(const Store&) = delete;
@@ -293,6 +312,11 @@ class Store {
   // before they close; a use meanwhile takes the table back.
   std::map<uint64_t, std::unique_ptr<FlatTable>> idle_closing_;  // GUARDED_BY(tables_mu_)
   mutable std::mutex close_idle_mu_;  // one CloseIdle at a time (try_lock)
+  // Live bytes of each closed table, noted when it closed, so
+  // LiveBytesEstimate() need not reopen it.
+  void NoteClosedLocked(uint64_t seg, const FlatTable* table);  // EXCLUSIVE_LOCKS_REQUIRED(tables_mu_)
+  std::map<uint64_t, uint64_t> closed_live_;  // GUARDED_BY(tables_mu_)
+  std::atomic<uint64_t> closed_live_total_{0};
   uint64_t clock_hand_ = 0;           // GUARDED_BY(tables_mu_): next segment to sweep
   // The segment CompactTable holds a raw pointer to (never closed meanwhile).
   uint64_t compacting_ = kNoSegment;  // GUARDED_BY(tables_mu_)

@@ -257,6 +257,14 @@ void ChainMember::DropDownstream() {
   sent_upto_ = 0;
 }
 
+namespace {
+uint64_t OpBytes(const ChainMessage& m) {
+  uint64_t bytes = 0;
+  for (const ChainEntry& e : m.entries) bytes += e.op.size();
+  return bytes;
+}
+}  // namespace
+
 void ChainMember::Pump(int64_t now, ChainOutput* out) {
   if (down_.empty() || fenced_) return;
   if (sent_upto_ < log_base_.seq) {
@@ -297,7 +305,8 @@ void ChainMember::Pump(int64_t now, ChainOutput* out) {
       if (s.to == down_ && s.msg.kind == ChainMessage::Kind::kReplicate &&
           s.msg.chain == m.chain && !s.msg.entries.empty() &&
           s.msg.entries.back().seq + 1 == m.entries.front().seq &&
-          s.msg.entries.size() + m.entries.size() <= options_.max_batch_entries) {
+          s.msg.entries.size() + m.entries.size() <= options_.max_batch_entries &&
+          OpBytes(s.msg) + bytes <= options_.max_batch_bytes) {
         for (ChainEntry& e : m.entries) s.msg.entries.push_back(std::move(e));
         s.msg.applied = m.applied;
         s.msg.committed = m.committed;
@@ -378,6 +387,23 @@ uint64_t ChainMember::DirtyUntil(uint64_t key) const {
     if (std::find(it->keys.begin(), it->keys.end(), key) != it->keys.end()) return it->seq;
   }
   return 0;
+}
+
+bool ChainMember::Rebase(ChainPosition at) {
+  if (in_chain() || !log_.empty() || applied_.seq != 0) return false;
+  applied_ = at;
+  log_base_ = at;
+  committed_ = 0;
+  chain_committed_ = 0;
+  intact_ = true;
+  return true;
+}
+
+const ChainEntry* ChainMember::NewestUncommitted(uint64_t key) const {
+  for (auto it = log_.rbegin(); it != log_.rend() && it->seq > chain_committed_; ++it) {
+    if (std::find(it->keys.begin(), it->keys.end(), key) != it->keys.end()) return &*it;
+  }
+  return nullptr;
 }
 
 ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, ChainOutput* out) {

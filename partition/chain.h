@@ -227,6 +227,18 @@ class ChainMember {
   ChainPosition applied() const { return applied_; }
   uint64_t committed() const { return committed_; }
   size_t pending_writes() const { return pending_.size(); }
+  // A new mark's first member imported its store from another mark's
+  // (issue 11): its store holds what position "at" names, which no log
+  // covers, so a joiner from any other position gets a full copy. Only
+  // before it is in a chain, with nothing applied; false otherwise.
+  bool Rebase(ChainPosition at);
+  // The newest write this member applied that the current chain has not
+  // committed (so some member may lack it) touching the key with hash
+  // "key", or null. Read repair at the head: such a write holds the key's
+  // newest value; without one, every member holds it.
+  const ChainEntry* NewestUncommitted(uint64_t key) const;
+  // The current chain's members, head first (empty before the first config).
+  const std::vector<std::string>& members() const { return config_.members; }
   // The member after this one (successor, or a joiner at the tail), its
   // acknowledged position, and what it lacks of this member's log.
   const std::string& downstream() const { return down_; }

@@ -222,9 +222,13 @@ std::vector<std::string> TakeStrings(String_vector* v) {
 
 // A RecordChain() or Ping() waiting for the registry thread.
 struct Request {
-  enum class Kind { kPing, kRecord };
+  enum class Kind { kPing, kRecord, kChange };
   Kind kind = Kind::kPing;
   RecordedChain chain;  // kRecord
+  // kChange: create, set or delete .cluster/change; "change" for the first two.
+  enum class ChangeOp { kCreate, kSet, kDelete, kDeleteMark, kAbort };
+  ChangeOp change_op = ChangeOp::kCreate;
+  RingChange change;  // kDeleteMark: change.mark
   bool started = false;  // GUARDED_BY(Impl::mu_): taken by the registry thread
   bool done = false;     // GUARDED_BY(Impl::mu_)
   Status status;         // GUARDED_BY(Impl::mu_): the answer, once done
@@ -260,6 +264,9 @@ struct Registry::Impl {
   void ServePings();
   std::vector<std::shared_ptr<Request>> ServeRecords();
   Status RecordNow(const RecordedChain& chain);
+  std::vector<std::shared_ptr<Request>> ServeChanges();
+  Status ChangeNow(const Request& request);
+  Status ReadChange(std::optional<RingChange>* change);
   Status ReadRing();
   Status ReadMembers(const std::vector<std::string>& children,
                      std::vector<Ring::Registration>* regs);
@@ -283,6 +290,7 @@ struct Registry::Impl {
   const std::string marks_path_;    // <service_path>/.cluster/marks
   const std::string mark_path_;     // <service_path>/.cluster/marks/<mark>
   const std::string chains_path_;   // <service_path>/.cluster/chains
+  const std::string change_path_;   // <service_path>/.cluster/change
   const std::string chain_path_;    // <service_path>/.cluster/chains/<mark>
   std::thread thread_;
   std::mutex close_mu_;             // serializes Close()
@@ -338,6 +346,7 @@ Registry::Impl::Impl(RegistryOptions o)
       marks_path_(cluster_path_ + "/marks"),
       mark_path_(marks_path_ + "/" + std::to_string(opt_.mark)),
       chains_path_(cluster_path_ + "/chains"),
+      change_path_(cluster_path_ + "/change"),
       chain_path_(chains_path_ + "/" + std::to_string(opt_.mark)),
       disconnected_since_ms_(NowMs()) {
   stats_.ring_version = -1;
@@ -425,6 +434,10 @@ int Registry::Impl::Step() {
   if (s.ok() && need_register_ && !yielded_) s = RegisterNode();
   std::vector<std::shared_ptr<Request>> records;
   if (s.ok()) records = ServeRecords();
+  if (s.ok()) {
+    std::vector<std::shared_ptr<Request>> changes = ServeChanges();
+    records.insert(records.end(), changes.begin(), changes.end());
+  }
   if (s.ok() && need_read_) s = ReadRing();
   Answer(records);
   if (!s.ok()) return Failed(s);
@@ -887,9 +900,12 @@ Status Registry::Impl::ReadRing() {
   if (s.ok()) s = ReadMarks(&marks, &version);
   std::map<int64_t, RecordedChain> chains;
   if (s.ok()) s = ReadChains(&chains, &version);
+  std::optional<RingChange> change;
+  if (s.ok()) s = ReadChange(&change);
   if (!s.ok()) return s;
   need_read_ = false;
-  Publish(Ring::Make(version, opt_.settings, std::move(marks), std::move(regs), std::move(chains)),
+  Publish(Ring::Make(version, opt_.settings, std::move(marks), std::move(regs), std::move(chains),
+                     std::move(change)),
           ticket);
   return Status::OK();
 }
@@ -1004,6 +1020,105 @@ Status Registry::Impl::ReadChains(std::map<int64_t, RecordedChain>* chains, int6
   return Status::OK();
 }
 
+// The ring change in progress (.cluster/change), watched (its creation
+// while there is none). A node that does not parse counts as a change
+// nobody can finish: it is logged and kept, so writes stay safe.
+Status Registry::Impl::ReadChange(std::optional<RingChange>* change) {
+  std::string data;
+  Stat node{};
+  int rc = GetData(change_path_, /*watch=*/true, &data, &node);
+  if (rc == ZNONODE) {
+    Stat stat{};
+    rc = zoo_wexists(zh_, change_path_.c_str(), &Impl::Watch, this, &stat);
+    if (rc == ZOK) need_read_ = true;  // created since: read it on the next pass
+    return rc == ZNONODE || rc == ZOK ? Status::OK() : ZkError("exists", change_path_, rc);
+  }
+  if (rc != ZOK) return ZkError("get", change_path_, rc);
+  RingChange c;
+  Status s = RingChange::FromJson(data, &c);
+  if (!s.ok()) {
+    WarnOnce(".cluster/change (data version " + std::to_string(node.version) + ")",
+             s.message() + "; delete the node once no ring change runs");
+    c = RingChange();
+    c.kind = "unknown";
+  }
+  c.czxid = node.czxid;
+  *change = std::move(c);
+  return Status::OK();
+}
+
+// Creates, updates or deletes .cluster/change for each queued request;
+// answered after the ring read that follows (need_read_), like records.
+std::vector<std::shared_ptr<Request>> Registry::Impl::ServeChanges() {
+  std::vector<std::shared_ptr<Request>> changes = Take(Request::Kind::kChange);
+  for (const auto& change : changes) {
+    const Status s = ChangeNow(*change);
+    std::lock_guard<std::mutex> lock(mu_);
+    change->status = s;
+  }
+  if (!changes.empty()) need_read_ = true;
+  return changes;
+}
+
+Status Registry::Impl::ChangeNow(const Request& request) {
+  int rc = ZOK;
+  switch (request.change_op) {
+    case Request::ChangeOp::kCreate: {
+      rc = Create(change_path_, request.change.ToJson(), ZOO_PERSISTENT);
+      if (rc == ZNODEEXISTS) {
+        std::string data;
+        Stat node{};
+        const int got = GetData(change_path_, false, &data, &node);
+        return Status::Busy("another ring change runs (" + change_path_ + ": " +
+                            (got == ZOK ? data : std::string("unreadable")) + ")");
+      }
+      break;
+    }
+    case Request::ChangeOp::kSet:
+    case Request::ChangeOp::kDelete:
+    case Request::ChangeOp::kAbort: {
+      // Only the node of this very change (its czxid), at the version read:
+      // never one an abort removed and another change created since.
+      std::string data;
+      Stat node{};
+      rc = GetData(change_path_, false, &data, &node);
+      if (rc == ZNONODE) {
+        if (request.change_op == Request::ChangeOp::kDelete) return Status::OK();
+        return Status::NotFound("no ring change runs (" + change_path_ + " is gone)");
+      }
+      if (rc != ZOK) break;
+      if (request.change_op == Request::ChangeOp::kAbort) {
+        RingChange now;
+        if (RingChange::FromJson(data, &now).ok() && now.state != "copy") {
+          return Status::InvalidArgument("the ring change is past its copy (state " + now.state +
+                                         "): it cannot be rolled back; it finishes by itself "
+                                         "once its importer runs");
+        }
+      } else if (node.czxid != request.change.czxid) {
+        return Status::Busy("the ring change node belongs to another change now");
+      }
+      if (request.change_op == Request::ChangeOp::kSet) {
+        const std::string json = request.change.ToJson();
+        rc = zoo_set(zh_, change_path_.c_str(), json.data(), static_cast<int>(json.size()),
+                     node.version);
+      } else {
+        rc = zoo_delete(zh_, change_path_.c_str(), node.version);
+        if (rc == ZNONODE) rc = ZOK;
+      }
+      if (rc == ZBADVERSION) return Status::Busy("the ring change node changed meanwhile");
+      break;
+    }
+    case Request::ChangeOp::kDeleteMark: {
+      const std::string path = marks_path_ + "/" + std::to_string(request.change.mark);
+      rc = zoo_delete(zh_, path.c_str(), -1);
+      if (rc == ZNONODE) rc = ZOK;
+      if (rc != ZOK) return ZkError("delete", path, rc);
+      break;
+    }
+  }
+  return rc == ZOK ? Status::OK() : ZkError("ring change", change_path_, rc);
+}
+
 // zoo_get/zoo_wget of a small node into "data" (at most kChainDataMax
 // bytes; stat->dataLength tells if there was more).
 int Registry::Impl::GetData(const std::string& path, bool watch, std::string* data, Stat* stat) {
@@ -1111,6 +1226,45 @@ Status Registry::RecordChain(const std::vector<std::string>& members, int64_t ri
     }
   }
   return impl_->Submit(request, impl_->opt_.session_timeout_ms, "recording the chain");
+}
+
+Status Registry::CreateChange(const RingChange& change) {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kChange;
+  request->change_op = Request::ChangeOp::kCreate;
+  request->change = change;
+  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "creating the ring change");
+}
+
+Status Registry::UpdateChange(const RingChange& change) {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kChange;
+  request->change_op = Request::ChangeOp::kSet;
+  request->change = change;
+  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "updating the ring change");
+}
+
+Status Registry::DeleteMark(int64_t mark) {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kChange;
+  request->change_op = Request::ChangeOp::kDeleteMark;
+  request->change.mark = mark;
+  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "deleting a mark");
+}
+
+Status Registry::DeleteChange(const RingChange& change) {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kChange;
+  request->change_op = Request::ChangeOp::kDelete;
+  request->change = change;
+  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "deleting the ring change");
+}
+
+Status Registry::AbortChange() {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kChange;
+  request->change_op = Request::ChangeOp::kAbort;
+  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "aborting the ring change");
 }
 
 Status Registry::Ping(int timeout_ms) {

@@ -158,6 +158,22 @@ class Registry {
   // no answer within "timeout_ms". Blocks the caller.
   Status Ping(int timeout_ms);
 
+  // The ring change node (.cluster/change, RingChange in ring.h; issue 11),
+  // written on the registry's thread; each returns once ring() shows the
+  // result. CreateChange is Busy, naming the change, while another one
+  // exists (one change at a time). UpdateChange overwrites the data and
+  // DeleteChange removes the node only if it is still "change"'s (same
+  // czxid; Busy otherwise; NotFound / OK if it is gone). AbortChange
+  // removes whatever change runs if it is still in state "copy" (nothing
+  // registered yet: a roll-back), InvalidArgument past that. Blocking.
+  Status CreateChange(const RingChange& change);
+  Status UpdateChange(const RingChange& change);
+  Status DeleteChange(const RingChange& change);
+  Status AbortChange();
+  // Removes .cluster/marks/<mark> (a removed mark, once no member of it is
+  // registered). OK if it is gone. Blocking.
+  Status DeleteMark(int64_t mark);
+
   // The newest ring, or nullptr while none has been read yet (ZooKeeper
   // unreachable since start). Never blocks.
   std::shared_ptr<const Ring> ring() const;

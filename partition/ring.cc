@@ -182,10 +182,100 @@ Status RecordedChain::FromJson(std::string_view json, RecordedChain* out) {
   return Status::OK();
 }
 
+std::string RingChange::ToJson() const {
+  std::string out = "{\"kind\": \"" + kind + "\", \"mark\": " + std::to_string(mark) +
+                    ", \"into\": " + std::to_string(into) + ", \"source\": " +
+                    std::to_string(source) + ", \"importer\": \"" +
+                    importer + "\", \"state\": \"" + state + "\", \"ranges\": [";
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += "[" + std::to_string(ranges[i].first) + ", " + std::to_string(ranges[i].second) + "]";
+  }
+  return out + "]}";
+}
+
+Status RingChange::FromJson(std::string_view json, RingChange* out) {
+  RingChange result;
+  bool have[7] = {};
+  const auto bad = [&](std::string_view why) {
+    std::string quoted(json.substr(0, 160));
+    for (char& c : quoted) {
+      if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    if (json.size() > 160) quoted += "...";
+    return Status::InvalidArgument("ring change '" + quoted + "': " + std::string(why));
+  };
+  const std::string why = ParseObject(json, [&](const std::string& key, std::string_view* s) {
+    if (key == "kind" && !have[0]) {
+      if (!ReadString(s, &result.kind) || (result.kind != "add" && result.kind != "remove")) {
+        return std::string("kind must be \"add\" or \"remove\"");
+      }
+      have[0] = true;
+    } else if (key == "into" && !have[6]) {
+      if (!ReadInteger(s, &result.into)) return std::string("into must be an integer");
+      have[6] = true;
+    } else if (key == "mark" && !have[1]) {
+      if (!ReadInteger(s, &result.mark)) return std::string("mark must be an integer");
+      have[1] = true;
+    } else if (key == "source" && !have[2]) {
+      if (!ReadInteger(s, &result.source)) return std::string("source must be an integer");
+      have[2] = true;
+    } else if (key == "importer" && !have[3]) {
+      std::string host;
+      int port = 0;
+      if (!ReadString(s, &result.importer) ||
+          !ParseHostPort(result.importer, "importer", &host, &port).ok()) {
+        return std::string("importer must be \"host:port\"");
+      }
+      have[3] = true;
+    } else if (key == "state" && !have[4]) {
+      if (!ReadString(s, &result.state) ||
+          (result.state != "copy" && result.state != "flip" && result.state != "drop")) {
+        return std::string("state must be \"copy\", \"flip\" or \"drop\"");
+      }
+      have[4] = true;
+    } else if (key == "ranges" && !have[5]) {
+      if (!Consume(s, '[')) return std::string("ranges must be an array of [lo, hi]");
+      while (true) {
+        int64_t lo = 0, hi = 0;
+        if (!Consume(s, '[') || !ReadInteger(s, &lo) || !Consume(s, ',') || !ReadInteger(s, &hi) ||
+            !Consume(s, ']') || lo > hi) {
+          return std::string("ranges must be a non-empty array of [lo, hi] with lo <= hi");
+        }
+        result.ranges.emplace_back(lo, hi);
+        if (Consume(s, ']')) break;
+        if (!Consume(s, ',')) return std::string("expected ',' or ']' in ranges");
+      }
+      have[5] = true;
+    } else {
+      return "unknown or repeated key '" + key + "'";
+    }
+    return std::string();
+  });
+  if (!why.empty()) return bad(why);
+  for (bool h : have) {
+    if (!h) return bad("needs kind, mark, into, source, importer, state and ranges");
+  }
+  if (result.kind == "add" ? result.into != result.mark : result.source != result.mark) {
+    return bad(result.kind == "add" ? "an add's into must be its mark"
+                                    : "a remove's source must be its mark");
+  }
+  *out = std::move(result);
+  return Status::OK();
+}
+
+bool RingChange::Covers(int64_t h) const {
+  for (const auto& [lo, hi] : ranges) {
+    if (h >= lo && h <= hi) return true;
+  }
+  return false;
+}
+
 std::shared_ptr<const Ring> Ring::Make(int64_t version, RingSettings settings,
                                        std::vector<int64_t> marks,
                                        std::vector<Registration> registrations,
-                                       std::map<int64_t, RecordedChain> recorded) {
+                                       std::map<int64_t, RecordedChain> recorded,
+                                       std::optional<RingChange> change) {
   for (const Registration& r : registrations) marks.push_back(r.mark);
   std::sort(marks.begin(), marks.end());
   marks.erase(std::unique(marks.begin(), marks.end()), marks.end());
@@ -216,6 +306,7 @@ std::shared_ptr<const Ring> Ring::Make(int64_t version, RingSettings settings,
     p->recorded = std::move(chain.members);
     p->recorded_ring_version = chain.ring_version;
   }
+  ring->change_ = std::move(change);
   return ring;
 }
 
@@ -297,6 +388,7 @@ std::string Ring::ToString() const {
 }
 
 bool Ring::SameAs(const Ring& o) const {
+  if (change_ != o.change_) return false;
   if (version_ != o.version_ || settings_.hash_bound != o.settings_.hash_bound ||
       settings_.replication != o.settings_.replication ||
       partitions_.size() != o.partitions_.size()) {

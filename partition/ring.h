@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -94,6 +95,42 @@ struct RecordedChain {
   }
 };
 
+// A ring change in progress (issue 11; server/migration.h), as the JSON
+// data of <service_path>/.cluster/change (persistent; one change at a time:
+// whoever creates the node holds the change):
+//   {"kind": "add", "mark": 1800, "into": 1800, "source": 1000,
+//    "importer": "127.0.0.1:9003", "state": "copy", "ranges": [[1200, 1799]]}
+// "add": an instance of the new mark "mark" (= "into") takes the hash ranges
+// (inclusive) over from mark "source". "remove": mark "mark" (= "source")
+// leaves the ring and the mark that inherits its ranges, "into", takes them
+// over; "importer" is the head of "into". The source refuses writes to the
+// ranges while the node exists. state "copy": the importer copies them (a
+// restarted importer copies again); "flip": its copy is complete and
+// durable (never copied again), the ring flips (add: the importer
+// registers; remove: the source's members deregister and exit, its mark
+// node goes); "drop" (add): the source drops its copies; then the node is
+// deleted.
+struct RingChange {
+  std::string kind = "add";
+  int64_t mark = 0;
+  int64_t into = 0;
+  int64_t source = 0;
+  std::string importer;  // host:port
+  std::string state = "copy";
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t czxid = 0;  // the node's creation zxid (not in the JSON)
+
+  std::string ToJson() const;
+  // Strict, like RecordedChain::FromJson: InvalidArgument naming what is wrong.
+  static Status FromJson(std::string_view json, RingChange* out);
+  bool Covers(int64_t h) const;
+  bool operator==(const RingChange& o) const {
+    return kind == o.kind && mark == o.mark && into == o.into && source == o.source &&
+           importer == o.importer &&
+           state == o.state && ranges == o.ranges && czxid == o.czxid;
+  }
+};
+
 // The instances of one mark, ordered into a chain: head (oldest
 // registration) first, tail (newest) last. Empty when no member serves.
 struct Partition {
@@ -135,7 +172,8 @@ class Ring {
   static std::shared_ptr<const Ring> Make(int64_t version, RingSettings settings,
                                           std::vector<int64_t> marks,
                                           std::vector<Registration> registrations,
-                                          std::map<int64_t, RecordedChain> recorded = {});
+                                          std::map<int64_t, RecordedChain> recorded = {},
+                                          std::optional<RingChange> change = std::nullopt);
   // What a standalone instance answers: one partition of mark 0 holding
   // itself.
   static std::shared_ptr<const Ring> Standalone(const std::string& host, int port);
@@ -145,6 +183,8 @@ class Ring {
   // Sorted by mark, ascending; empty only for a ring with no marks at all.
   const std::vector<Partition>& partitions() const { return partitions_; }
   bool empty() const { return partitions_.empty(); }
+  // The ring change in progress (.cluster/change), or null.
+  const RingChange* change() const { return change_ ? &*change_ : nullptr; }
 
   // Index in partitions() of the owner of hash "h" (the smallest mark
   // greater than h, or the first if there is none). The ring must not be
@@ -188,6 +228,7 @@ class Ring {
   int64_t version_ = 0;
   RingSettings settings_;
   std::vector<Partition> partitions_;
+  std::optional<RingChange> change_;
 };
 
 // The member node's name and data: "thriftbinary<mark>:<host>:<port>".

@@ -19,12 +19,15 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "FlatKV.h"
@@ -77,6 +80,22 @@ class Cluster : public ChainCoordinator {
   Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) override;
   int64_t disconnected_ms() const override { return registry_->disconnected_ms(); }
   Status Ping(int timeout_ms) override;
+  // flatkv admin remove-mark: records the change (.cluster/change, kind
+  // remove) that moves mark "removed"'s keys to the next mark up, whose head
+  // then does the rest (RemoveStep). InvalidArgument for a mark not in the
+  // ring or the only one; Busy while another change runs.
+  Status StartRemoveMark(int64_t removed);
+  // flatkv admin abort-change: rolls back the ring change in progress while
+  // it is still copying (Registry::AbortChange); its importer, if it runs,
+  // finds the node gone and starts over.
+  Status AbortChange();
+  // Every new ring (registry thread; never blocks): a removed mark's members
+  // leave; the inheriting mark's head starts its part.
+  void OnRingChange(const partition::Ring& ring);
+  // Why this instance does not register although it would (a new mark
+  // whose range holds keys: server/migration.h); empty otherwise. For
+  // /health and the log.
+  std::string register_blocked() const;
   // Closes the ZooKeeper session (the member node goes at once). Idempotent.
   void Close();
 
@@ -94,6 +113,10 @@ class Cluster : public ChainCoordinator {
   Status Route(int64_t hash, bool write, Target* target);
   // The same for a partition already chosen (batches, scans).
   Status RouteTo(const partition::Ring& ring, size_t partition, bool write, Target* target);
+  // The members of this instance's own mark, in chain order (head first),
+  // as targets of peer calls (this instance's own entry has local = true).
+  // Empty while no ring is known.
+  std::vector<Target> OwnChain();
   // Re-reads the ring from ZooKeeper (after a NOT_OWNER answer).
   void Refresh();
 
@@ -132,6 +155,9 @@ class Cluster : public ChainCoordinator {
   // and the mark (peerScanLog covers the whole partition).
   Status CheckPeerRange(const rpc::PeerContext& context, int64_t lo, int64_t hi);
   Status CheckPeerMark(const rpc::PeerContext& context);
+  // Unavailable while a ring change moves "hash" away from this mark (its
+  // state "copy": the importer copies what this mark holds there).
+  Status CheckWritable(int64_t hash) const;
 
   // The ring as the IDL's RingInfo.
   void Describe(rpc::RingInfo* info) const;
@@ -146,6 +172,7 @@ class Cluster : public ChainCoordinator {
   // replication starts; the registry may call before).
   struct Hooks {
     std::atomic<Replicator*> replicator{nullptr};
+    std::atomic<Cluster*> cluster{nullptr};
   };
   Cluster(const Config& config, std::unique_ptr<partition::Registry> registry,
           std::shared_ptr<Hooks> hooks);
@@ -153,6 +180,29 @@ class Cluster : public ChainCoordinator {
   Status RefuseNotOwner(const rpc::PeerContext& context, const partition::Ring* ring,
                         const std::string& why);
   void CountForward(const std::string& address);
+  // Registers now, or, for a mark not in the ring, once the ranges it
+  // would take over hold no key at their current owner (the gate thread).
+  void GateLoop();
+  // OK if every range "mark" would take over from "ring" is empty at its
+  // owner; InvalidArgument naming a key there; Unavailable if unknown.
+  Status CheckTakeOver(const partition::Ring& ring);
+  // One pass of the gate: OK once registered (and this instance's ring
+  // change, if any, finished); else why not yet (retried).
+  Status GateStep();
+  bool GateStopped() const;
+  // A new mark whose ranges hold keys (issue 11; server/migration.h): the
+  // ring change node, the source's fence, a copy of the ranges into this
+  // (emptied) store, the position adopted, registration; then FinishImport.
+  Status Import(const partition::Ring& ring);
+  // Registered: state "drop", the source drops the moved keys, the change
+  // node goes.
+  Status FinishImport(partition::RingChange change);
+  Status WipeStore();
+  // The inheriting head's part of a remove-mark: fence, copy through its
+  // chain, state flip, wait for the removed members to leave, delete the
+  // mark node and the change.
+  Status RemoveStep();
+  static int64_t NowMillis();
 
   const ClusterOptions options_;
   const partition::Router router_;
@@ -172,6 +222,31 @@ class Cluster : public ChainCoordinator {
   std::atomic<int64_t> unauthorized_{0};       // peer calls with a wrong token
   std::atomic<int64_t> forwarded_async_{0};    // of forwarded_: by an I/O thread
   std::atomic<int64_t> async_connections_{0};  // the I/O threads' open peer connections
+
+  // The register gate (GateLoop). gate_reason_ and gate_stop_ GUARDED_BY(gate_mu_).
+  mutable std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  std::thread gate_;
+  bool gate_stop_ = false;
+  std::string gate_reason_;
+  // A new mark's import (GUARDED_BY(gate_mu_)), for stats().
+  struct ImportProgress {
+    bool running = false;
+    int64_t start_ms = 0;
+    int64_t copied_ms = 0;
+    uint64_t keys = 0;
+    uint64_t bytes = 0;
+    int64_t dropped = 0;
+  };
+  ImportProgress import_;
+  // The change this process moved to state "flip": from then on it only
+  // registers and finishes, whatever a lagging ring read says.
+  std::optional<partition::RingChange> flipped_;
+  std::thread change_;   // RemoveStep's, started by OnRingChange
+  bool change_running_ = false;
+  bool leaving_ = false;  // this member's mark was removed
+  engine::Store* store_ = nullptr;                     // set by StartReplication
+  engine::cache::WriteBackCache* cache_ = nullptr;
 };
 
 }  // namespace flatkv::server

@@ -12,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -56,13 +57,14 @@ Setter Int(std::function<T*(Config*)> field, int64_t lo, int64_t hi, const char*
       }
     }
     if (!known) return Bad(key, "unknown unit '" + suffix + "' in '" + text + "'");
-    if (v != static_cast<long double>(static_cast<int64_t>(v))) {
-      return Bad(key, "expected an integer, got '" + text + "'");
-    }
-    if (v < lo || v > hi) {
+    // The range first: converting a value beyond int64 (or NaN, or inf) to
+    // an integer is undefined behaviour (found by tests/fuzz/config_fuzz:
+    // segment_keys: 692233720368547758084).
+    if (!(v >= static_cast<long double>(lo) && v <= static_cast<long double>(hi))) {
       return Bad(key, "'" + text + "' is out of range [" + std::to_string(lo) + ", " +
                           std::to_string(hi) + "]");
     }
+    if (v != std::trunc(v)) return Bad(key, "expected an integer, got '" + text + "'");
     *field(c) = static_cast<T>(v);
     return Status::OK();
   };
@@ -90,7 +92,7 @@ Setter Ratio(std::function<double*(Config*)> field, const char* key) {
     } catch (const std::exception&) {
       return Bad(key, "expected a number in [0, 1], got '" + text + "'");
     }
-    if (pos != text.size() || v < 0 || v > 1) {
+    if (pos != text.size() || !(v >= 0 && v <= 1)) {  // NaN is not in [0, 1] either
       return Bad(key, "expected a number in [0, 1], got '" + text + "'");
     }
     *field(c) = v;
@@ -257,6 +259,11 @@ const std::vector<Key>& Schema() {
        "rate limit of a full copy to a joining member, MiB/s; 0 = none",
        Int<int64_t>([](Config* c) { return &c->cluster.resync_mb_per_sec; }, 0, 1000000,
                     "cluster.resync_mb_per_sec")},
+      {"cluster.migrate_mb_per_sec", "0",
+       "rate limit of a new mark's import of its range from the mark that owned it, MiB/s; "
+       "0 = none",
+       Int<int64_t>([](Config* c) { return &c->cluster.migrate_mb_per_sec; }, 0, 1000000,
+                    "cluster.migrate_mb_per_sec")},
   };
   return keys;
 }

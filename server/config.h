@@ -47,6 +47,7 @@ struct ClusterOptions {
   int peer_timeout_ms = 2000;              // connect and I/O timeout of a forwarded call
   int64_t backlog_bytes = 64 << 20;        // replicated writes kept for catch-up
   int64_t resync_mb_per_sec = 0;           // full-copy rate limit; 0 = none
+  int64_t migrate_mb_per_sec = 0;          // a new mark's import rate limit; 0 = none
 
   bool enabled() const { return !zookeeper.empty(); }
 };

@@ -404,7 +404,9 @@ class EventServer::IoThread {
   bool Offload(Connection* conn, const uint8_t* message, uint32_t len);
   bool Submit(Connection* conn, std::unique_ptr<Call> call);
   void Resume(std::unique_ptr<Call> call);
-  bool Answer(uint8_t* message, uint32_t len, evbuffer* output);
+  // Runs the call inline; *redo if it asked for a worker (RedoOnWorker):
+  // then nothing is written.
+  bool Answer(uint8_t* message, uint32_t len, evbuffer* output, bool* redo);
   bool Flush(Connection* conn);
   void ProtocolError(Connection* conn, const std::string& what);
   void Close(Connection* conn);
@@ -702,9 +704,17 @@ void EventServer::IoThread::ServeFrames(Connection* conn) {
         Close(conn);
         return;
       }
-    } else if (!Answer(message, size, output)) {
-      ProtocolError(conn, "a call could not be answered; connection closed");
-      return;
+    } else {
+      bool redo = false;
+      if (!Answer(message, size, output, &redo)) {
+        ProtocolError(conn, "a call could not be answered; connection closed");
+        return;
+      }
+      if (redo && !Offload(conn, message, size)) {
+        spdlog::error("cannot hand a call to a worker: out of memory; connection closed");
+        Close(conn);
+        return;
+      }
     }
     evbuffer_drain(input, total);
   }
@@ -819,11 +829,31 @@ void EventServer::IoThread::Resume(std::unique_ptr<Call> call) {
 // Runs one call on "message"; the answer (with its frame header) goes to
 // "output". False if the processor threw or gave up; the connection must
 // then be closed.
-bool EventServer::IoThread::Answer(uint8_t* message, uint32_t len, evbuffer* output) {
+namespace {
+// The call running inline on this I/O thread (RedoOnWorker()).
+struct InlineCall {
+  bool active = false;
+  bool can_redo = false;  // the server has workers
+  bool redo = false;
+};
+thread_local InlineCall inline_call;
+}  // namespace
+
+bool EventServer::RedoOnWorker() {
+  if (!inline_call.active || !inline_call.can_redo) return false;
+  inline_call.redo = true;
+  return true;
+}
+
+bool EventServer::IoThread::Answer(uint8_t* message, uint32_t len, evbuffer* output,
+                                   bool* redo) {
   uint8_t* answer = nullptr;
   uint32_t size = 0;
-  const bool ok = caller_.Run(server_->processor_.get(), message, len, &answer, &size) &&
-                  (size == 0 || evbuffer_add(output, answer, size) == 0);
+  inline_call = {true, server_->workers_ != nullptr, false};
+  bool ok = caller_.Run(server_->processor_.get(), message, len, &answer, &size);
+  *redo = inline_call.redo;
+  inline_call = InlineCall();
+  if (ok && !*redo && size > 0) ok = evbuffer_add(output, answer, size) == 0;
   caller_.Trim();
   return ok;
 }

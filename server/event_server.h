@@ -139,6 +139,14 @@ class EventServer {
   // first (see Asynchronous calls above).
   void SetAsync(AsyncFactory factory) { async_factory_ = std::move(factory); }
 
+  // For a call running inline on an I/O thread that finds it must block
+  // after all (a read meeting a corrupt record, repaired from the chain):
+  // asks that the call run again from the start on a worker; whatever it
+  // answers here is discarded. True if it will; false when the caller is
+  // not inline on an I/O thread (a worker may block) or there are no
+  // workers. Reads only: the call runs twice.
+  static bool RedoOnWorker();
+
   // Binds server.io_threads listening sockets to host:port (port 0: a free
   // port, the same for all) and starts the I/O threads. Returns IOError
   // naming the address and the reason when the port is taken or cannot be

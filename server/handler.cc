@@ -10,7 +10,7 @@ constexpr const char* kMethodNames[] = {
     "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats",
     "ring", "peerGet", "peerPut", "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
     "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove", "peerChain", "peerSnapshot",
-    "digest"};
+    "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop", "removeMark", "abortChange"};
 
 // Room a frame needs beside the value: the call's name, sequence id, fields.
 constexpr uint64_t kFrameOverhead = 4096;
@@ -84,8 +84,9 @@ void Handler::CheckAdmin(const std::string& token) const {
 void Handler::LocalGet(rpc::GetResult& result, int64_t key) {
   CheckRead(key);
   Status st = cache_->Get(key, &result.value);
-  if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
   result.found = st.ok();
+  if (st.IsCorruption()) st = RepairRead(key, st, &result);
+  if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
 }
 
 void Handler::LocalPut(int64_t key, const std::string& value) {
@@ -121,8 +122,27 @@ void Handler::LocalMultiGet(std::vector<rpc::GetResult>& result,
   std::vector<std::string> values;
   std::vector<bool> found;
   Status st = cache_->GetBatch(keys, &values, &found);
-  if (!st.ok()) ThrowKvError(st);
   result.resize(keys.size());
+  if (st.IsCorruption()) {
+    // A bad record fails only its own key: each key read alone, a bad one
+    // repaired from the chain or answered with its error.
+    for (size_t i = 0; i < keys.size(); ++i) {
+      rpc::GetResult& r = result[i];
+      Status one = cache_->Get(keys[i], &r.value);
+      r.found = one.ok();
+      if (one.IsCorruption()) one = RepairRead(keys[i], one, &r);
+      if (!one.ok() && !one.IsNotFound()) {
+        if (redo_) ThrowKvError(one);  // run again on a worker (RepairRead)
+        const rpc::KvError e = ToKvError(one);
+        r.found = false;
+        r.value.clear();
+        r.__set_errorCode(e.code);
+        r.__set_errorMessage(e.message);
+      }
+    }
+    return;
+  }
+  if (!st.ok()) ThrowKvError(st);
   for (size_t i = 0; i < keys.size(); ++i) {
     result[i].found = found[i];
     result[i].value = std::move(values[i]);
@@ -136,6 +156,7 @@ void Handler::LocalMultiPut(const std::vector<rpc::KvPair>& pairs) {
   for (size_t i = 0; i < pairs.size(); ++i) {
     CheckValue(pairs[i].value.size());
     batch[i] = {pairs[i].key, pairs[i].value};
+    if (cluster_ != nullptr) ThrowIfError(cluster_->CheckWritable(pairs[i].key));
   }
   if (replicator_ != nullptr) {
     // One replicated write: atomic on every member of this partition.

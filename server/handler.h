@@ -41,7 +41,7 @@ class Handler : public rpc::FlatKVIf {
     kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
     kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
     kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kPeerChain, kPeerSnapshot,
-    kDigest, kMethods
+    kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kRemoveMark, kAbortChange, kMethods
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
@@ -76,6 +76,10 @@ class Handler : public rpc::FlatKVIf {
                 bool reverse, int64_t lo, int64_t hi) override;
   void peerScanLog(rpc::LogScanResult& result, const rpc::PeerContext& ctx,
                    const std::string& cursor, int32_t limit) override;
+  void peerFence(const rpc::PeerContext& ctx) override;
+  void removeMark(const std::string& token, int64_t mark) override;
+  void abortChange(const std::string& token) override;
+  int64_t peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, int32_t limit) override;
   void peerSGet(rpc::GetResult& result, const rpc::PeerContext& ctx,
                 const std::string& key) override;
   void peerSPut(const rpc::PeerContext& ctx, const std::string& key,
@@ -86,6 +90,10 @@ class Handler : public rpc::FlatKVIf {
   int64_t peerSnapshot(const rpc::PeerContext& ctx, const std::string& from,
                        const rpc::SnapshotPage& page) override;
   void digest(rpc::Digest& result, const std::string& token) override;
+  void peerRepair(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) override;
+  void verify(rpc::VerifyResult& result, const std::string& token, bool repair) override;
+  void peerExport(rpc::ExportPage& result, const rpc::PeerContext& ctx, int64_t lo, int64_t hi,
+                  const std::string& cursor, int32_t limit) override;
 
   // Whether the call in "message" (a binary-protocol message of "len"
   // bytes) may block: in a ring, a data call for a key another instance
@@ -156,6 +164,9 @@ class Handler : public rpc::FlatKVIf {
     std::chrono::steady_clock::time_point start;
   };
   static thread_local Retry retry_;
+  // This thread's call asked to run again on a worker (RepairRead): not
+  // counted now, its answer is discarded.
+  static thread_local bool redo_;
 
   // Runs "body" for "method": counts and times the call, turns a non-OK
   // Status into a KvError, and anything thrown other than KvError into
@@ -202,6 +213,19 @@ class Handler : public rpc::FlatKVIf {
                        const std::string& value, bool* existed);
   // The gate of a local read (throws KvError); a no-op without a replicator.
   void CheckRead(int64_t hash);
+  // Read repair: this member's record of "key" failed its checksum ("bad").
+  // In a chain of several members the head rewrites the key with its newest
+  // value (Replicator::Repair; asked with peerRepair unless this member is
+  // the head) and *result gets it: OK. Else "bad", or why the repair
+  // failed. Inline on an I/O thread it asks to run on a worker instead
+  // (EventServer::RedoOnWorker, sets redo_) and returns "bad".
+  Status RepairRead(int64_t key, const Status& bad, rpc::GetResult* result);
+  // Throws NOT_OWNER unless this instance is the head of ctx.mark's chain
+  // (and ctx's token and mark are right).
+  void CheckHeadOf(const rpc::PeerContext& ctx, const char* what);
+  // The head's side of a repair: another member's copy of "key" (peerGet
+  // with ownCopy), from the first member after the head that has a good one.
+  Status FetchCopy(int64_t key, rpc::GetResult* result);
 
   engine::Store* const store_;
   engine::cache::WriteBackCache* const cache_;
@@ -227,6 +251,11 @@ void Handler::Run(Method method, Body&& body) {
   try {
     body();
   } catch (const rpc::KvError&) {
+    if (redo_) {  // it runs again on a worker: counted there
+      redo_ = false;
+      if (!retry) calls_[method].fetch_sub(1, std::memory_order_relaxed);
+      throw;
+    }
     errors_[method].fetch_add(1, std::memory_order_relaxed);
     throw;
   } catch (const std::exception& e) {

@@ -11,7 +11,9 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include "server/event_server.h"
 #include "server/handler.h"
+#include "server/migration.h"
 
 namespace flatkv::server {
 namespace {
@@ -37,8 +39,11 @@ struct Part {
 }  // namespace
 
 std::string Handler::NotReady() const {
-  if (cluster_ == nullptr || cluster_->ring() != nullptr) return "";
-  return "no ring known yet: ZooKeeper (" + config_.cluster.zookeeper + ") not reached";
+  if (cluster_ == nullptr) return "";
+  if (cluster_->ring() == nullptr) {
+    return "no ring known yet: ZooKeeper (" + config_.cluster.zookeeper + ") not reached";
+  }
+  return cluster_->register_blocked();
 }
 
 namespace {
@@ -95,10 +100,13 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
   if (replicator_ != nullptr &&
       (name == "peerChain" || name == "peerSnapshot" || name == "peerPut" ||
        name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
-       name == "peerSPut" || name == "peerSRemove" || name == "digest")) {
+       name == "peerSPut" || name == "peerSRemove" || name == "digest" ||
+       name == "peerRepair" || name == "peerExport" || name == "peerFence" ||
+       name == "peerDrop")) {
     return true;
   }
   // Calls that never forward: served here whatever the ring says.
+  if (name == "verify") return true;  // reads the whole store
   if (name.substr(0, 4) == "peer" || name == "digest" || name == "ring" || name == "info" ||
       name == "stats" || name == "getWriteMode" || name == "setWriteMode" ||
       name == "compact" || name == "compactionStatus") {
@@ -202,6 +210,15 @@ static void RunParts(Cluster* cluster, const partition::Ring& ring,
     if (p.target.local) continue;
     if (p.status.ok()) {
       p.status = p.connection->Call("receive", false, [&](rpc::FlatKVClient& c) { receive(c, p); });
+    }
+    if (!p.status.ok() && !write && p.connection->network_failed()) {
+      // Maybe a pooled connection the peer closed (it restarted): a read
+      // once more on a fresh one. (A write is not sent twice: a part that
+      // did arrive could overwrite a newer write made meanwhile.)
+      p.status = p.connection->Call("retry", false, [&](rpc::FlatKVClient& c) {
+        send(c, p);
+        receive(c, p);
+      });
     }
     if (!p.status.ok()) p.status = cluster->PeerFailure(p.target, *p.connection, p.status);
     cluster->Return(std::move(p.connection));
@@ -369,6 +386,7 @@ Status Handler::StartChainWrite(Method method, int64_t key, const std::string& s
   if (has_value) FLATKV_RETURN_IF_ERROR(ValueSize(value.size()));
   FLATKV_RETURN_IF_ERROR(string_keyed ? store_->CheckStringKey(string_key)
                                       : store_->CheckKey(key));
+  FLATKV_RETURN_IF_ERROR(cluster_->CheckWritable(string_keyed ? StringHash(string_key) : key));
   if (method == kAppend) {
     replicator_->AppendAsync(key, std::move(value), max_value_bytes_, std::move(done));
     return Status::OK();
@@ -429,6 +447,51 @@ int64_t Handler::peerSnapshot(const rpc::PeerContext& ctx, const std::string& fr
     ThrowIfError(replicator_->OnSnapshotPage(from, page, &token));
   });
   return token;
+}
+
+void Handler::verify(rpc::VerifyResult& result, const std::string& token, bool repair) {
+  Run(kVerify, [&] {
+    CheckAdmin(token);
+    ThrowIfError(cache_->Flush());  // async writes reach the store first
+    engine::Store::VerifyReport report;
+    ThrowIfError(store_->Verify(&report));
+    result.records = static_cast<int64_t>(report.records);
+    result.bytes = static_cast<int64_t>(report.bytes);
+    result.corrupt = static_cast<int64_t>(report.corrupt_keys.size() +
+                                          report.corrupt_buckets.size());
+    result.repaired = 0;
+    constexpr size_t kMaxProblems = 100;
+    auto note = [&](std::string line) {
+      spdlog::warn("verify: {}", line);
+      if (result.problems.size() < kMaxProblems) result.problems.push_back(std::move(line));
+    };
+    for (int64_t key : report.corrupt_keys) {
+      std::string value;
+      Status bad = store_->Get(key, &value);  // its message names the file and offset
+      if (!bad.IsCorruption()) {
+        note("key " + std::to_string(key) + ": bad when read, rewritten since");
+        continue;
+      }
+      if (!repair) {
+        note(bad.message());
+        continue;
+      }
+      rpc::GetResult ignored;
+      Status st = RepairRead(key, bad, &ignored);
+      if (st.ok()) {
+        ++result.repaired;
+        note(bad.message() + ": repaired from the chain");
+      } else if (st.message() == bad.message()) {
+        note(bad.message() + ": not repaired (no other member holds a copy)");
+      } else {
+        note(st.message());
+      }
+    }
+    for (int64_t slot : report.corrupt_buckets) {
+      note("string-key bucket " + std::to_string(slot) +
+           ": fails its checksum (string keys are not repaired; the log names the file)");
+    }
+  });
 }
 
 void Handler::digest(rpc::Digest& result, const std::string& token) {
@@ -496,7 +559,188 @@ void Handler::ring(rpc::RingInfo& result) {
 void Handler::peerGet(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) {
   Run(kPeerGet, [&] {
     CheckPeer(ctx, key, key);
-    LocalGet(result, key);
+    if (!ctx.ownCopy) return LocalGet(result, key);
+    // Read repair's question: this member's own copy, no gate, no repair;
+    // only from a member in the chain (one catching up may lack writes).
+    const std::string role = replicator_ != nullptr ? replicator_->role() : "";
+    if (role != "head" && role != "middle" && role != "tail") {
+      ThrowKvError(Status::Unavailable("member " + cluster_->advertise() + " is " +
+                                       (role.empty() ? "not in a chain" : role) +
+                                       ": no copy to repair from"));
+    }
+    Status st = cache_->Get(key, &result.value);
+    result.found = st.ok();
+    if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+  });
+}
+
+void Handler::peerExport(rpc::ExportPage& result, const rpc::PeerContext& ctx, int64_t lo,
+                         int64_t hi, const std::string& cursor, int32_t limit) {
+  Run(kPeerExport, [&] {
+    if (limit <= 0 || lo > hi) {
+      throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT,
+                      "peerExport: limit must be positive and lo at most hi");
+    }
+    CheckPeer(ctx, lo, hi);
+    ThrowIfError(cache_->Flush());  // writes still in an async cache too
+    const auto ring = cluster_->ring();
+    const int64_t bound = ring ? ring->settings().hash_bound : config_.cluster.hash_bound;
+    ThrowIfError(ExportRange(*store_, bound, lo, hi, cursor, static_cast<size_t>(limit), &result));
+  });
+}
+
+void Handler::CheckHeadOf(const rpc::PeerContext& ctx, const char* what) {
+  if (cluster_ == nullptr || replicator_ == nullptr) {
+    ThrowKvError(Status::NotOwner("this instance is not a member of a chain"));
+  }
+  ThrowIfError(cluster_->CheckPeerMark(ctx));
+  if (replicator_->head() != cluster_->advertise()) {
+    ThrowKvError(Status::NotOwner(std::string(what) + ": member " + cluster_->advertise() +
+                                  " is not the head of mark " +
+                                  std::to_string(cluster_->mark()) + "'s chain"));
+  }
+}
+
+void Handler::removeMark(const std::string& token, int64_t mark) {
+  Run(kRemoveMark, [&] {
+    CheckAdmin(token);
+    if (cluster_ == nullptr) {
+      ThrowKvError(Status::InvalidArgument("removeMark: this instance is not a ring member"));
+    }
+    ThrowIfError(cluster_->StartRemoveMark(mark));
+  });
+}
+
+void Handler::abortChange(const std::string& token) {
+  Run(kAbortChange, [&] {
+    CheckAdmin(token);
+    if (cluster_ == nullptr) {
+      ThrowKvError(Status::InvalidArgument("abortChange: this instance is not a ring member"));
+    }
+    ThrowIfError(cluster_->AbortChange());
+  });
+}
+
+void Handler::peerFence(const rpc::PeerContext& ctx) {
+  Run(kPeerFence, [&] {
+    CheckHeadOf(ctx, "peerFence");
+    cluster_->Refresh();  // the change node, read before anything else is accepted
+    const auto ring = cluster_->ring();
+    const partition::RingChange* change = ring ? ring->change() : nullptr;
+    if (change == nullptr || change->state != "copy" || change->source != cluster_->mark()) {
+      ThrowKvError(Status::InvalidArgument("peerFence: no ring change copies keys from mark " +
+                                           std::to_string(cluster_->mark())));
+    }
+    // An empty write: answered once everything sequenced before it is.
+    ThrowIfError(replicator_->Write({}, {}, nullptr));
+  });
+}
+
+int64_t Handler::peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, int32_t limit) {
+  int64_t dropped = 0;
+  Run(kPeerDrop, [&] {
+    if (limit <= 0 || lo > hi) {
+      throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT,
+                      "peerDrop: limit must be positive and lo at most hi");
+    }
+    CheckHeadOf(ctx, "peerDrop");
+    cluster_->Refresh();
+    const auto ring = cluster_->ring();
+    // Never drop what this mark still owns.
+    for (const partition::HashRange& r : ring->KeyOrder()) {
+      if (r.hi < lo || r.lo > hi) continue;
+      if (ring->partitions()[r.partition].mark == cluster_->mark()) {
+        ThrowKvError(Status::InvalidArgument(
+            "peerDrop: mark " + std::to_string(cluster_->mark()) + " still owns hashes [" +
+            std::to_string(std::max(lo, r.lo)) + ", " + std::to_string(std::min(hi, r.hi)) + "]"));
+      }
+    }
+    ThrowIfError(cache_->Flush());
+    std::string cursor;
+    for (bool done = false; !done && dropped < limit;) {
+      rpc::ExportPage page;
+      const size_t want = static_cast<size_t>(std::min<int64_t>(512, limit - dropped));
+      ThrowIfError(ExportRange(*store_, ring->settings().hash_bound, lo, hi, cursor, want, &page));
+      std::vector<rpc::ChainOp> ops;
+      std::vector<uint64_t> hashes;
+      for (const rpc::KvPair& p : page.pairs) {
+        rpc::ChainOp op;
+        op.kind = rpc::ChainOpKind::REMOVE;
+        op.__set_key(p.key);
+        ops.push_back(std::move(op));
+        hashes.push_back(static_cast<uint64_t>(p.key));
+      }
+      for (const rpc::StringKvPair& p : page.spairs) {
+        rpc::ChainOp op;
+        op.kind = rpc::ChainOpKind::SREMOVE;
+        op.__set_skey(p.key);
+        hashes.push_back(static_cast<uint64_t>(StringHash(p.key)));
+        ops.push_back(std::move(op));
+      }
+      if (!ops.empty()) {
+        dropped += static_cast<int64_t>(ops.size());
+        ThrowIfError(replicator_->Write(std::move(ops), std::move(hashes), nullptr));
+      }
+      done = page.done;
+      cursor = page.cursor;
+    }
+  });
+  return dropped;
+}
+
+thread_local bool Handler::redo_ = false;
+
+Status Handler::RepairRead(int64_t key, const Status& bad, rpc::GetResult* result) {
+  if (replicator_ == nullptr || cluster_ == nullptr) return bad;
+  std::vector<Cluster::Target> chain = cluster_->OwnChain();
+  if (chain.size() < 2) return bad;  // no other copy
+  if (EventServer::RedoOnWorker()) {
+    redo_ = true;  // this may block: again, on a worker
+    return bad;
+  }
+  spdlog::warn("key {}: {}; repairing it from the chain", key, bad.message());
+  Status st;
+  if (replicator_->head() == cluster_->advertise()) {
+    st = replicator_->Repair(
+        key, [&](rpc::GetResult* copy) { return FetchCopy(key, copy); }, result);
+  } else {
+    const Cluster::Target& head = chain.front();
+    st = cluster_->Forward(head, "peerRepair", true, [&](rpc::FlatKVClient& c) {
+      c.peerRepair(*result, head.context, key);
+    });
+  }
+  if (!st.ok()) {
+    spdlog::error("key {}: repair failed: {}", key, st.ToString());
+    return Status::Corruption(bad.message() + "; repair from the chain failed: " + st.message());
+  }
+  return Status::OK();
+}
+
+Status Handler::FetchCopy(int64_t key, rpc::GetResult* result) {
+  std::string why;
+  for (Cluster::Target& t : cluster_->OwnChain()) {
+    if (t.local) continue;
+    t.context.__set_ownCopy(true);
+    Status st = cluster_->Forward(t, "peerGet", true, [&](rpc::FlatKVClient& c) {
+      c.peerGet(*result, t.context, key);
+    });
+    if (st.ok()) return st;
+    why += "; " + st.ToString();
+  }
+  return Status::Corruption("no other member of mark " + std::to_string(cluster_->mark()) +
+                            " has a good copy of key " + std::to_string(key) + why);
+}
+
+void Handler::peerRepair(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) {
+  Run(kPeerRepair, [&] {
+    CheckPeer(ctx, key, key);
+    if (replicator_ == nullptr || replicator_->head() != cluster_->advertise()) {
+      ThrowKvError(Status::NotOwner("member " + cluster_->advertise() +
+                                    " is not the head of mark " +
+                                    std::to_string(cluster_->mark()) + "'s chain"));
+    }
+    ThrowIfError(replicator_->Repair(
+        key, [&](rpc::GetResult* copy) { return FetchCopy(key, copy); }, &result));
   });
 }
 

@@ -130,7 +130,13 @@ Status ForEachPage(const engine::Store& store, size_t page,
   while (!done) {
     std::vector<engine::KeyValue> out;
     int64_t next = 0;
-    FLATKV_RETURN_IF_ERROR(store.Scan(from, false, page, lo, hi, &out, &next, &done));
+    std::vector<int64_t> bad;  // a copy or a digest without them would be wrong
+    FLATKV_RETURN_IF_ERROR(store.Scan(from, false, page, lo, hi, &out, &next, &done, &bad));
+    if (!bad.empty()) {
+      return Status::Corruption("key " + std::to_string(bad.front()) +
+                                " fails its checksum (flatkv admin verify repairs it from the "
+                                "chain)");
+    }
     if (!ints(&out)) return Status::OK();
     from = next;
   }
@@ -311,6 +317,7 @@ class Replicator::SnapshotSender {
     client::Client conn(PeerOptions(to_, std::max(opt.peer_timeout_ms, 10000), opt));
     const rpc::PeerContext ctx = PeerContextOf(opt);
     const auto start = std::chrono::steady_clock::now();
+    const uint64_t total = owner_->store_->LiveBytesEstimate();
     uint64_t bytes = 0;
     int64_t token = 0;
     bool first = true;
@@ -319,6 +326,7 @@ class Replicator::SnapshotSender {
       page->first = first;
       page->atEpoch = at_.epoch;
       page->atSeq = static_cast<int64_t>(at_.seq);
+      page->__set_totalBytes(static_cast<int64_t>(total));
       int64_t answer = 0;
       Status st = conn.Call("peerSnapshot", false, [&](rpc::FlatKVClient& c) {
         answer = c.peerSnapshot(ctx, opt.self, *page);
@@ -330,6 +338,11 @@ class Replicator::SnapshotSender {
       token = answer;
       first = false;
       owner_->snapshot_bytes_sent_.store(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+      {
+        std::lock_guard<std::mutex> lock(owner_->progress_mu_);
+        owner_->sending_.bytes = bytes;
+        if (page->last) owner_->sending_.end_ms = NowMs();
+      }
       // Throttle: cluster.resync_mb_per_sec.
       if (opt.resync_bytes_per_sec > 0) {
         const double due =
@@ -340,8 +353,12 @@ class Replicator::SnapshotSender {
       }
       return !stop_.load();
     };
-    spdlog::info("chain: streaming a snapshot to {} (resumes after epoch {} seq {})", to_,
-                 at_.epoch, at_.seq);
+    {
+      std::lock_guard<std::mutex> lock(owner_->progress_mu_);
+      owner_->sending_ = {to_, 0, total, NowMs(), 0};
+    }
+    spdlog::info("chain: streaming a snapshot of about {} MB to {} (resumes after epoch {} seq {})",
+                 static_cast<double>(total) / 1e6, to_, at_.epoch, at_.seq);
     // Writes still in an async cache must be in the store it scans.
     (void)owner_->cache_->Flush();
     constexpr size_t kPage = 512;
@@ -668,6 +685,115 @@ void Replicator::AppendAsync(int64_t key, std::string suffix, uint64_t max_value
       std::move(done));
 }
 
+Status Replicator::AdoptImport(int64_t epoch) {
+  Waiter w;
+  Event ev;
+  ev.done = &w;
+  ev.serial = true;
+  ev.run = [](int64_t, ChainOutput*) {};
+  ev.after = [this, epoch, &w](int64_t, ChainOutput*) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!member_.Rebase({epoch, 0})) {
+        w.status = Status::InvalidArgument("cannot adopt an import: member " + options_.self +
+                                           " is " + member_.role() + " and applied seq " +
+                                           std::to_string(member_.applied().seq));
+        return;
+      }
+    }
+    intact_ = true;
+    Checkpoint();
+    if (!logged_intact_) w.status = Status::IOError("the chain log was not rewritten");
+  };
+  Post(std::move(ev));
+  std::unique_lock<std::mutex> lk(mu_);
+  w.cv.wait(lk, [&] { return w.done; });
+  return w.status;
+}
+
+std::string Replicator::head() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<std::string>& members = member_.members();
+  return members.empty() ? "" : members.front();
+}
+
+Status Replicator::Repair(int64_t key, const std::function<Status(rpc::GetResult*)>& fetch,
+                          rpc::GetResult* result) {
+  // Shared with the loop's event: a caller that stopped waiting leaves it.
+  struct State {
+    bool fetched = false;  // "copy" holds another member's copy
+    rpc::GetResult copy;
+    bool need_copy = false;
+    rpc::GetResult value;  // what the rewrite writes
+  };
+  for (int round = 0; round < 2; ++round) {
+    auto state = std::make_shared<State>();
+    if (round == 1) {
+      FLATKV_RETURN_IF_ERROR(fetch(&state->copy));
+      state->fetched = true;
+    }
+    // Serial, as an append: the store holds every write sequenced before it.
+    Status st = Wait(
+        [&](WriteDone done) {
+          Sequence(
+              true, "repair",
+              [this, key, state](uint64_t request, int64_t now, ChainOutput* out) {
+                std::string value;
+                Status got = cache_->Get(key, &value);
+                if (got.ok()) {
+                  state->value.found = true;
+                  state->value.value = std::move(value);
+                } else if (got.IsCorruption()) {
+                  // Bad here too: a write not yet committed, else a copy.
+                  bool have = false;
+                  if (const partition::ChainEntry* e =
+                          member_.NewestUncommitted(static_cast<uint64_t>(key))) {
+                    std::vector<rpc::ChainOp> ops;
+                    if (DecodeChainOps(e->op, &ops).ok()) {
+                      for (const rpc::ChainOp& op : ops) {
+                        if (op.kind == rpc::ChainOpKind::PUT && op.key == key) {
+                          state->value.found = true;
+                          state->value.value = op.value;
+                          have = true;
+                        } else if (op.kind == rpc::ChainOpKind::REMOVE && op.key == key) {
+                          state->value.found = false;
+                          state->value.value.clear();
+                          have = true;
+                        }
+                      }
+                    }
+                  }
+                  if (!have && !state->fetched) {
+                    state->need_copy = true;
+                    out->replies.push_back({request, Status::OK()});
+                    return;
+                  }
+                  if (!have) state->value = state->copy;
+                } else if (!got.IsNotFound()) {
+                  out->replies.push_back({request, got});
+                  return;
+                }
+                rpc::ChainOp op;
+                op.kind = state->value.found ? rpc::ChainOpKind::PUT : rpc::ChainOpKind::REMOVE;
+                op.__set_key(key);
+                if (state->value.found) op.__set_value(state->value.value);
+                member_.OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now,
+                                out);
+              },
+              std::move(done));
+        },
+        nullptr);
+    FLATKV_RETURN_IF_ERROR(st);
+    if (!state->need_copy) {
+      repairs_.fetch_add(1, std::memory_order_relaxed);
+      result->found = state->value.found;
+      result->value = state->value.value;
+      return Status::OK();
+    }
+  }
+  return Status::Corruption("key " + std::to_string(key) + ": no good copy to repair from");
+}
+
 Status Replicator::BeforeRead(uint64_t hash) {
   std::unique_lock<std::mutex> lk(mu_);
   const uint64_t request = next_request_++;
@@ -743,14 +869,23 @@ Status Replicator::OnSnapshotPage(const std::string& from, const rpc::SnapshotPa
     }
     member_.OnSnapshotProgress(t, now);
   };
-  ev.after = [this, &page, &t, &w](int64_t now, ChainOutput* out) {
+  ev.after = [this, from, &page, &t, &w](int64_t now, ChainOutput* out) {
     if (t == 0) {
       w.status = Status::NotOwner("member " + options_.self +
                                   " does not expect this snapshot stream (a later one replaced "
                                   "it, or it is no longer joining)");
       return;
     }
+    const int64_t before = snapshot_bytes_loaded_.load(std::memory_order_relaxed);
     Status st = LoadPage(page);
+    {
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      if (page.first) loading_ = {from, 0, 0, NowMs(), 0};
+      loading_.total = static_cast<uint64_t>(page.totalBytes);
+      loading_.bytes += static_cast<uint64_t>(
+          snapshot_bytes_loaded_.load(std::memory_order_relaxed) - before);
+      if (page.last && st.ok()) loading_.end_ms = NowMs();
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (!st.ok()) {
       spdlog::warn("chain: loading a snapshot page: {}", st.ToString());
@@ -790,6 +925,22 @@ Status Replicator::LoadPage(const rpc::SnapshotPage& page) {
   }
   snapshot_bytes_loaded_.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
   return Status::OK();
+}
+
+void Replicator::Progress::Report(const std::string& prefix,
+                                  std::map<std::string, int64_t>* out) const {
+  if (peer.empty()) return;
+  const int64_t ms = std::max<int64_t>(1, (end_ms != 0 ? end_ms : NowMs()) - start_ms);
+  // The total is an estimate (record headers, dead bytes not yet known as
+  // such): 100 only once the stream ended.
+  int64_t percent = total > 0 ? static_cast<int64_t>(std::min<uint64_t>(99, bytes * 100 / total))
+                              : 0;
+  if (end_ms != 0) percent = 100;
+  (*out)[prefix + "percent"] = percent;
+  (*out)[prefix + "bytes"] = static_cast<int64_t>(bytes);
+  (*out)[prefix + "total_bytes"] = static_cast<int64_t>(total);
+  (*out)[prefix + "bytes_per_sec"] = static_cast<int64_t>(bytes * 1000 / static_cast<uint64_t>(ms));
+  (*out)[prefix + "done"] = end_ms != 0 ? 1 : 0;
 }
 
 void Replicator::SignalDone(Waiter* w, const Status& status) {
@@ -1123,10 +1274,22 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
     (*out)["cluster.chain.lag_bytes"] = static_cast<int64_t>(member_.lag_bytes());
     (*out)["cluster.chain.log_bytes"] = static_cast<int64_t>(member_.log_bytes());
     (*out)["cluster.chain.refused_messages"] = static_cast<int64_t>(member_.refused_messages());
+    const std::string role = member_.role();
+    if ((role == "tail" || role == "single") && !member_.downstream().empty()) {
+      // A joiner catching up from this tail: what it still lacks.
+      (*out)["cluster.chain.joiner." + member_.downstream() + ".lag_writes"] =
+          static_cast<int64_t>(member_.lag_writes());
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    loading_.Report("cluster.chain.snapshot_from." + loading_.peer + ".", out);
+    sending_.Report("cluster.chain.snapshot_to." + sending_.peer + ".", out);
   }
   (*out)["cluster.chain.applied_entries"] = applied_entries_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.apply_batches"] = apply_batches_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.checkpoints"] = checkpoints_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.repairs"] = repairs_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.log_file_bytes"] =
       static_cast<int64_t>(log_bytes_.load(std::memory_order_relaxed));
   (*out)["cluster.chain.frames_sent"] = frames_sent_.load(std::memory_order_relaxed);

@@ -137,6 +137,23 @@ class Replicator {
   // Runs "start" with a WriteDone and waits for its answer (*existed if not
   // null), at most the write timeout and a second.
   Status Wait(const std::function<void(WriteDone)>& start, bool* existed);
+  // Read repair at the head (peerRepair): this or another member's record
+  // of integer key "key" failed its checksum. Rewrites the key through the
+  // chain with its newest value and sets *result to that value once the
+  // chain has acknowledged the rewrite. The newest value is this member's
+  // copy; if that is bad too, the newest write of it the chain has not
+  // committed; failing that, "fetch" (on the caller's thread) gets another
+  // member's copy, which then holds every write of the key (all committed,
+  // and none since, or this member's record would be new). Blocks.
+  Status Repair(int64_t key, const std::function<Status(rpc::GetResult*)>& fetch,
+                rpc::GetResult* result);
+  // This member's store now holds a range imported from another mark
+  // (issue 11; before it registers): its position becomes (epoch, 0),
+  // intact, made durable with the store (a checkpoint). InvalidArgument if
+  // it is in a chain or applied writes already.
+  Status AdoptImport(int64_t epoch);
+  // Head of the chain: this member's address; else the head's ("" if none).
+  std::string head() const;
   // Before a read of the key with hash "hash" from this member: OK to serve
   // it now (maybe after waiting for a catch-up), else Unavailable.
   Status BeforeRead(uint64_t hash);
@@ -259,12 +276,27 @@ class Replicator {
   std::atomic<int64_t> wipes_{0};
   std::atomic<int64_t> records_{0};
   std::atomic<int64_t> checkpoints_{0};
+  std::atomic<int64_t> repairs_{0};
+  // A snapshot stream's progress, for stats() and `flatkv ring`: the one
+  // this member loads (joiner) and the last one it sent (tail).
+  struct Progress {
+    std::string peer;  // the other end; "" before the first stream
+    uint64_t bytes = 0;
+    uint64_t total = 0;  // the sender's estimate
+    int64_t start_ms = 0;
+    int64_t end_ms = 0;  // 0 while it runs
+    void Report(const std::string& prefix, std::map<std::string, int64_t>* out) const;
+  };
+  mutable std::mutex progress_mu_;
+  Progress loading_;  // GUARDED_BY(progress_mu_)
+  Progress sending_;  // GUARDED_BY(progress_mu_)
   std::atomic<uint64_t> log_bytes_{0};
 };
 
 // Visits every live record of "store" in pages of up to "page": integer
 // keys in key order, then string keys in hash order. A callback returning
-// false ends the walk (OK). Used by snapshots, the wipe and digest.
+// false ends the walk (OK). Used by snapshots, the wipe and digest: a
+// record failing its checksum ends it with Corruption (never skipped).
 Status ForEachPage(const engine::Store& store, size_t page,
                    const std::function<bool(std::vector<engine::KeyValue>*)>& ints,
                    const std::function<bool(std::vector<engine::StringKeyValue>*)>& strings);

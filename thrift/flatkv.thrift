@@ -31,6 +31,11 @@ exception KvError {
 struct GetResult {
   1: bool found,
   2: binary value,
+  // multiGet only: this key's record could not be read (found = false):
+  // its error, while every other key of the batch is answered. A single
+  // get throws KvError instead.
+  3: optional ErrorCode errorCode,
+  4: optional string errorMessage,
 }
 
 struct KvPair {
@@ -99,6 +104,10 @@ struct PeerContext {
   1: required string token,     // cluster.peer_token ("" when none is set)
   2: required i64 ringVersion,  // the sender's ring version
   3: required i64 mark,         // the mark the sender routed the call to
+  // peerGet only: read this member's own copy, whatever its role, and
+  // answer STORAGE_ERROR for a bad record instead of repairing it (read
+  // repair asks the other members of the chain with it).
+  4: optional bool ownCopy = false,
 }
 
 // Chain replication between the members of one mark (partition/chain.h;
@@ -148,6 +157,17 @@ struct SnapshotPage {
   5: required i64 atSeq,
   6: required list<KvPair> pairs,
   7: required list<StringKvPair> spairs,
+  // The sender's estimate of the whole stream's bytes (for progress).
+  8: optional i64 totalBytes,
+}
+// One page of a hash range exported by a member (peerExport): integer keys
+// in key order, then string keys (in bucket order) whose hash lies in the
+// range.
+struct ExportPage {
+  1: required list<KvPair> pairs,
+  2: required list<StringKvPair> spairs,
+  3: required bool done,       // nothing follows
+  4: required binary cursor,   // pass back to resume; empty starts
 }
 // flatkv admin digest: what a member holds, order-independent.
 struct Digest {
@@ -158,6 +178,15 @@ struct Digest {
   5: required i64 appliedSeq,
 }
 
+// flatkv admin verify: every live record of a member read back and its
+// checksum checked.
+struct VerifyResult {
+  1: required i64 records,    // live records read (string-key buckets count one each)
+  2: required i64 bytes,      // their value bytes
+  3: required i64 corrupt,    // records failing their checksum
+  4: required i64 repaired,   // of those, rewritten through the chain from another member
+  5: required list<string> problems,  // the first 100: file, offset, key, and the outcome
+}
 // Every argument is "required": a call whose argument is missing or of the
 // wrong type is answered with a TApplicationException naming the method
 // (PROTOCOL_ERROR) instead of running with a default value. The wire format
@@ -224,4 +253,39 @@ service FlatKV {
 
   // Admin: this member's digest (admin.token when one is configured).
   Digest digest(1: required string token) throws (1: KvError err),
+  // Read repair: served by the head of ctx.mark's chain for a member whose
+  // copy of "key" fails its checksum. The head rewrites the key through the
+  // chain with its newest value (its own copy, a write not yet committed,
+  // or another member's copy) and answers that value once the chain has
+  // acknowledged the rewrite.
+  GetResult peerRepair(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
+  // The records of this member's store whose hash lies in [lo, hi]
+  // (inclusive; ctx.mark must own all of it): for a new mark that takes the
+  // range over. At most "limit" records per page (fewer, even none, with
+  // done = false: a page's work is bounded).
+  ExportPage peerExport(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required binary cursor, 5: required i32 limit) throws (1: KvError err),
+  // A ring change (.cluster/change) moving keys from ctx.mark to a new
+  // mark, served by the head of ctx.mark. peerFence: re-reads the ring and
+  // answers once every write this mark accepted before it saw the change is
+  // committed; from then on the change's ranges hold still here (writes to
+  // them are UNAVAILABLE) until the new mark serves them.
+  void peerFence(1: required PeerContext ctx) throws (1: KvError err),
+  // Once the new mark serves [lo, hi] (this mark no longer owns any of it):
+  // removes up to "limit" keys this mark still holds there, through its
+  // chain, and returns how many (0: none left).
+  i64 peerDrop(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
+  // Admin (any ring member): removes "mark" from the ring: its keys move to
+  // the next mark up, then its members stop serving and exit. Returns once
+  // the change is recorded (.cluster/change); it runs in the background.
+  // OVERLOADED while another ring change runs.
+  void removeMark(1: required string token, 2: required i64 mark) throws (1: KvError err),
+  // Admin (any ring member): rolls back the ring change in progress while
+  // it still copies (nothing registered yet): the source takes writes to
+  // the ranges again. INVALID_ARGUMENT past that point (it finishes by
+  // itself); stop the importer first, or it starts the change over.
+  void abortChange(1: required string token) throws (1: KvError err),
+  // Admin: reads back every live record of this member and checks it;
+  // with repair, a ring member rewrites each
+  // bad integer key from its chain (as a read would).
+  VerifyResult verify(1: required string token, 2: required bool repair) throws (1: KvError err),
 }

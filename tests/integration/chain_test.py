@@ -92,17 +92,7 @@ def chain_of(mark):
 
 
 def wait_until(what, cond, timeout=30.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        try:
-            if cond():
-                return time.monotonic() - t0
-        except Exception:
-            pass
-        time.sleep(0.05)
-    check(False, "%s within %.0f s" % (what, timeout))
-    stop.set()
-    harness.finish(work)  # exits: what follows depends on it
+    return harness.wait_until(work, what, cond, timeout, 0.05, on_fail=stop.set)
 
 
 def role(m):

@@ -34,7 +34,10 @@ def finish(work):
     failed."""
     for zk in _zookeepers:
         zk.close()
-    shutil.rmtree(work, ignore_errors=True)
+    if failures and os.environ.get("FLATKV_KEEP_WORK"):
+        print("work directory kept: " + work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     print("%d passed, %d failed" % (len(passes), len(failures)))
     sys.exit(1 if failures else 0)
 
@@ -224,6 +227,25 @@ def wait_ring(ports, expected, timeout=10.0):
             return time.monotonic() - t0
         time.sleep(0.05)
     return None
+
+
+def wait_until(work, what, cond, timeout=30.0, step=0.05, on_fail=None):
+    """Calls cond() every "step" seconds (an exception counts as False)
+    until it is true and returns the seconds that took; after "timeout"
+    seconds, fails the check "<what> within <timeout> s", calls on_fail()
+    (e.g. to stop writer threads) and ends the test (finish)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if cond():
+                return time.monotonic() - t0
+        except Exception:
+            pass
+        time.sleep(step)
+    check(False, "%s within %.0f s" % (what, timeout))
+    if on_fail is not None:
+        on_fail()
+    finish(work)  # exits: what follows depends on it
 
 
 def versioned(key, v):

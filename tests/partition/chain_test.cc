@@ -214,6 +214,44 @@ TEST_CASE("a joiner catches up from the tail's log, then asks to register") {
   CHECK(net.members["j"]->wants_registration());
 }
 
+TEST_CASE("a catch-up is sent in messages of at most max_batch_bytes of writes") {
+  // Found by a process test: merging the log's batches into one message
+  // ignored the byte bound, and a joiner 24 MB behind got one 24 MB frame,
+  // over the server's frame limit, forever.
+  Net net;
+  net.Add("a");
+  Register(net, {"a"}, {1});
+  net.Config(Make(1, 7, {"a"}, {1}));
+  const std::string big(1u << 20, 'x');  // 1 MiB per write
+  for (uint64_t r = 1; r <= 12; ++r) {
+    ChainOutput out;
+    net.members["a"]->OnWrite(r, {r}, big, net.now, &out);
+    net.Take("a", out);
+  }
+  net.Add("j");
+  ChainOutput out;
+  net.members["j"]->OnConfig(Make(1, 7, {"a"}, {1}), 0, &out);
+  net.members["j"]->StartJoin(0, &out);
+  net.Take("j", out);
+  size_t messages = 0;
+  while (!net.wire.empty()) {
+    auto [from, send] = net.wire.front();
+    net.wire.erase(net.wire.begin());
+    if (from == "a" && send.msg.kind == ChainMessage::Kind::kReplicate &&
+        !send.msg.entries.empty()) {
+      ++messages;
+      uint64_t bytes = 0;
+      for (const auto& e : send.msg.entries) bytes += e.op.size();
+      CHECK(bytes <= ChainOptions().max_batch_bytes);
+    }
+    ChainOutput o;
+    net.members.at(send.to)->OnMessage(from, send.msg, 0, &o);
+    net.Take(send.to, o);
+  }
+  CHECK(messages >= 3);
+  CHECK(net.applied["j"].size() == 12);
+}
+
 TEST_CASE("a joiner the tail's log no longer covers gets a snapshot") {
   Net net;
   ChainOptions small;

@@ -1,0 +1,111 @@
+#include "server/migration.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace flatkv::server {
+namespace {
+
+// Cursor: 'i' | next integer key (8 bytes, little-endian), or 's' | the
+// string-key scan's cursor.
+std::string IntCursor(int64_t next) {
+  std::string c(1 + sizeof(next), 'i');
+  std::memcpy(c.data() + 1, &next, sizeof(next));
+  return c;
+}
+
+// Buckets read per page beyond "limit" matches: a range holding few string
+// keys must not make one call walk every bucket.
+constexpr size_t kStringWalkFactor = 8;
+
+}  // namespace
+
+Status ExportRange(const engine::Store& store, int64_t hash_bound, int64_t lo, int64_t hi,
+                   const std::string& cursor, size_t limit, rpc::ExportPage* page) {
+  page->pairs.clear();
+  page->spairs.clear();
+  page->done = false;
+  page->cursor.clear();
+  if (limit == 0 || lo > hi) return Status::InvalidArgument("export: empty range or zero limit");
+  const int64_t key_lo = std::max(lo, store.options().key_min);
+  const int64_t key_hi = std::min(hi, store.options().key_max - 1);
+  std::string strings_cursor;
+  bool in_strings = true;
+  int64_t from = key_lo;
+  if (cursor.empty()) {
+    in_strings = key_lo > key_hi;
+  } else if (cursor[0] == 'i' && cursor.size() == 1 + sizeof(int64_t)) {
+    std::memcpy(&from, cursor.data() + 1, sizeof(from));
+    in_strings = false;
+  } else if (cursor[0] == 's') {
+    strings_cursor = cursor.substr(1);
+  } else {
+    return Status::InvalidArgument("export: not a cursor this server gave");
+  }
+  if (!in_strings) {
+    if (from < key_lo || from > key_hi) return Status::InvalidArgument("export: cursor out of range");
+    std::vector<engine::KeyValue> out;
+    std::vector<int64_t> bad;
+    int64_t next = from;
+    bool done = false;
+    FLATKV_RETURN_IF_ERROR(store.Scan(from, false, limit, key_lo, key_hi, &out, &next, &done, &bad));
+    if (!bad.empty()) {
+      return Status::Corruption("export: key " + std::to_string(bad.front()) +
+                                " fails its checksum (flatkv admin verify repairs it)");
+    }
+    for (engine::KeyValue& kv : out) {
+      rpc::KvPair p;
+      p.key = kv.key;
+      p.value = std::move(kv.value);
+      page->pairs.push_back(std::move(p));
+    }
+    page->cursor = done ? "s" : IntCursor(next);
+    return Status::OK();
+  }
+  // String keys: every bucket, filtered by hash.
+  size_t walked = 0;
+  bool done = false;
+  while (!done && page->spairs.size() < limit && walked < kStringWalkFactor * limit) {
+    std::vector<engine::StringKeyValue> out;
+    std::string next;
+    // At most what the page still has room for: each entry scanned may match.
+    FLATKV_RETURN_IF_ERROR(
+        store.SScan(strings_cursor, limit - page->spairs.size(), &out, &next, &done));
+    walked += out.size() + 1;
+    for (engine::StringKeyValue& kv : out) {
+      const int64_t h = partition::Ring::HashString(kv.key, hash_bound);
+      if (h < lo || h > hi) continue;
+      rpc::StringKvPair p;
+      p.key = std::move(kv.key);
+      p.value = std::move(kv.value);
+      page->spairs.push_back(std::move(p));
+    }
+    strings_cursor = std::move(next);
+  }
+  page->done = done;
+  if (!done) page->cursor = "s" + strings_cursor;
+  return Status::OK();
+}
+
+std::vector<partition::HashRange> RangesTakenBy(const partition::Ring& ring, int64_t mark) {
+  std::vector<partition::HashRange> out;
+  if (ring.empty() || ring.Find(mark) != nullptr) return out;
+  const std::vector<partition::Partition>& parts = ring.partitions();
+  // The marks below and above "mark" (cyclically): it takes [below, mark - 1],
+  // all of which "above" owns now.
+  auto it = std::lower_bound(parts.begin(), parts.end(), mark,
+                             [](const partition::Partition& p, int64_t m) { return p.mark < m; });
+  const size_t above = it == parts.end() ? 0 : static_cast<size_t>(it - parts.begin());
+  const size_t below = it == parts.begin() ? parts.size() - 1
+                                           : static_cast<size_t>(it - parts.begin()) - 1;
+  const int64_t from = parts[below].mark;
+  if (from < mark) {
+    out.push_back({from, mark - 1, above});
+  } else {  // wraps: [from, INT64_MAX] and [INT64_MIN, mark - 1]
+    out.push_back({from, INT64_MAX, above});
+    if (mark > INT64_MIN) out.push_back({INT64_MIN, mark - 1, above});
+  }
+  return out;
+}
+
+}  // namespace flatkv::server

@@ -1,0 +1,148 @@
+#!/usr/bin/python3
+"""Process test of `flatkv admin remove-mark` under write load (issue 11,
+server/cluster.h: StartRemoveMark, RemoveStep).
+
+Marks A = 1000 (a chain of two) and B = 2000 (one member); keys 0..2999, so
+B owns [1000, 1999] and A the rest. Writers call random instances with
+self-verifying values on keys of both marks. While another ring change is
+recorded, remove-mark is refused with a clear error. Then `flatkv admin
+remove-mark 1000 --wait` through B: B's head copies A's keys through its
+chain, A's members exit with status 0, mark 1000 leaves
+`.cluster/marks`, and B serves every key. Afterwards every acknowledged
+write reads its newest version through B, and so does every preloaded key.
+
+Usage: remove_mark_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT"""
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import harness
+from harness import check, free_port
+
+server_bin, cli_bin, thrift_bin, idl = sys.argv[1:5]
+work = harness.workdir("flatkv-remove-mark-", thrift_bin, idl)
+from flatkv.ttypes import KvError, KvPair  # noqa: E402
+
+import logging  # noqa: E402
+logging.getLogger("thrift").setLevel(logging.CRITICAL)
+
+A, B = 1000, 2000
+zk = harness.ZooKeeper(work)
+stop = threading.Event()
+
+
+class Member:
+    def __init__(self, name, mark):
+        self.name = name
+        self.port = free_port()
+        self.proc = harness.start_member(
+            server_bin, self.port, os.path.join(work, name), zk, mark,
+            "--set", "storage.key_max=3000", log=os.path.join(work, name + ".log"),
+            session_timeout_ms=1500)
+
+    def call(self, fn):
+        c, t = harness.client(self.port, 10000)
+        try:
+            return fn(c)
+        finally:
+            t.close()
+
+
+def wait_until(what, cond, timeout=60.0):
+    return harness.wait_until(work, what, cond, timeout, 0.1, on_fail=stop.set)
+
+
+def ring():
+    r = b0.call(lambda c: c.ring())
+    return {p.mark: [m.port for m in p.chain] for p in r.partitions}
+
+
+b0 = Member("b0", B)
+wait_until("B serves", lambda: ring() == {B: [b0.port]})
+a0 = Member("a0", A)
+wait_until("A serves", lambda: ring() == {A: [a0.port], B: [b0.port]})
+a1 = Member("a1", A)
+wait_until("A's chain of two", lambda: ring()[A] == [a0.port, a1.port])
+preloaded = {k: b"pre%d" % k for k in range(0, 3000, 7)}
+b0.call(lambda c: c.multiPut([KvPair(k, v) for k, v in preloaded.items()]))
+
+lock = threading.Lock()
+acked, attempted, bad = {}, {}, []
+writer_keys = [list(range(i * 10 + 1, 3000, 40)) for i in range(4)]  # disjoint, both marks
+
+
+def writer(index):
+    r = random.Random(index)
+    conn = None
+    while not stop.is_set():
+        key = r.choice(writer_keys[index])
+        try:
+            if conn is None:
+                conn = harness.client(b0.port if r.random() < 0.5 else a0.port, 3000)
+            with lock:
+                v = attempted.get(key, 0) + 1
+                attempted[key] = v
+            conn[0].put(key, harness.versioned(key, v))
+            with lock:
+                acked[key] = max(acked.get(key, 0), v)
+        except KvError:
+            time.sleep(0.01)
+        except Exception:
+            conn = None  # A's members exit: connect to B
+            time.sleep(0.02)
+
+
+threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(4)]
+for th in threads:
+    th.start()
+time.sleep(1.0)
+
+# Another change recorded: refused, naming it.
+from kazoo.client import KazooClient  # noqa: E402
+logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+kz = KazooClient(hosts=zk.hosts, timeout=5.0)
+kz.start(timeout=10)
+other = (b'{"kind": "add", "mark": 5000, "into": 5000, "source": 1000, '
+         b'"importer": "127.0.0.1:1", "state": "copy", "ranges": [[2000, 4999]]}')
+kz.create("/flatkv/.cluster/change", other)
+r = subprocess.run([cli_bin, "--port", str(b0.port), "admin", "remove-mark", str(A)],
+                   capture_output=True, timeout=30)
+check(r.returncode == 3 and b"another ring change runs" in r.stderr,
+      "remove-mark while another change runs: refused, naming it (%r)" % r.stderr[-200:])
+kz.delete("/flatkv/.cluster/change")
+r = subprocess.run([cli_bin, "--port", str(b0.port), "admin", "remove-mark", "7"],
+                   capture_output=True, timeout=30)
+check(r.returncode == 3 and b"not in the ring" in r.stderr, "remove-mark of an unknown mark: refused")
+
+t0 = time.monotonic()
+r = subprocess.run([cli_bin, "--port", str(b0.port), "admin", "remove-mark", str(A), "--wait"],
+                   capture_output=True, timeout=120)
+took = time.monotonic() - t0
+check(r.returncode == 0 and b"removed" in r.stdout,
+      "flatkv admin remove-mark 1000 --wait through B (%.1f s): %r %r" % (took, r.stdout, r.stderr[-200:]))
+check(ring() == {B: [b0.port]}, "the ring is B alone")
+check(a0.proc.wait(30) == 0 and a1.proc.wait(30) == 0, "A's members exited with status 0")
+check(str(A) not in zk.children("/flatkv/.cluster/marks") and
+      "change" not in zk.children("/flatkv/.cluster"),
+      "mark 1000 left .cluster/marks and the change node is gone")
+time.sleep(0.5)
+stop.set()
+for th in threads:
+    th.join()
+keys = sorted(acked)
+got = b0.call(lambda c: c.multiGet(keys))
+for key, res in zip(keys, got):
+    harness.judge_versioned(key, res.value if res.found else None, acked[key], attempted, bad)
+check(not bad, "every acknowledged write (%d keys) reads its newest version through B: %s" %
+      (len(keys), bad[:5]))
+pk = [k for k in sorted(preloaded) if k not in attempted]
+got = b0.call(lambda c: c.multiGet(pk))
+check(all(res.value == preloaded[k] for k, res in zip(pk, got)),
+      "every preloaded key of both marks reads its value through B")
+s = b0.call(lambda c: c.stats())
+check(s.get("cluster.import.keys", 0) > 0, "B's stats count the keys it took over (%d)" %
+      s.get("cluster.import.keys", 0))
+harness.finish(work)

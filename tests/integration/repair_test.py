@@ -1,0 +1,220 @@
+#!/usr/bin/python3
+"""Process test of corrupt records: what a reader gets when a record on disk
+fails its checksum (bit rot, a bad sector, a stray write), standalone and in
+a chain (read repair, `flatkv admin verify`).
+
+The records are damaged the way the disk would: one byte of a value is
+flipped in the data file, under the running server (its value cache is off,
+cache.capacity_bytes = 0, so every read goes to the file).
+
+Standalone: get of the bad key is STORAGE_ERROR naming the file and offset;
+multiGet answers every other key and marks only the bad one with its error;
+scan skips it and counts it; `flatkv admin verify` reports it (exit 5); a
+put over it makes the key good again; the server stays up throughout.
+
+A chain of three (cluster.replication: sync, one mark): a bad record on the
+tail is repaired at the first read (the head rewrites the key through the
+chain); a key bad on the head and the tail is repaired from the middle
+member's copy; `flatkv admin verify` on the head repairs a key bad only
+there; a key bad on every member is STORAGE_ERROR, and nothing else is
+lost. Afterwards every key reads its value from every member and the
+chain's digests are equal.
+
+Usage: repair_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT"""
+import os
+import subprocess
+import sys
+import time
+
+import harness
+from harness import check, free_port
+
+server_bin, cli_bin, thrift_bin, idl = sys.argv[1:5]
+work = harness.workdir("flatkv-repair-", thrift_bin, idl)
+from flatkv.ttypes import ErrorCode, KvError  # noqa: E402
+
+NO_CACHE = ("--set", "cache.capacity_bytes=0")
+KEYS = range(1, 201)
+
+
+def value(key):
+    """A value that names its key and occurs nowhere else on disk."""
+    return b"repair-test key=%08d " % key + b"abcdefghij" * (3 + key % 7)
+
+
+def corrupt(data_dir, key):
+    """Flips one byte in the middle of key's value wherever a data file of
+    data_dir holds it (not in the chain log, which is not read by gets);
+    returns how many copies it damaged."""
+    needle = value(key)
+    hits = 0
+    for root, _, files in os.walk(data_dir):
+        for name in files:
+            if name == "CHAINLOG":
+                continue
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                blob = f.read()
+            at = blob.find(needle)
+            while at >= 0:
+                with open(path, "r+b") as f:
+                    f.seek(at + len(needle) // 2)
+                    f.write(bytes([blob[at + len(needle) // 2] ^ 0x5a]))
+                hits += 1
+                at = blob.find(needle, at + 1)
+    return hits
+
+
+def cli(port, *args):
+    return subprocess.run([cli_bin, "--port", str(port), *args], capture_output=True,
+                          timeout=60)
+
+
+def storage_error(fn):
+    """The KvError code and message fn raises (None if it returns)."""
+    try:
+        fn()
+    except KvError as e:
+        return e.code, e.message
+    return None, None
+
+
+# --- Standalone ---------------------------------------------------------
+port = free_port()
+data = os.path.join(work, "standalone")
+proc = harness.start(server_bin, port, data, *NO_CACHE)
+c, t = harness.client(port, 10000)
+for k in KEYS:
+    c.put(k, value(k))
+check(corrupt(data, 17) == 1 and corrupt(data, 33) == 1, "one copy of keys 17 and 33 damaged")
+
+code, msg = storage_error(lambda: c.get(17))
+check(code == ErrorCode.STORAGE_ERROR and "offset" in msg and "data" in msg,
+      "get of a bad record: STORAGE_ERROR naming the file and offset (%s)" % msg)
+res = c.multiGet([16, 17, 18, 33, 999])
+check(res[0].found and res[0].value == value(16) and res[2].found and res[2].value == value(18),
+      "multiGet answers the good keys beside a bad one")
+check(not res[1].found and res[1].errorCode == ErrorCode.STORAGE_ERROR and
+      "offset" in (res[1].errorMessage or ""),
+      "multiGet marks only the bad key with its error (%s)" % res[1].errorMessage)
+check(res[3].errorCode == ErrorCode.STORAGE_ERROR and not res[4].found and
+      res[4].errorCode is None, "a second bad key is marked; a missing key is just not found")
+s = c.scan(0, 1000, False)
+keys = [p.key for p in s.pairs]
+check(s.done and keys == [k for k in KEYS if k not in (17, 33)] and
+      all(p.value == value(p.key) for p in s.pairs),
+      "scan skips the two bad records and returns every other pair intact")
+check(c.stats()["engine.corrupt_records"] >= 2, "the bad records are counted in stats")
+r = cli(port, "admin", "verify")
+out = r.stdout.decode()
+check(r.returncode == 5 and "corrupt 2" in out and "repaired 0" in out and
+      "records %d" % (len(KEYS) - 2) in out and out.count("problem ") == 2 and "offset" in out,
+      "admin verify reports both bad records with file and offset, exit 5: %r" % out[-300:])
+check(cli(port, "admin", "verify", "--no-repair").returncode == 5,
+      "admin verify --no-repair reports the same")
+c.put(17, b"fresh")
+check(c.get(17).value == b"fresh", "a put over a bad record makes the key good again")
+r = cli(port, "admin", "verify")
+check(r.returncode == 5 and "corrupt 1" in r.stdout.decode(), "verify then finds one bad record")
+check(proc.poll() is None, "the standalone server stayed up")
+t.close()
+harness.stop(proc)
+
+# --- A chain of three ---------------------------------------------------
+SESSION_MS = 1500
+MARK = 1 << 40
+zk = harness.ZooKeeper(work)
+
+
+class Member:
+    def __init__(self, name):
+        self.name = name
+        self.port = free_port()
+        self.data = os.path.join(work, name)
+        self.log = os.path.join(work, name + ".log")
+        self.proc = harness.start_member(
+            server_bin, self.port, self.data, zk, MARK, *NO_CACHE,
+            "--set", "storage.key_max=1000000", log=self.log, session_timeout_ms=SESSION_MS)
+
+    def call(self, fn, timeout_ms=10000):
+        c, t = harness.client(self.port, timeout_ms)
+        try:
+            return fn(c)
+        finally:
+            t.close()
+
+    def role(self):
+        return self.call(lambda c: c.info().role, 2000)
+
+
+def wait_until(what, cond, timeout=30.0):
+    return harness.wait_until(work, what, cond, timeout, 0.05)
+
+
+def chain_size():
+    return sum(1 for c in zk.members() if c.startswith("thriftbinary%d:" % MARK))
+
+
+members = [Member("m0")]
+wait_until("the first member registered", lambda: chain_size() == 1)
+members += [Member("m1"), Member("m2")]
+wait_until("a chain of 3", lambda: chain_size() == 3 and
+           sorted(m.role() for m in members) == ["head", "middle", "tail"])
+role = {m.role(): m for m in members}
+head, middle, tail = role["head"], role["middle"], role["tail"]
+for k in KEYS:
+    head.call(lambda c: c.put(k, value(k)))
+
+
+def repairs():
+    return head.call(lambda c: c.stats()).get("cluster.chain.repairs", -1)
+
+
+# A bad record on the tail, which serves reads: repaired at the first read.
+check(corrupt(tail.data, 10) == 1, "key 10 damaged on the tail")
+before = repairs()
+got = middle.call(lambda c: c.get(10))  # forwarded to the tail
+check(got.found and got.value == value(10), "a read of a key bad on the tail returns its value")
+check(repairs() == before + 1, "the head rewrote the key through the chain")
+check(tail.call(lambda c: c.stats())["engine.corrupt_records"] >= 1,
+      "the tail counted the bad record")
+check(tail.call(lambda c: c.get(10)).value == value(10), "the tail's copy reads good again")
+
+# Bad on the head and the tail: the head takes the middle member's copy.
+check(corrupt(head.data, 20) == 1 and corrupt(tail.data, 20) == 1, "key 20 damaged twice")
+res = tail.call(lambda c: c.multiGet([19, 20, 21]))
+check([r.value for r in res] == [value(19), value(20), value(21)] and
+      all(r.errorCode is None for r in res),
+      "multiGet repairs a key bad on head and tail from the middle member's copy")
+
+# Bad only on the head (no read would meet it): admin verify repairs it.
+check(corrupt(head.data, 30) == 1, "key 30 damaged on the head")
+r = cli(head.port, "admin", "verify")
+out = r.stdout.decode()
+check(r.returncode == 0 and "corrupt 1" in out and "repaired 1" in out,
+      "admin verify on the head finds and repairs the bad record: %r" % out[-300:])
+r = cli(head.port, "admin", "verify")
+check(r.returncode == 0 and "corrupt 0" in r.stdout.decode(), "a second verify finds nothing")
+
+# Bad everywhere: an error, never a wrong value, and the members stay up.
+check(all(corrupt(m.data, 40) == 1 for m in members), "key 40 damaged on every member")
+code, msg = storage_error(lambda: tail.call(lambda c: c.get(40)))
+check(code == ErrorCode.STORAGE_ERROR and "repair" in msg,
+      "a key bad on every member is STORAGE_ERROR saying the repair failed (%s)" % msg)
+
+# Everything else intact everywhere (sync: the tail serves reads; the
+# others' copies through admin verify and the digests).
+good = [k for k in KEYS if k != 40]
+vals = tail.call(lambda c: c.multiGet(good))
+check(all(v.found and v.value == value(k) for k, v in zip(good, vals)),
+      "every other key reads its value from the tail")
+for m in members:
+    r = cli(m.port, "admin", "verify", "--no-repair")
+    check(r.returncode == 5 and "corrupt 1" in r.stdout.decode(),
+          "%s: only key 40 is bad" % m.name)
+head.call(lambda c: c.put(40, value(40)))
+digests = [m.call(lambda c: c.digest("")) for m in members]
+check(len({(d.keys, d.digest) for d in digests}) == 1 and digests[0].keys == len(KEYS),
+      "equal digests across the chain after the rewrite of key 40")
+check(all(m.proc.poll() is None for m in members), "every member stayed up")
+harness.finish(work)
