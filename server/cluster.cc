@@ -471,7 +471,18 @@ Status Cluster::StartRemoveMark(int64_t removed) {
   for (const partition::HashRange& r : ring->KeyOrder()) {
     if (r.partition == at) change.ranges.emplace_back(r.lo, r.hi);
   }
-  FLATKV_RETURN_IF_ERROR(registry_->CreateChange(change));
+  if (const partition::RingChange* now = ring->change();
+      now != nullptr && now->kind == "remove" && now->mark == removed) {
+    return Status::OK();  // asked again (a retry after a timeout): it runs
+  }
+  Status st = registry_->CreateChange(change);
+  if (st.IsBusy()) {
+    // Ours from an earlier attempt that timed out, or another change.
+    const auto again = registry_->ring();
+    const partition::RingChange* now = again ? again->change() : nullptr;
+    if (now != nullptr && now->kind == "remove" && now->mark == removed) return Status::OK();
+  }
+  FLATKV_RETURN_IF_ERROR(st);
   spdlog::info("ring change: removing mark {}: {}", removed, change.ToJson());
   return Status::OK();
 }

@@ -44,11 +44,7 @@ class Instance:
             log=os.path.join(work, name + ".log"), session_timeout_ms=1500)
 
     def call(self, fn):
-        c, t = harness.client(self.port, 10000)
-        try:
-            return fn(c)
-        finally:
-            t.close()
+        return harness.call(self.port, fn, 10000)
 
     def health(self):
         h = http.client.HTTPConnection("127.0.0.1", self.http, timeout=5)
