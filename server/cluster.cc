@@ -824,6 +824,7 @@ void Cluster::Describe(rpc::RingInfo* info) const {
   info->version = ring->version();
   info->hashBound = ring->settings().hash_bound;
   info->replication = ring->settings().replication;
+  if (const partition::RingChange* change = ring->change()) info->__set_change(change->ToJson());
   for (const partition::Partition& p : ring->partitions()) {
     rpc::Partition out;
     out.mark = p.mark;
