@@ -871,6 +871,21 @@ int Cli::PrintRing(const Operands&) {
     }
     PrintJoiners(p);
   }
+  if (const partition::RingChange* c = ring->change()) {
+    std::string moving;
+    for (const auto& [lo, hi] : c->ranges) {
+      moving += (moving.empty() ? "[" : " [") + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    }
+    if (c->kind == "add") {
+      std::printf("ring change: adding mark %lld, importing %s from mark %lld (importer %s, state %s)\n",
+                  static_cast<long long>(c->mark), moving.c_str(), static_cast<long long>(c->source),
+                  c->importer.c_str(), c->state.c_str());
+    } else {
+      std::printf("ring change: removing mark %lld, mark %lld takes %s (importer %s, state %s)\n",
+                  static_cast<long long>(c->mark), static_cast<long long>(c->into), moving.c_str(),
+                  c->importer.c_str(), c->state.c_str());
+    }
+  }
   return kExitOk;
 }
 

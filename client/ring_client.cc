@@ -29,7 +29,11 @@ std::shared_ptr<const partition::Ring> RingFromInfo(const rpc::RingInfo& info) {
       regs.push_back({p.mark, partition::Member{m.host, m.port, ++order}});
     }
   }
-  return partition::Ring::Make(info.version, settings, std::move(marks), std::move(regs));
+  std::optional<partition::RingChange> change;
+  partition::RingChange c;
+  if (info.__isset.change && partition::RingChange::FromJson(info.change, &c).ok()) change = c;
+  return partition::Ring::Make(info.version, settings, std::move(marks), std::move(regs), {},
+                               std::move(change));
 }
 
 RingClient::RingClient(RingClientOptions options) : options_(std::move(options)) {}

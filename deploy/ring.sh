@@ -32,13 +32,12 @@
 # `up` prints the integer key range of each mark. (Marks spread over the
 # whole signed i64 space would leave the negative marks owning no key.)
 #
-# Replicas: R > 1 starts R members per mark (a chain, head first in start
-# order), but until chain replication lands (issue 10) only the head of each
-# mark holds data and serves; the other members are registered and idle.
-# A member that restarts rejoins at the tail, so restarting a head hands its
-# mark to a member without its data: with R > 1, restart the whole ring
-# (down, up: it registers replica 0 of every mark first, then 1, ...)
-# rather than one head.
+# Replicas: R > 1 starts R members per mark: a chain (head first, in start
+# order) replicating every write (cluster.replication, sync by default). A
+# member that restarts catches up from the tail and rejoins at the tail.
+# To add a mark later, start an instance with a new cluster.mark: it imports
+# its range from the mark that owns it, then registers (README, "Adding a
+# mark live"); `flatkv admin remove-mark M` removes one.
 #
 # Files under D: zk/ (ZooKeeper's config, data and log), ring.env (the
 # layout, read by status and down), and per instance node-<p>-<r>/ with data/

@@ -1228,12 +1228,18 @@ Status Registry::RecordChain(const std::vector<std::string>& members, int64_t ri
   return impl_->Submit(request, impl_->opt_.session_timeout_ms, "recording the chain");
 }
 
+// A ring change is no lease: its writes may wait out a short disconnection
+// (a request not started by then is taken back and never takes effect).
+static int ChangeTimeoutMs(const RegistryOptions& o) {
+  return std::max(o.session_timeout_ms * 2, 10000);
+}
+
 Status Registry::CreateChange(const RingChange& change) {
   auto request = std::make_shared<Request>();
   request->kind = Request::Kind::kChange;
   request->change_op = Request::ChangeOp::kCreate;
   request->change = change;
-  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "creating the ring change");
+  return impl_->Submit(request, ChangeTimeoutMs(impl_->opt_), "creating the ring change");
 }
 
 Status Registry::UpdateChange(const RingChange& change) {
@@ -1241,7 +1247,7 @@ Status Registry::UpdateChange(const RingChange& change) {
   request->kind = Request::Kind::kChange;
   request->change_op = Request::ChangeOp::kSet;
   request->change = change;
-  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "updating the ring change");
+  return impl_->Submit(request, ChangeTimeoutMs(impl_->opt_), "updating the ring change");
 }
 
 Status Registry::DeleteMark(int64_t mark) {
@@ -1249,7 +1255,7 @@ Status Registry::DeleteMark(int64_t mark) {
   request->kind = Request::Kind::kChange;
   request->change_op = Request::ChangeOp::kDeleteMark;
   request->change.mark = mark;
-  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "deleting a mark");
+  return impl_->Submit(request, ChangeTimeoutMs(impl_->opt_), "deleting a mark");
 }
 
 Status Registry::DeleteChange(const RingChange& change) {
@@ -1257,14 +1263,14 @@ Status Registry::DeleteChange(const RingChange& change) {
   request->kind = Request::Kind::kChange;
   request->change_op = Request::ChangeOp::kDelete;
   request->change = change;
-  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "deleting the ring change");
+  return impl_->Submit(request, ChangeTimeoutMs(impl_->opt_), "deleting the ring change");
 }
 
 Status Registry::AbortChange() {
   auto request = std::make_shared<Request>();
   request->kind = Request::Kind::kChange;
   request->change_op = Request::ChangeOp::kAbort;
-  return impl_->Submit(request, impl_->opt_.session_timeout_ms, "aborting the ring change");
+  return impl_->Submit(request, ChangeTimeoutMs(impl_->opt_), "aborting the ring change");
 }
 
 Status Registry::Ping(int timeout_ms) {

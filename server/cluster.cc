@@ -471,7 +471,18 @@ Status Cluster::StartRemoveMark(int64_t removed) {
   for (const partition::HashRange& r : ring->KeyOrder()) {
     if (r.partition == at) change.ranges.emplace_back(r.lo, r.hi);
   }
-  FLATKV_RETURN_IF_ERROR(registry_->CreateChange(change));
+  if (const partition::RingChange* now = ring->change();
+      now != nullptr && now->kind == "remove" && now->mark == removed) {
+    return Status::OK();  // asked again (a retry after a timeout): it runs
+  }
+  Status st = registry_->CreateChange(change);
+  if (st.IsBusy()) {
+    // Ours from an earlier attempt that timed out, or another change.
+    const auto again = registry_->ring();
+    const partition::RingChange* now = again ? again->change() : nullptr;
+    if (now != nullptr && now->kind == "remove" && now->mark == removed) return Status::OK();
+  }
+  FLATKV_RETURN_IF_ERROR(st);
   spdlog::info("ring change: removing mark {}: {}", removed, change.ToJson());
   return Status::OK();
 }
@@ -813,6 +824,7 @@ void Cluster::Describe(rpc::RingInfo* info) const {
   info->version = ring->version();
   info->hashBound = ring->settings().hash_bound;
   info->replication = ring->settings().replication;
+  if (const partition::RingChange* change = ring->change()) info->__set_change(change->ToJson());
   for (const partition::Partition& p : ring->partitions()) {
     rpc::Partition out;
     out.mark = p.mark;

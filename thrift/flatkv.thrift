@@ -97,6 +97,9 @@ struct RingInfo {
   2: i64 hashBound,      // string key hash = XXH64(key, seed 0) mod hashBound
   3: string replication, // sync | async
   4: list<Partition> partitions,  // by mark, ascending
+  // The ring change in progress (<service_path>/.cluster/change's JSON:
+  // adding or removing a mark), if any.
+  5: optional string change,
 }
 
 // Carried by every call between instances (never by a client).

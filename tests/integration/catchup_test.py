@@ -35,13 +35,7 @@ def member(name, *extra):
     return port, proc
 
 
-def call(port, fn):
-    c, t = harness.client(port, 10000)
-    try:
-        return fn(c)
-    finally:
-        t.close()
-
+call = harness.call
 
 def wait_until(what, cond, timeout=60.0):
     return harness.wait_until(work, what, cond, timeout, 0.05)

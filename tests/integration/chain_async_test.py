@@ -56,11 +56,7 @@ class Member:
             log=self.log, session_timeout_ms=SESSION_MS)
 
     def call(self, fn, timeout_ms=10000):
-        c, t = harness.client(self.port, timeout_ms)
-        try:
-            return fn(c)
-        finally:
-            t.close()
+        return harness.call(self.port, fn, timeout_ms)
 
 
 members = [Member("m%d" % i) for i in range(3)]

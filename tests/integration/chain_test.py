@@ -72,11 +72,7 @@ class Member:
         self.proc.wait()
 
     def call(self, fn, timeout_ms=3000):
-        c, t = harness.client(self.port, timeout_ms)
-        try:
-            return fn(c)
-        finally:
-            t.close()
+        return harness.call(self.port, fn, timeout_ms)
 
 
 members = {m: [Member("%s%d" % (n, i), m) for i in range(3)]

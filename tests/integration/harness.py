@@ -229,6 +229,15 @@ def wait_ring(ports, expected, timeout=10.0):
     return None
 
 
+def call(port, fn, timeout_ms=10000):
+    """fn(client) on a fresh connection to the instance on "port", closed after."""
+    c, t = client(port, timeout_ms)
+    try:
+        return fn(c)
+    finally:
+        t.close()
+
+
 def wait_until(work, what, cond, timeout=30.0, step=0.05, on_fail=None):
     """Calls cond() every "step" seconds (an exception counts as False)
     until it is true and returns the seconds that took; after "timeout"

@@ -44,11 +44,7 @@ class Instance:
             log=os.path.join(work, name + ".log"), session_timeout_ms=1500)
 
     def call(self, fn):
-        c, t = harness.client(self.port, 10000)
-        try:
-            return fn(c)
-        finally:
-            t.close()
+        return harness.call(self.port, fn, 10000)
 
     def health(self):
         h = http.client.HTTPConnection("127.0.0.1", self.http, timeout=5)
@@ -156,6 +152,10 @@ dead = (b'{"kind": "add", "mark": 2500, "into": 2500, "source": 1000, '
 a.call(lambda c: c.put(2100, b"before"))
 kz.create("/flatkv/.cluster/change", dead % b"copy")
 wait_until("A sees the change", lambda: error_code(lambda: a.call(lambda c: c.put(2101, b"probe"))) == ErrorCode.UNAVAILABLE, 10)
+out = subprocess.run([cli_bin, "--port", str(b.port), "ring"], capture_output=True,
+                     timeout=30).stdout.decode()
+check("ring change: adding mark 2500, importing [1800, 2499] from mark 1000 (importer "
+      "127.0.0.1:1, state copy)" in out, "`flatkv ring` shows the change in progress: %r" % out)
 check(error_code(lambda: b.call(lambda c: c.put(2100, b"during"))) == ErrorCode.UNAVAILABLE and
       b.call(lambda c: c.get(2100)).value == b"before",
       "a change whose importer is gone: writes to its ranges UNAVAILABLE, reads served")

@@ -44,11 +44,7 @@ class Member:
             session_timeout_ms=1500)
 
     def call(self, fn):
-        c, t = harness.client(self.port, 10000)
-        try:
-            return fn(c)
-        finally:
-            t.close()
+        return harness.call(self.port, fn, 10000)
 
 
 def wait_until(what, cond, timeout=60.0):

@@ -137,11 +137,7 @@ class Member:
             "--set", "storage.key_max=1000000", log=self.log, session_timeout_ms=SESSION_MS)
 
     def call(self, fn, timeout_ms=10000):
-        c, t = harness.client(self.port, timeout_ms)
-        try:
-            return fn(c)
-        finally:
-            t.close()
+        return harness.call(self.port, fn, timeout_ms)
 
     def role(self):
         return self.call(lambda c: c.info().role, 2000)

@@ -68,11 +68,7 @@ class Member:
         self.proc.wait()
 
     def call(self, fn, timeout_ms=10000):
-        c, t = harness.client(self.port, timeout_ms)
-        try:
-            return fn(c)
-        finally:
-            t.close()
+        return harness.call(self.port, fn, timeout_ms)
 
 
 def wait_until(what, cond, timeout=60.0):
