@@ -336,7 +336,10 @@ Status Cluster::FinishImport(partition::RingChange change) {
   Target head;
   FLATKV_RETURN_IF_ERROR(RouteTo(*ring, source_index, /*write=*/true, &head));
   int64_t dropped = 0;
-  for (const auto& [lo, hi] : change.ranges) {
+  for (const auto& range : change.ranges) {
+    // Plain copies: clang 14 (the fuzz build) cannot capture structured bindings.
+    const auto lo = range.first;
+    const auto hi = range.second;
     for (int64_t n = 1; n > 0;) {
       FLATKV_RETURN_IF_ERROR(Forward(head, "peerDrop", true, [&](rpc::FlatKVClient& c) {
         n = c.peerDrop(head.context, lo, hi, 20000);
