@@ -1,5 +1,8 @@
 #include "server/handler.h"
 
+#include <cstring>
+#include <type_traits>
+
 #include <spdlog/spdlog.h>
 
 namespace flatkv::server {
@@ -332,12 +335,19 @@ bool Handler::sremove(const std::string& key) {
   return existed;
 }
 
-void Handler::setWriteMode(const std::string& token, rpc::WriteMode::type mode) {
+void Handler::setWriteMode(const std::string& token, rpc::WriteMode::type mode_arg) {
+  // The generated code stores any i32 from the wire in the enum; loading a
+  // value outside its range as the enum is undefined behaviour (found by
+  // tests/fuzz/server_fuzz: mode 258), so it is read back as its integer.
+  std::underlying_type_t<rpc::WriteMode::type> raw;
+  static_assert(sizeof(raw) == sizeof(mode_arg));
+  std::memcpy(&raw, &mode_arg, sizeof(raw));
   Run(kSetWriteMode, [&] {
     CheckAdmin(token);
-    if (mode != rpc::WriteMode::SAFE && mode != rpc::WriteMode::ASYNC) {
-      throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "unknown write mode " + std::to_string(mode));
+    if (raw != rpc::WriteMode::SAFE && raw != rpc::WriteMode::ASYNC) {
+      throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "unknown write mode " + std::to_string(raw));
     }
+    const auto mode = static_cast<rpc::WriteMode::type>(raw);
     Status st = cache_->SetMode(mode == rpc::WriteMode::SAFE ? engine::cache::WriteMode::kSafe
                                                               : engine::cache::WriteMode::kAsync);
     if (!st.ok()) ThrowKvError(st);
