@@ -10,11 +10,11 @@
 # tests/fuzz/<target>/regressions/ (replayed by ctest in every build).
 # Usage: bash deploy/fuzz.sh [SECONDS] [TARGET...]
 #        bash deploy/fuzz.sh --smoke [TARGET...]
-# --smoke (the README's test command, so CI): a reproducible run instead of
-# a timed one: -seed=1 and a fixed number of runs per target (about 10 s
-# each on a 2-core VM), from the checked-in seeds only. The same build finds
-# the same thing on every machine, and a finding replays with the command
-# it prints; new bugs are hunted by timed runs, not by CI.
+# --smoke (the README's test command, so CI): -seed=1 and a fixed number of
+# runs per target (about 10 s each on a 2-core VM) instead of a time, from
+# the checked-in seeds only: the same work on every machine and mostly the
+# same inputs (libFuzzer's schedule is not exactly deterministic). New bugs
+# are hunted by timed runs, not met by chance in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
