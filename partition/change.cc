@@ -132,19 +132,30 @@ ChangeStep ChangeMachine::Wait(std::string reason) {
   return s;
 }
 
+bool ChangeMachine::Listed(const Ring& ring) const {
+  const Partition* own = ring.Find(mark_);
+  return own != nullptr && std::any_of(own->chain.begin(), own->chain.end(),
+                                       [&](const Member& m) { return m.address() == self_; });
+}
+
+ChangeStep ChangeMachine::Register(bool create_mark, const RingChange& change) {
+  if (asked_ == (create_mark ? Asked::kCreate : Asked::kPlain)) {
+    return Wait("waiting for this member to be listed in the ring");
+  }
+  ChangeStep s = Step(ChangeStep::kRegister, change);
+  s.create_mark = create_mark;
+  return s;
+}
+
 ChangeStep ChangeMachine::Next(const Ring& ring, bool head) {
   const RingChange* c = ring.change();
   // A view from before this member deleted its change.
   if (c != nullptr && finished_czxid_ != 0 && c->czxid == finished_czxid_) c = nullptr;
+  if (join_ && !registered_ && asked_ != Asked::kNone && Listed(ring)) registered_ = true;
   if (flipped_) return AfterFlip(ring);
   const bool add = c != nullptr && c->kind == "add" && c->importer == self_ && c->mark == mark_;
   const bool remove =
       c != nullptr && c->kind == "remove" && c->importer == self_ && c->into == mark_;
-  if (!add && join_ && !registered_ && ring.Find(mark_) != nullptr) {
-    // A member of a mark the ring has (a remove's importer too, once its
-    // session expired): registers first.
-    return Step(ChangeStep::kRegister, {});
-  }
   if (add || remove) {
     created_ = false;
     if (c->state != "copy") {
@@ -155,19 +166,24 @@ ChangeStep ChangeMachine::Next(const Ring& ring, bool head) {
       return AfterFlip(ring);
     }
     if (add && ring.Find(mark_) != nullptr) {
-      return Wait("mark " + std::to_string(mark_) +
-                  " is in the ring already while its import is still copying (" + c->ToJson() +
-                  "): abort the change (flatkv admin abort-change)");
+      // Registered meanwhile as a first mark (the ring looked empty): the
+      // import is moot, and a change still copying is always safe to undo.
+      ChangeStep s = Step(ChangeStep::kDelete, *c);
+      s.reason = "moot: mark " + std::to_string(mark_) + " is in the ring already";
+      return s;
     }
+    // A remove's importer whose session expired registers first.
+    if (remove && join_ && !registered_) return Register(false, {});
     return Copy(ring, *c, head);
   }
-  if (!join_ || registered_ || ring.Find(mark_) != nullptr) return ChangeStep();
-  // The add gate: the first mark of an empty ring registers at once.
-  if (ring.empty()) {
-    ChangeStep s = Step(ChangeStep::kRegister, {});
-    s.create_mark = true;
-    return s;
-  }
+  if (!join_ || registered_) return ChangeStep();
+  // A member of a mark the ring has registers (only while the mark's node
+  // exists); the first mark of an empty ring creates it.
+  if (ring.Find(mark_) != nullptr) return Register(false, {});
+  // A ring with no mark yet: this one registers as its first (instances of
+  // a new ring that start together may all do so; nothing is stored yet).
+  if (ring.empty() || asked_ == Asked::kCreate) return Register(true, {});
+  // The add gate.
   if (c != nullptr) {
     created_ = false;
     return Wait("another ring change runs (" + c->ToJson() + "); waiting for it");
@@ -227,16 +243,10 @@ ChangeStep ChangeMachine::Copy(const Ring& ring, const RingChange& change, bool 
 ChangeStep ChangeMachine::AfterFlip(const Ring& ring) {
   const RingChange& c = *flipped_;
   if (c.kind == "add") {
-    if (!registered_) {
-      ChangeStep s = Step(ChangeStep::kRegister, c);
-      s.create_mark = true;
-      return s;
-    }
-    const Partition* own = ring.Find(mark_);
-    const bool listed =
-        own != nullptr && std::any_of(own->chain.begin(), own->chain.end(),
-                                      [&](const Member& m) { return m.address() == self_; });
-    if (!listed) return Wait("ring change: waiting for this member to be listed in the ring");
+    // Asked by this process (a listing may be an earlier process's node
+    // waiting for its session to expire), then listed.
+    if (asked_ != Asked::kCreate || !Listed(ring)) return Register(true, c);
+    registered_ = true;
     if (c.state != "drop") {
       ChangeStep s = Step(ChangeStep::kSetState, c);
       s.change.state = "drop";
@@ -265,7 +275,8 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
     case ChangeStep::kWait:
       return;
     case ChangeStep::kRegister:
-      if (st.ok()) registered_ = true;
+      // Asked; registered once the ring lists this member.
+      asked_ = !st.ok() ? Asked::kNone : step.create_mark ? Asked::kCreate : Asked::kPlain;
       return;
     case ChangeStep::kCreate:
       created_ = st.ok();

@@ -109,7 +109,11 @@ class ChangeMachine {
 
   // This member was asked to register (serving starts, or again after its
   // session expired): an add gate runs until it has.
-  void Join() { join_ = true; registered_ = false; }
+  void Join() {
+    join_ = true;
+    registered_ = false;
+    asked_ = Asked::kNone;
+  }
 
   // The next step, from the newest ring view. "head": this member heads its
   // mark's chain (a remove's import runs only there).
@@ -126,13 +130,17 @@ class ChangeMachine {
  private:
   ChangeStep Copy(const Ring& ring, const RingChange& change, bool head);
   ChangeStep AfterFlip(const Ring& ring);
+  ChangeStep Register(bool create_mark, const RingChange& change);
+  bool Listed(const Ring& ring) const;
   static ChangeStep Step(ChangeStep::Kind kind, const RingChange& change);
   static ChangeStep Wait(std::string reason);
 
   const int64_t mark_;
   const std::string self_;
   bool join_ = false;        // asked to register
-  bool registered_ = false;  // and did
+  bool registered_ = false;  // and the ring listed it
+  enum class Asked { kNone, kPlain, kCreate };
+  Asked asked_ = Asked::kNone;  // the registration last asked for
   bool created_ = false;           // add: this member created the node just now
   // The copy pass in progress: the change's czxid and how far it got.
   int64_t copy_czxid_ = 0;
