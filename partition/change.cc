@@ -154,8 +154,11 @@ ChangeStep ChangeMachine::Next(const Ring& ring, bool head) {
   if (join_ && !registered_ && asked_ != Asked::kNone && Listed(ring)) registered_ = true;
   if (flipped_) return AfterFlip(ring);
   const bool add = c != nullptr && c->kind == "add" && c->importer == self_ && c->mark == mark_;
-  const bool remove =
-      c != nullptr && c->kind == "remove" && c->importer == self_ && c->into == mark_;
+  // A remove is imported by the head of the inheriting mark: the one it
+  // named, or whoever heads that chain now (its head died mid-copy; a stale
+  // head's chain writes are refused by the chain's own fencing).
+  const bool remove = c != nullptr && c->kind == "remove" && c->into == mark_ &&
+                      (c->importer == self_ || head);
   if (add || remove) {
     created_ = false;
     if (c->state != "copy") {

@@ -15,7 +15,7 @@
 //     -> register -> listed in the ring -> state drop -> S drops the ranges
 //     -> delete the node
 //   remove (mark M leaves; the next mark up, I, inherits its ranges; the
-//   head of I imports):
+//   head of I imports, whoever that is when the node is read):
 //     (node created by the admin call, state copy) -> fence M -> copy
 //     through I's chain -> state flip (M's members leave) -> M's member
 //     nodes gone -> delete M's mark node -> delete the change node

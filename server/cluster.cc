@@ -536,8 +536,14 @@ void Cluster::OnRingChange(const partition::Ring& ring) {
     std::lock_guard<std::mutex> lock(gate_mu_);
     running = gate_running_;
   }
-  // A change this member drives, or a machine waiting for a new ring.
-  if (running || (change != nullptr && change->importer == advertise_)) KickChange();
+  // A change this member drives (a remove's: whoever heads the inheriting
+  // mark), or a machine waiting for a new ring.
+  const std::string role = ring.RoleOf(mark(), advertise_);
+  const bool drives =
+      change != nullptr &&
+      (change->importer == advertise_ ||
+       (change->kind == "remove" && change->into == mark() && (role == "head" || role == "single")));
+  if (running || drives) KickChange();
 }
 
 void Cluster::Close() {

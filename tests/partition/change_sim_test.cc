@@ -629,7 +629,10 @@ class Sim {
 
   std::string Describe() const {
     std::string out = "zk marks";
-    for (int64_t m : Zk().marks) out += " " + std::to_string(m);
+    for (int64_t m : Zk().marks) {
+      out += ' ';  // (not " " + to_string: GCC 12 warns falsely, -Wrestrict)
+      out += std::to_string(m);
+    }
     out += ", members";
     for (const auto& [a, n] : Zk().members) out += " " + a;
     if (Zk().change) out += ", change " + Zk().change->ToJson();
