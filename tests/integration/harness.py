@@ -292,3 +292,73 @@ def judge_versioned(key, got, floor, attempted, bad):
         bad.append("key %d: a value nobody wrote: %r" % (key, got[:40]))
     elif v < floor:
         bad.append("key %d: stale read: version %d after %d was acknowledged" % (key, v, floor))
+
+
+class VersionedWriters:
+    """One thread per key set, each putting versioned() values to random
+    keys of its own set (disjoint sets: one writer per key) on a connection
+    to the instance pick_port(rng) names, reopened after a network failure;
+    a KvError is counted by code and the write retried later. Records every
+    version attempted and the newest acknowledged per key. stop() ends and
+    joins them; judge(multiget) reads every acknowledged key back with
+    multiget(keys) -> [GetResult] and returns what breaks judge_versioned."""
+
+    def __init__(self, key_sets, pick_port):
+        import random
+        import threading
+        self.acked, self.attempted, self.errors = {}, {}, {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(keys, pick_port, random.Random(i)),
+                                          daemon=True) for i, keys in enumerate(key_sets)]
+        for th in self._threads:
+            th.start()
+
+    def _run(self, keys, pick_port, rng):
+        conn = None
+        while not self._stop.is_set():
+            key = rng.choice(keys)
+            try:
+                if conn is None:
+                    conn = client(pick_port(rng), 3000)
+                with self._lock:
+                    v = self.attempted.get(key, 0) + 1
+                    self.attempted[key] = v
+                conn[0].put(key, versioned(key, v))
+                with self._lock:
+                    self.acked[key] = max(self.acked.get(key, 0), v)
+            except Exception as e:
+                code = getattr(e, "code", None)
+                if code is None:
+                    conn = None  # the network: another connection
+                with self._lock:
+                    self.errors[code] = self.errors.get(code, 0) + 1
+                time.sleep(0.01 if code is not None else 0.02)
+
+    def stop(self):
+        self._stop.set()
+        for th in self._threads:
+            th.join()
+
+    def judge(self, multiget):
+        keys = sorted(self.acked)
+        bad = []
+        for key, res in zip(keys, multiget(keys)):
+            judge_versioned(key, res.value if res.found else None, self.acked[key],
+                            self.attempted, bad)
+        return bad
+
+
+class Member:
+    """A ring member process "name" of mark "mark" (start_member; its data
+    directory and its log "<name>.log" in "work")."""
+
+    def __init__(self, work, server_bin, zk, name, mark, *extra, session_timeout_ms=1500):
+        self.name = name
+        self.port = free_port()
+        self.proc = start_member(server_bin, self.port, os.path.join(work, name), zk, mark, *extra,
+                                 log=os.path.join(work, name + ".log"),
+                                 session_timeout_ms=session_timeout_ms)
+
+    def call(self, fn, timeout_ms=10000):
+        return call(self.port, fn, timeout_ms)

@@ -15,11 +15,9 @@ reads its newest value through b1.
 
 Usage: remove_failover_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT"""
 import os
-import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import harness
@@ -27,31 +25,28 @@ from harness import check, free_port
 
 server_bin, cli_bin, thrift_bin, idl = sys.argv[1:5]
 work = harness.workdir("flatkv-remove-failover-", thrift_bin, idl)
-from flatkv.ttypes import KvError, KvPair  # noqa: E402
+from flatkv.ttypes import KvPair  # noqa: E402
 
 import logging  # noqa: E402
 logging.getLogger("thrift").setLevel(logging.CRITICAL)
 
 A, B = 1000, 2000
 zk = harness.ZooKeeper(work)
-stop = threading.Event()
+writers = None
 
 
-class Member:
-    def __init__(self, name, mark):
-        self.name = name
-        self.port = free_port()
-        self.proc = harness.start_member(
-            server_bin, self.port, os.path.join(work, name), zk, mark,
-            "--set", "storage.key_max=3000", "--set", "cluster.migrate_mb_per_sec=1",
-            log=os.path.join(work, name + ".log"), session_timeout_ms=1500)
+def writers_stop():
+    if writers is not None:
+        writers.stop()
 
-    def call(self, fn):
-        return harness.call(self.port, fn, 10000)
+
+def Member(name, mark):
+    return harness.Member(work, server_bin, zk, name, mark, "--set", "storage.key_max=3000",
+                          "--set", "cluster.migrate_mb_per_sec=1")
 
 
 def wait_until(what, cond, timeout=60.0):
-    return harness.wait_until(work, what, cond, timeout, 0.1, on_fail=stop.set)
+    return harness.wait_until(work, what, cond, timeout, 0.1, on_fail=writers_stop)
 
 
 def ring(member):
@@ -72,35 +67,9 @@ items = sorted(preloaded.items())
 for i in range(0, len(items), 100):
     b0.call(lambda c: c.multiPut([KvPair(k, v) for k, v in items[i:i + 100]]))
 
-lock = threading.Lock()
-acked, attempted, bad = {}, {}, []
-writer_keys = [list(range(i * 10 + 1, 3000, 40)) for i in range(3)]  # disjoint, both marks
-
-
-def writer(index):
-    r = random.Random(index)
-    conn = None
-    while not stop.is_set():
-        key = r.choice(writer_keys[index])
-        try:
-            if conn is None:
-                conn = harness.client(b1.port, 3000)  # b1 lives through the test
-            with lock:
-                v = attempted.get(key, 0) + 1
-                attempted[key] = v
-            conn[0].put(key, harness.versioned(key, v))
-            with lock:
-                acked[key] = max(acked.get(key, 0), v)
-        except KvError:
-            time.sleep(0.01)
-        except Exception:
-            conn = None
-            time.sleep(0.02)
-
-
-threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(3)]
-for th in threads:
-    th.start()
+# b1 lives through the test: every writer calls it.
+writers = harness.VersionedWriters([list(range(i * 10 + 1, 3000, 40)) for i in range(3)],
+                                   lambda rng: b1.port)
 time.sleep(0.5)
 
 r = subprocess.run([cli_bin, "--port", str(b1.port), "admin", "remove-mark", str(A)],
@@ -121,15 +90,11 @@ check("change" not in zk.children("/flatkv/.cluster") and
       str(A) not in zk.children("/flatkv/.cluster/marks"),
       "the change node and mark 1000's node are gone")
 time.sleep(0.3)
-stop.set()
-for th in threads:
-    th.join()
-keys = sorted(acked)
-got = b1.call(lambda c: c.multiGet(keys))
-for key, res in zip(keys, got):
-    harness.judge_versioned(key, res.value if res.found else None, acked[key], attempted, bad)
+writers.stop()
+bad = writers.judge(lambda keys: b1.call(lambda c: c.multiGet(keys)))
 check(not bad, "every acknowledged write (%d keys) reads its newest version through b1: %s" %
-      (len(keys), bad[:5]))
+      (len(writers.acked), bad[:5]))
+attempted = writers.attempted
 pk = [k for k in sorted(preloaded) if k not in attempted]
 wrong = []
 for i in range(0, len(pk), 200):

@@ -13,10 +13,8 @@ write reads its newest version through B, and so does every preloaded key.
 
 Usage: remove_mark_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT"""
 import os
-import random
 import subprocess
 import sys
-import threading
 import time
 
 import harness
@@ -24,31 +22,27 @@ from harness import check, free_port
 
 server_bin, cli_bin, thrift_bin, idl = sys.argv[1:5]
 work = harness.workdir("flatkv-remove-mark-", thrift_bin, idl)
-from flatkv.ttypes import KvError, KvPair  # noqa: E402
+from flatkv.ttypes import KvPair  # noqa: E402
 
 import logging  # noqa: E402
 logging.getLogger("thrift").setLevel(logging.CRITICAL)
 
 A, B = 1000, 2000
 zk = harness.ZooKeeper(work)
-stop = threading.Event()
+writers = None
 
 
-class Member:
-    def __init__(self, name, mark):
-        self.name = name
-        self.port = free_port()
-        self.proc = harness.start_member(
-            server_bin, self.port, os.path.join(work, name), zk, mark,
-            "--set", "storage.key_max=3000", log=os.path.join(work, name + ".log"),
-            session_timeout_ms=1500)
+def writers_stop():
+    if writers is not None:
+        writers.stop()
 
-    def call(self, fn):
-        return harness.call(self.port, fn, 10000)
+
+def Member(name, mark):
+    return harness.Member(work, server_bin, zk, name, mark, "--set", "storage.key_max=3000")
 
 
 def wait_until(what, cond, timeout=60.0):
-    return harness.wait_until(work, what, cond, timeout, 0.1, on_fail=stop.set)
+    return harness.wait_until(work, what, cond, timeout, 0.1, on_fail=writers_stop)
 
 
 def ring():
@@ -65,35 +59,9 @@ wait_until("A's chain of two", lambda: ring()[A] == [a0.port, a1.port])
 preloaded = {k: b"pre%d" % k for k in range(0, 3000, 7)}
 b0.call(lambda c: c.multiPut([KvPair(k, v) for k, v in preloaded.items()]))
 
-lock = threading.Lock()
-acked, attempted, bad = {}, {}, []
-writer_keys = [list(range(i * 10 + 1, 3000, 40)) for i in range(4)]  # disjoint, both marks
-
-
-def writer(index):
-    r = random.Random(index)
-    conn = None
-    while not stop.is_set():
-        key = r.choice(writer_keys[index])
-        try:
-            if conn is None:
-                conn = harness.client(b0.port if r.random() < 0.5 else a0.port, 3000)
-            with lock:
-                v = attempted.get(key, 0) + 1
-                attempted[key] = v
-            conn[0].put(key, harness.versioned(key, v))
-            with lock:
-                acked[key] = max(acked.get(key, 0), v)
-        except KvError:
-            time.sleep(0.01)
-        except Exception:
-            conn = None  # A's members exit: connect to B
-            time.sleep(0.02)
-
-
-threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(4)]
-for th in threads:
-    th.start()
+# Writers on keys of both marks, through B or A (A's members exit: then B).
+writers = harness.VersionedWriters([list(range(i * 10 + 1, 3000, 40)) for i in range(4)],
+                                   lambda rng: b0.port if rng.random() < 0.5 else a0.port)
 time.sleep(1.0)
 
 # Another change recorded: refused, naming it.
@@ -125,15 +93,12 @@ check(str(A) not in zk.children("/flatkv/.cluster/marks") and
       "change" not in zk.children("/flatkv/.cluster"),
       "mark 1000 left .cluster/marks and the change node is gone")
 time.sleep(0.5)
-stop.set()
-for th in threads:
-    th.join()
-keys = sorted(acked)
-got = b0.call(lambda c: c.multiGet(keys))
-for key, res in zip(keys, got):
-    harness.judge_versioned(key, res.value if res.found else None, acked[key], attempted, bad)
+writers.stop()
+bad = writers.judge(lambda keys: b0.call(lambda c: c.multiGet(keys)))
 check(not bad, "every acknowledged write (%d keys) reads its newest version through B: %s" %
-      (len(keys), bad[:5]))
+      (len(writers.acked), bad[:5]))
+attempted = writers.attempted
+keys = sorted(writers.acked)
 pk = [k for k in sorted(preloaded) if k not in attempted]
 got = b0.call(lambda c: c.multiGet(pk))
 check(all(res.value == preloaded[k] for k, res in zip(pk, got)),
