@@ -1,10 +1,16 @@
 // The wire contract of FlatKV (shared/DESIGN.md, "Service contract"). Binary
 // protocol, framed transport, service FlatKV. Field ids and enum values are
 // forever: add, never renumber or reuse. C++ is generated into the build tree
-// (thrift --gen cpp:no_skeleton,moveable_types); Python with thrift --gen py.
+// (thrift --gen cpp:no_skeleton,moveable_types); Python with thrift --gen py,
+// Java and Go by client/examples/. Field names are not on the wire, but they
+// are identifiers in every generated language: no parameter may be called
+// `ctx` (Thrift 0.17's Go code passes a context.Context named ctx first and
+// would not compile).
 
 namespace cpp flatkv.rpc
 namespace py flatkv
+namespace java flatkv.rpc
+namespace go flatkv
 
 // Why a call failed. Not found is not an error (GetResult.found = false).
 enum ErrorCode {
@@ -226,57 +232,57 @@ service FlatKV {
 
   // Calls between instances: a call forwarded by the instance a client
   // called to the partition that owns the key. They are served only by a
-  // member of ctx.mark that owns the key in its own ring, and never
+  // member of peer.mark that owns the key in its own ring, and never
   // forwarded again: anything else is NOT_OWNER (the sender re-reads the
-  // ring and retries once). A wrong ctx.token is UNAUTHORIZED.
-  GetResult peerGet(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
-  void peerPut(1: required PeerContext ctx, 2: required i64 key, 3: required binary value) throws (1: KvError err),
-  bool peerRemove(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
-  void peerAppend(1: required PeerContext ctx, 2: required i64 key, 3: required binary value) throws (1: KvError err),
-  list<GetResult> peerMultiGet(1: required PeerContext ctx, 2: required list<i64> keys) throws (1: KvError err),
-  void peerMultiPut(1: required PeerContext ctx, 2: required list<KvPair> pairs) throws (1: KvError err),
-  // Key order within the hash range [lo, hi] (inclusive), which ctx.mark
+  // ring and retries once). A wrong peer.token is UNAUTHORIZED.
+  GetResult peerGet(1: required PeerContext peer, 2: required i64 key) throws (1: KvError err),
+  void peerPut(1: required PeerContext peer, 2: required i64 key, 3: required binary value) throws (1: KvError err),
+  bool peerRemove(1: required PeerContext peer, 2: required i64 key) throws (1: KvError err),
+  void peerAppend(1: required PeerContext peer, 2: required i64 key, 3: required binary value) throws (1: KvError err),
+  list<GetResult> peerMultiGet(1: required PeerContext peer, 2: required list<i64> keys) throws (1: KvError err),
+  void peerMultiPut(1: required PeerContext peer, 2: required list<KvPair> pairs) throws (1: KvError err),
+  // Key order within the hash range [lo, hi] (inclusive), which peer.mark
   // owns whole; otherwise as scan.
-  ScanResult peerScan(1: required PeerContext ctx, 2: required i64 fromKey, 3: required i32 limit, 4: required bool reverse, 5: required i64 lo, 6: required i64 hi) throws (1: KvError err),
+  ScanResult peerScan(1: required PeerContext peer, 2: required i64 fromKey, 3: required i32 limit, 4: required bool reverse, 5: required i64 lo, 6: required i64 hi) throws (1: KvError err),
   // Insertion order over this partition's store (a cursor of scanLog's
   // standalone form).
-  LogScanResult peerScanLog(1: required PeerContext ctx, 2: required binary cursor, 3: required i32 limit) throws (1: KvError err),
-  GetResult peerSGet(1: required PeerContext ctx, 2: required binary key) throws (1: KvError err),
-  void peerSPut(1: required PeerContext ctx, 2: required binary key, 3: required binary value) throws (1: KvError err),
-  bool peerSRemove(1: required PeerContext ctx, 2: required binary key) throws (1: KvError err),
+  LogScanResult peerScanLog(1: required PeerContext peer, 2: required binary cursor, 3: required i32 limit) throws (1: KvError err),
+  GetResult peerSGet(1: required PeerContext peer, 2: required binary key) throws (1: KvError err),
+  void peerSPut(1: required PeerContext peer, 2: required binary key, 3: required binary value) throws (1: KvError err),
+  bool peerSRemove(1: required PeerContext peer, 2: required binary key) throws (1: KvError err),
 
   // Chain replication: one message from member "sender" (host:port) of
-  // ctx.mark to this member. Answered once handled (applied, for writes);
+  // peer.mark to this member. Answered once handled (applied, for writes);
   // its effects (acks, resends) travel as calls of their own.
-  void peerChain(1: required PeerContext ctx, 2: required string sender, 3: required ChainFrame frame) throws (1: KvError err),
+  void peerChain(1: required PeerContext peer, 2: required string sender, 3: required ChainFrame frame) throws (1: KvError err),
   // A page of the snapshot stream from "sender"; returns the stream's token.
   // NOT_OWNER (not expected from "sender", or replaced by a later stream):
   // the sender stops.
-  i64 peerSnapshot(1: required PeerContext ctx, 2: required string sender, 3: required SnapshotPage page) throws (1: KvError err),
+  i64 peerSnapshot(1: required PeerContext peer, 2: required string sender, 3: required SnapshotPage page) throws (1: KvError err),
 
   // Admin: this member's digest (admin.token when one is configured).
   Digest digest(1: required string token) throws (1: KvError err),
-  // Read repair: served by the head of ctx.mark's chain for a member whose
+  // Read repair: served by the head of peer.mark's chain for a member whose
   // copy of "key" fails its checksum. The head rewrites the key through the
   // chain with its newest value (its own copy, a write not yet committed,
   // or another member's copy) and answers that value once the chain has
   // acknowledged the rewrite.
-  GetResult peerRepair(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
+  GetResult peerRepair(1: required PeerContext peer, 2: required i64 key) throws (1: KvError err),
   // The records of this member's store whose hash lies in [lo, hi]
-  // (inclusive; ctx.mark must own all of it): for a new mark that takes the
+  // (inclusive; peer.mark must own all of it): for a new mark that takes the
   // range over. At most "limit" records per page (fewer, even none, with
   // done = false: a page's work is bounded).
-  ExportPage peerExport(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required binary cursor, 5: required i32 limit) throws (1: KvError err),
-  // A ring change (.cluster/change) moving keys from ctx.mark to a new
-  // mark, served by the head of ctx.mark. peerFence: re-reads the ring and
+  ExportPage peerExport(1: required PeerContext peer, 2: required i64 lo, 3: required i64 hi, 4: required binary cursor, 5: required i32 limit) throws (1: KvError err),
+  // A ring change (.cluster/change) moving keys from peer.mark to a new
+  // mark, served by the head of peer.mark. peerFence: re-reads the ring and
   // answers once every write this mark accepted before it saw the change is
   // committed; from then on the change's ranges hold still here (writes to
   // them are UNAVAILABLE) until the new mark serves them.
-  void peerFence(1: required PeerContext ctx) throws (1: KvError err),
+  void peerFence(1: required PeerContext peer) throws (1: KvError err),
   // Once the new mark serves [lo, hi] (this mark no longer owns any of it):
   // removes up to "limit" keys this mark still holds there, through its
   // chain, and returns how many (0: none left).
-  i64 peerDrop(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
+  i64 peerDrop(1: required PeerContext peer, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
   // Admin (any ring member): removes "mark" from the ring: its keys move to
   // the next mark up, then its members stop serving and exit. Returns once
   // the change is recorded (.cluster/change); it runs in the background.
