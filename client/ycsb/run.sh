@@ -39,7 +39,7 @@ jar=$out/flatkv-ycsb.jar
 if [[ -z "${FLATKV_YCSB_BUILD:-}" ]] &&
    { [[ ! -f "$jar" ]] || [[ -n "$(find "$here/src" "$here/pom.xml" "$here/../../thrift/flatkv.thrift" -newer "$jar" -print -quit)" ]]; }; then
   echo "run.sh: building the binding (Maven) into $out" >&2
-  mvn -B -q -f "$here/pom.xml" package -Dflatkv.out="$out" >&2
+  mvn -B -q -Dstyle.color=never -f "$here/pom.xml" package -Dflatkv.out="$out" >&2
 fi
 [[ -f "$jar" ]] || { echo "run.sh: $jar is missing (build it first)" >&2; exit 2; }
 
