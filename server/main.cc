@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <thrift/concurrency/ThreadFactory.h>
@@ -495,7 +496,13 @@ int main(int argc, char** argv) {
   }
   if (!config.log_file.empty()) {
     try {
-      spdlog::set_default_logger(spdlog::basic_logger_mt("flatkv", config.log_file));
+      // Rotation by size: past log.max_size the file becomes NAME.1.EXT (the
+      // older ones shift up, the one past log.max_files is deleted).
+      spdlog::set_default_logger(
+          config.log_max_size == 0
+              ? spdlog::basic_logger_mt("flatkv", config.log_file)
+              : spdlog::rotating_logger_mt("flatkv", config.log_file, config.log_max_size,
+                                           static_cast<size_t>(config.log_max_files)));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "flatkv-server: bad configuration: log.file: %s\n", e.what());
       return kExitBadConfig;
