@@ -1,5 +1,7 @@
 #include "server/handler.h"
 
+#include <sys/statvfs.h>
+
 #include <cstring>
 #include <type_traits>
 
@@ -427,6 +429,22 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["engine.bytes_appended"] = static_cast<int64_t>(e.bytes_appended);
   result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
   result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
+  result["engine.live_bytes"] = static_cast<int64_t>(store_->LiveBytesEstimate());
+  // Compaction progress, as compactionStatus() gives it (percent in
+  // hundredths: stats are integers).
+  const engine::CompactionStatus cs = store_->GetCompactionStatus();
+  result["compaction.running"] = cs.running ? 1 : 0;
+  result["compaction.percent_x100"] = static_cast<int64_t>(cs.percent * 100);
+  result["compaction.round_done_bytes"] = static_cast<int64_t>(cs.bytes_done);
+  result["compaction.round_bytes"] = static_cast<int64_t>(cs.bytes_total);
+  result["compaction.tables_compacted"] = static_cast<int64_t>(cs.tables_compacted);
+  result["compaction.bytes_reclaimed"] = static_cast<int64_t>(cs.bytes_reclaimed);
+  // The file system holding the store: one statvfs, cheap enough per call.
+  struct statvfs fs;
+  if (statvfs(store_->options().path.c_str(), &fs) == 0) {
+    result["disk.total_bytes"] = static_cast<int64_t>(fs.f_blocks) * static_cast<int64_t>(fs.f_frsize);
+    result["disk.free_bytes"] = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  }
   if (cluster_ != nullptr) cluster_->AddStats(&result);
   if (server_stats_) server_stats_(&result);
 }
