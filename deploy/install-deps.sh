@@ -25,6 +25,9 @@ packages=(
   # client/ycsb): Maven and Go fetch libthrift 0.17.0 / YCSB 0.17.0 and the
   # Go module github.com/apache/thrift v0.17.0 on the first build
   maven default-jdk-headless golang-go
+  # the Debian package (cpack -G DEB: dpkg-shlibdeps) and its test
+  # (systemd-analyze verify, deb-systemd-helper, useradd)
+  dpkg-dev systemd init-system-helpers passwd
 )
 
 missing=()
