@@ -15,7 +15,8 @@ constexpr const char* kMethodNames[] = {
     "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats",
     "ring", "peerGet", "peerPut", "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
     "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove", "peerChain", "peerSnapshot",
-    "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop", "removeMark", "abortChange"};
+    "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop", "removeMark", "abortChange",
+    "backup", "backupStatus"};
 
 // Room a frame needs beside the value: the call's name, sequence id, fields.
 constexpr uint64_t kFrameOverhead = 4096;
@@ -59,7 +60,8 @@ Handler::Handler(engine::Store* store, engine::cache::WriteBackCache* cache, con
       config_(config),
       max_value_bytes_(std::min<uint64_t>(config.storage.max_value_bytes,
                                           config.server.max_frame_bytes - kFrameOverhead)),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()),
+      backup_(std::make_unique<engine::Backup>(store)) {}
 
 rpc::KvError Handler::Unexpected(Method method, const char* what) {
   errors_[method].fetch_add(1, std::memory_order_relaxed);
@@ -384,6 +386,33 @@ void Handler::compactionStatus(rpc::CompactionStatus& result) {
     result.bytesTotal = static_cast<int64_t>(s.bytes_total);
     result.tablesCompacted = static_cast<int64_t>(s.tables_compacted);
     result.bytesReclaimed = static_cast<int64_t>(s.bytes_reclaimed);
+    result.lastError = s.last_error;
+  });
+}
+
+void Handler::backup(const std::string& token, const std::string& dir, int32_t mb_per_sec) {
+  Run(kBackup, [&] {
+    CheckAdmin(token);
+    if (backup_disabled_) ThrowIfError(Status::InvalidArgument("backup is disabled here"));
+    if (mb_per_sec < 0) ThrowIfError(Status::InvalidArgument("mbPerSec must be >= 0"));
+    // Every write acknowledged so far reaches the store before the copy
+    // starts reading it.
+    ThrowIfError(cache_->Flush());
+    ThrowIfError(backup_->Start(dir, static_cast<uint32_t>(mb_per_sec)));
+  });
+}
+
+void Handler::backupStatus(rpc::BackupStatus& result) {
+  Run(kBackupStatus, [&] {
+    const engine::BackupStatus s = backup_->GetStatus();
+    result.running = s.running;
+    result.percent = s.percent;
+    result.bytesDone = static_cast<int64_t>(s.bytes_done);
+    result.bytesTotal = static_cast<int64_t>(s.bytes_total);
+    result.keysDone = static_cast<int64_t>(s.keys_done);
+    result.corruptSkipped = static_cast<int64_t>(s.corrupt_skipped);
+    result.path = s.path;
+    result.complete = s.complete;
     result.lastError = s.last_error;
   });
 }

@@ -459,6 +459,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
   if (http) http->Stop();  // no HTTP call may reach the cache or store past here
   if (workers) workers->stop();  // in-flight calls finish
   if (cluster) cluster->Close();
+  handler->StopBackup();  // a backup still copying is abandoned (its DIR.partial removed)
   if (!CloseEngine(cache.get(), store.get())) code = 1;
   if (fatal.load()) code = kExitBadConfig;
   spdlog::info("stopped cleanly");

@@ -196,6 +196,19 @@ struct VerifyResult {
   4: required i64 repaired,   // of those, rewritten through the chain from another member
   5: required list<string> problems,  // the first 100: file, offset, key, and the outcome
 }
+// flatkv admin backup: progress of the current (or last) online backup.
+struct BackupStatus {
+  1: required bool running,
+  2: required double percent,       // of bytesTotal; 100 once complete
+  3: required i64 bytesDone,        // key and value bytes copied
+  4: required i64 bytesTotal,       // the store's live bytes at the start (an estimate)
+  5: required i64 keysDone,
+  6: required i64 corruptSkipped,   // records skipped for a bad checksum
+  7: required string path,          // the backup's directory (on the server's machine)
+  8: required bool complete,        // the last backup finished: path holds it
+  9: required string lastError,     // empty unless the last backup failed
+}
+
 // Every argument is "required": a call whose argument is missing or of the
 // wrong type is answered with a TApplicationException naming the method
 // (PROTOCOL_ERROR) instead of running with a default value. The wire format
@@ -297,4 +310,13 @@ service FlatKV {
   // with repair, a ring member rewrites each
   // bad integer key from its chain (as a read would).
   VerifyResult verify(1: required string token, 2: required bool repair) throws (1: KvError err),
+  // Admin: starts an online backup of this instance's store into dir (an
+  // absolute path on the server's machine that does not exist yet) at most
+  // mbPerSec MB/s (0 = unlimited) and returns at once; backupStatus() shows
+  // progress. The backup holds every write acknowledged before the call,
+  // maybe later ones, never a torn value, and a standalone flatkv-server
+  // with storage.path = dir opens it at once. INVALID_ARGUMENT for a bad
+  // dir, OVERLOADED while a backup runs.
+  void backup(1: required string token, 2: required string dir, 3: required i32 mbPerSec) throws (1: KvError err),
+  BackupStatus backupStatus() throws (1: KvError err),
 }
