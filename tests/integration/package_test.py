@@ -10,7 +10,10 @@ This test changes the machine, so it refuses to run (a failure, not a skip)
 where it could damage something: without root, or where a flatkv package,
 /etc/flatkv or /usr/bin/flatkv-server already exists. It holds a lock file
 while it runs, so two runs of it (two worktrees, two ctest runs) take turns,
-and it removes the package (and the user, if it created it) however it ends.
+and it removes the package (and the user, if it created it) however it ends;
+a run killed before that leaves a marker
+(/var/lib/flatkv-package-test.installed) by which the next run knows the
+package is its own and removes it first.
 
 Usage: package_test.py CPACK CPACK_CONFIG THRIFT_COMPILER FLATKV_THRIFT SOURCE_DIR"""
 import fcntl
@@ -84,6 +87,19 @@ if os.geteuid() != 0:
 lock = open("/var/lock/flatkv-package-test.lock", "w")
 fcntl.flock(lock, fcntl.LOCK_EX)  # another run of this test goes first
 
+# A run killed mid-way (ctest's timeout) leaves its marker: what it
+# installed is this test's own, so it is removed before anything else.
+MARKER = "/var/lib/flatkv-package-test.installed"
+if os.path.exists(MARKER):
+    created_user = open(MARKER).read().strip() == "created-user"
+    print("removing what a killed run of this test left installed")
+    if installed():
+        dpkg("--purge", "flatkv")
+    if created_user:
+        sh("userdel", "flatkv", ok=False)
+        sh("groupdel", "flatkv", ok=False)
+    os.unlink(MARKER)
+
 problems = [what for what, bad in [
     ("a flatkv package is installed (%s)" % installed(), installed()),
     ("/etc/flatkv exists", os.path.exists("/etc/flatkv")),
@@ -108,6 +124,8 @@ check(sorted(conffiles) == ["/etc/flatkv/flatkv.yaml", "/etc/flatkv/ring.yaml"],
       "the configs are conffiles (%s)" % conffiles)
 
 we_installed = False
+with open(MARKER, "w") as f:
+    f.write("kept-user\n" if user_existed else "created-user\n")
 try:
     run = dpkg("-i", deb1)
     we_installed = run.returncode == 0
@@ -187,6 +205,8 @@ finally:
     if not user_existed:
         sh("userdel", "flatkv", ok=False)
         sh("groupdel", "flatkv", ok=False)
+    if not installed():
+        os.unlink(MARKER)
 
 check(installed() == "", "no flatkv package is left")
 for f in ["/usr/bin/flatkv-server", "/usr/bin/flatkv", "/etc/flatkv",
