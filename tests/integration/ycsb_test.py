@@ -1,7 +1,9 @@
 """The YCSB binding (client/ycsb) through client/ycsb/run.sh against a real
 flatkv-server: workload A with integer keys (every record loaded, every
 operation OK, and an update costing exactly one get and one put as the
-README says), workload E's scans, and workload A with string keys.
+README says), workload E's scans, and workload A with string keys. Then a
+real ring of two marks: ring-aware (flatkv.ring=true) calls go straight to
+their owners, so nothing is forwarded.
 
 Usage: ycsb_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT RUN_SH BUILD_DIR"""
 import os
@@ -20,13 +22,14 @@ server = harness.start(server_bin, port, os.path.join(work, "data"))
 kv, t = harness.client(port)
 
 
-def ycsb(workload, records, ops, threads, keys="int"):
-    env = dict(os.environ, FLATKV_YCSB_BUILD=build, FLATKV_YCSB_KEYS=keys)
-    run = subprocess.run(["bash", run_sh, "127.0.0.1:%d" % port, workload, str(records),
+def ycsb(workload, records, ops, threads, keys="int", to=None, opts=""):
+    env = dict(os.environ, FLATKV_YCSB_BUILD=build, FLATKV_YCSB_KEYS=keys, YCSB_OPTS=opts)
+    run = subprocess.run(["bash", run_sh, "127.0.0.1:%d" % (to or port), workload, str(records),
                           str(ops), str(threads)], capture_output=True, text=True, env=env,
                          timeout=300)
     print(run.stdout[-3000:] + run.stderr[-3000:])
-    check(run.returncode == 0, "run.sh %s (%s keys) exits 0 (%d)" % (workload, keys, run.returncode))
+    check(run.returncode == 0, "run.sh %s (%s keys%s) exits 0 (%d)" %
+          (workload, keys, ", " + opts if opts else "", run.returncode))
     # {phase: {(SECTION, metric): value}} from lines like "[READ], Operations, 1497".
     phases, phase = {}, None
     for line in run.stdout.splitlines():
@@ -92,4 +95,41 @@ check(after["calls.put"] == before["calls.put"], "string keys: no integer put")
 
 t.close()
 check(harness.stop(server) == 0, "the server stops cleanly")
+
+# A ring of two marks: mark 500 owns integer keys 0..499, the other mark
+# 500..999 (and about half of the string keys' hashes). With flatkv.ring=true
+# every call goes straight to its owner: no instance forwards anything.
+zk = harness.ZooKeeper(work)
+MARKS = [500, 4611686018427387904]
+rports = [harness.free_port(), harness.free_port()]
+members = [harness.start_member(server_bin, rports[i], os.path.join(work, "m%d" % i), zk, MARKS[i])
+           for i in range(2)]
+check(harness.wait_ring(rports, {MARKS[i]: ["127.0.0.1:%d" % rports[i]] for i in range(2)},
+                        timeout=30) is not None, "the ring of two marks forms")
+
+
+def ring_stats():
+    return [harness.call(p, lambda c: c.stats()) for p in rports]
+
+
+before = ring_stats()
+ycsb("workloada", 1000, 2000, 4, to=rports[0], opts="-p flatkv.ring=true")
+ycsb("workloada", 300, 600, 2, keys="string", to=rports[0], opts="-p flatkv.ring=true")
+after = ring_stats()
+forwarded = sum(a.get("cluster.forwarded", 0) - b.get("cluster.forwarded", 0)
+                for a, b in zip(after, before))
+check(forwarded == 0, "ring-aware: no call was forwarded (%d)" % forwarded)
+for i in range(2):
+    puts = after[i]["calls.put"] - before[i]["calls.put"]
+    sputs = after[i]["calls.sput"] - before[i]["calls.sput"]
+    check(puts >= 400 and sputs >= 50,
+          "mark %d's member served its own integer and string keys (%d puts, %d sputs)"
+          % (MARKS[i], puts, sputs))
+before = ring_stats()
+ycsb("workloada", 200, 200, 2, to=rports[1])  # keys 0..199: mark 500's
+after = ring_stats()
+check(after[1].get("cluster.forwarded", 0) - before[1].get("cluster.forwarded", 0) >= 200,
+      "without flatkv.ring the entry instance forwards the other mark's keys")
+for p in members:
+    check(harness.stop(p) == 0, "ring member stops cleanly")
 harness.finish(work)

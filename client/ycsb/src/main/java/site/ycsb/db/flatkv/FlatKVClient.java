@@ -8,6 +8,15 @@
 //   flatkv.port        Thrift port                       (9901)
 //   flatkv.keys        int | string                      (int)
 //   flatkv.timeout_ms  connect and per-call timeout, ms  (10000)
+//   flatkv.ring        false | true                      (false)
+//
+// Rings. By default every call goes to flatkv.host, which serves any key
+// (forwarding those of other marks). With flatkv.ring=true the binding reads
+// the ring once from flatkv.host's ring() and sends each call straight to the
+// owner of its key's hash (writes to the head of the mark's chain, reads to
+// its tail; a string key hashes to XXH64(key, seed 0) mod hashBound), one
+// connection per member per thread; after NOT_OWNER or UNAVAILABLE it reads
+// the ring again and retries once. Scans go to flatkv.host (ring-wide).
 //
 // Keys. With flatkv.keys=int, YCSB's key "user<N>" is the integer key N
 // (so run YCSB with insertorder=ordered, as client/ycsb/run.sh does: hashed
@@ -27,10 +36,14 @@
 // writeallfields=true) is a plain put.
 package site.ycsb.db.flatkv;
 
+import flatkv.rpc.ErrorCode;
 import flatkv.rpc.FlatKV;
 import flatkv.rpc.GetResult;
 import flatkv.rpc.KvError;
 import flatkv.rpc.KvPair;
+import flatkv.rpc.Member;
+import flatkv.rpc.Partition;
+import flatkv.rpc.RingInfo;
 import flatkv.rpc.ScanResult;
 import java.io.ByteArrayOutputStream;
 import java.io.DataOutputStream;
@@ -38,10 +51,14 @@ import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
+import java.util.TreeMap;
 import java.util.Properties;
 import java.util.Set;
 import java.util.Vector;
+import net.jpountz.xxhash.XXHash64;
+import net.jpountz.xxhash.XXHashFactory;
 import org.apache.thrift.TConfiguration;
 import org.apache.thrift.TException;
 import org.apache.thrift.protocol.TBinaryProtocol;
@@ -62,6 +79,19 @@ public class FlatKVClient extends DB {
   private int fieldCount;
   private TTransport transport;
   private FlatKV.Client kv;
+  // flatkv.ring=true: mark -> chain ("host:port", head first), the hash
+  // bound, and a connection per member.
+  private boolean ringAware;
+  private TreeMap<Long, List<String>> chains;
+  private long hashBound;
+  private final Map<String, TTransport> memberTransports = new HashMap<>();
+  private final Map<String, FlatKV.Client> members = new HashMap<>();
+  private static final XXHash64 XXH64 = XXHashFactory.fastestJavaInstance().hash64();
+
+  // One call of an operation, on the connection it is routed to.
+  private interface Call<T> {
+    T run(FlatKV.Client c) throws TException;
+  }
 
   @Override
   public void init() throws DBException {
@@ -74,9 +104,11 @@ public class FlatKVClient extends DB {
       throw new DBException("flatkv.keys must be int or string, not " + keys);
     }
     stringKeys = keys.equals("string");
+    ringAware = Boolean.parseBoolean(p.getProperty("flatkv.ring", "false"));
     fieldCount = Integer.parseInt(p.getProperty("fieldcount", "10"));
     try {
       connect();
+      if (ringAware) loadRing();
     } catch (TException e) {
       throw new DBException("cannot connect to FlatKV at " + host + ":" + port + ": " + e, e);
     }
@@ -85,6 +117,71 @@ public class FlatKVClient extends DB {
   @Override
   public void cleanup() {
     if (transport != null) transport.close();
+    for (TTransport t : memberTransports.values()) t.close();
+  }
+
+  private void loadRing() throws TException {
+    ensureOpen();
+    RingInfo ring = kv.ring();
+    TreeMap<Long, List<String>> m = new TreeMap<>();
+    for (Partition p : ring.getPartitions()) {
+      List<String> chain = new java.util.ArrayList<>();
+      for (Member member : p.getChain()) chain.add(member.getHost() + ":" + member.getPort());
+      m.put(p.getMark(), chain);
+    }
+    chains = m;
+    hashBound = ring.getHashBound();
+  }
+
+  // The ring's owner of hash h: the smallest mark above h, else the lowest.
+  private List<String> owner(long h) {
+    Map.Entry<Long, List<String>> e = chains.higherEntry(h);
+    return (e != null ? e : chains.firstEntry()).getValue();
+  }
+
+  private long hashOf(String key) {
+    if (!stringKeys) return intKey(key);
+    byte[] b = key.getBytes(StandardCharsets.UTF_8);
+    return Long.remainderUnsigned(XXH64.hash(b, 0, b.length, 0), hashBound);
+  }
+
+  private FlatKV.Client member(String address) throws TException {
+    FlatKV.Client c = members.get(address);
+    if (c != null) return c;
+    int colon = address.lastIndexOf(':');
+    TTransport t = new TFramedTransport(new TSocket(new TConfiguration(),
+        address.substring(0, colon), Integer.parseInt(address.substring(colon + 1)),
+        timeoutMs, timeoutMs));
+    t.open();
+    c = new FlatKV.Client(new TBinaryProtocol(t));
+    memberTransports.put(address, t);
+    members.put(address, c);
+    return c;
+  }
+
+  // Runs "call" for "key": on flatkv.host, or (ring-aware) on the head
+  // (write) or tail (read) of the key's owner, once more after re-reading
+  // the ring if that member says NOT_OWNER or UNAVAILABLE.
+  private <T> T routed(String key, boolean write, Call<T> call) throws TException {
+    ensureOpen();
+    if (!ringAware) return call.run(kv);
+    for (int attempt = 0; ; ++attempt) {
+      List<String> chain = owner(hashOf(key));
+      String address = chain.isEmpty() ? null : chain.get(write ? 0 : chain.size() - 1);
+      try {
+        if (address == null) throw new KvError(ErrorCode.UNAVAILABLE, "no member serves the key");
+        return call.run(member(address));
+      } catch (KvError e) {
+        boolean stale = e.getCode() == ErrorCode.NOT_OWNER || e.getCode() == ErrorCode.UNAVAILABLE;
+        if (!stale || attempt > 0) throw e;
+      } catch (TException e) {
+        TTransport t = memberTransports.remove(address);
+        members.remove(address);
+        if (t != null) t.close();
+        if (attempt > 0) throw e;
+      }
+      loadRing();
+    }
   }
 
   private void connect() throws TException {
@@ -122,15 +219,19 @@ public class FlatKVClient extends DB {
   }
 
   private GetResult getRecord(String key) throws TException {
-    return stringKeys ? kv.sget(utf8(key)) : kv.get(intKey(key));
+    return routed(key, false, c -> stringKeys ? c.sget(utf8(key)) : c.get(intKey(key)));
   }
 
   private void putRecord(String key, Map<String, ByteIterator> values) throws TException {
-    if (stringKeys) {
-      kv.sput(utf8(key), encode(values));
-    } else {
-      kv.put(intKey(key), encode(values));
-    }
+    ByteBuffer value = encode(values);
+    routed(key, true, c -> {
+      if (stringKeys) {
+        c.sput(utf8(key), value.duplicate());
+      } else {
+        c.put(intKey(key), value.duplicate());
+      }
+      return null;
+    });
   }
 
   static ByteBuffer encode(Map<String, ByteIterator> values) {
@@ -240,7 +341,8 @@ public class FlatKVClient extends DB {
   public Status delete(String table, String key) {
     try {
       ensureOpen();
-      boolean existed = stringKeys ? kv.sremove(utf8(key)) : kv.remove(intKey(key));
+      boolean existed = routed(key, true,
+          c -> stringKeys ? c.sremove(utf8(key)) : c.remove(intKey(key)));
       return existed ? Status.OK : Status.NOT_FOUND;
     } catch (TException | RuntimeException e) {
       return failed(e);
