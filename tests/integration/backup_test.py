@@ -81,16 +81,19 @@ failures = []
 
 
 def writer(seed):
+    """Writer "seed" of 2 owns the keys k with k % 2 == seed, so each key's
+    versions reach the server in order (two writers of one key could have
+    version 6 acknowledged before version 5 lands, and 5 would be newest)."""
     rnd = random.Random(seed)
     c, tr = harness.client(port, timeout_ms=10000)
     try:
         while not stop.is_set():
             if rnd.random() < 0.8:
-                key = rnd.randrange(KEYS)
+                key = rnd.randrange(KEYS // 2) * 2 + seed
                 if key not in live:
                     continue  # removed keys stay removed
             else:
-                key = b"s%d" % rnd.randrange(SKEYS)
+                key = b"s%d" % (rnd.randrange(SKEYS // 2) * 2 + seed)
             with lock:
                 attempted[key] += 1
                 v = attempted[key]
@@ -131,7 +134,8 @@ t0 = time.monotonic()
 proc = subprocess.Popen([cli_bin, "--port", str(port), "--token", TOKEN, "admin", "backup",
                          backup_dir, "--wait", "--mb-per-sec", "1"],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-time.sleep(0.5)
+# The CLI's call may take a moment under load: wait until the backup runs.
+harness.wait_until(work, "the backup starts", lambda: kv.backupStatus().running, timeout=30)
 r2 = cli("admin", "backup", os.path.join(work, "second"))
 check(r2.returncode == 3 and "Busy" in r2.stderr,
       "a second backup while one runs is refused (%s)" % r2.stderr.strip())
