@@ -390,7 +390,9 @@ uint64_t ChainMember::DirtyUntil(uint64_t key) const {
 }
 
 bool ChainMember::Rebase(ChainPosition at) {
-  if (in_chain() || !log_.empty() || applied_.seq != 0) return false;
+  if (in_chain()) return false;
+  log_.clear();
+  log_bytes_ = 0;
   applied_ = at;
   log_base_ = at;
   committed_ = 0;

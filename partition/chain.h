@@ -230,7 +230,9 @@ class ChainMember {
   // A new mark's first member imported its store from another mark's
   // (issue 11): its store holds what position "at" names, which no log
   // covers, so a joiner from any other position gets a full copy. Only
-  // before it is in a chain, with nothing applied; false otherwise.
+  // while it is in no chain; whatever it applied or logged before (an
+  // earlier life of this instance, whose store the import wiped) is
+  // forgotten. False if it is in a chain.
   bool Rebase(ChainPosition at);
   // The newest write this member applied that the current chain has not
   // committed (so some member may lack it) touching the key with hash

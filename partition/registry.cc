@@ -257,7 +257,10 @@ struct Registry::Impl {
   Status CreateParents();
   Status CheckClusterNode();
   Status RegisterNode();
-  Status TakeOver(int64_t session, int64_t* czxid);
+  Status TakeOver(int64_t session, bool create_mark, int64_t* czxid);
+  int CreateMember(bool create_mark, int64_t* czxid);
+  Status MemberError(int rc);
+  static constexpr int kMarkGone = -10000;  // CreateMember: the mark node is gone
   Status RemoveNode();
   std::vector<std::shared_ptr<Request>> Take(Request::Kind kind);
   void Answer(const std::vector<std::shared_ptr<Request>>& requests);
@@ -312,6 +315,7 @@ struct Registry::Impl {
   bool refresh_event_ = false;        // GUARDED_BY(mu_): Refresh() was called
   bool request_event_ = false;        // GUARDED_BY(mu_): a Request was queued
   bool want_register_ = false;        // GUARDED_BY(mu_)
+  bool create_mark_ = true;           // GUARDED_BY(mu_): Register()'s argument
   bool deregister_ = false;           // GUARDED_BY(mu_): delete our node (Deregister())
   bool registered_ = false;           // GUARDED_BY(mu_): our member node exists
   int64_t czxid_ = 0;                 // GUARDED_BY(mu_): its czxid while registered_
@@ -640,26 +644,25 @@ Status Registry::Impl::CheckClusterNode() {
 // ---- registry thread: registration --------------------------------------
 
 Status Registry::Impl::RegisterNode() {
-  for (const std::string* path : {&marks_path_, &mark_path_}) {
-    const int rc = Create(*path, "", ZOO_PERSISTENT);
-    if (rc == ZNONODE) settings_ok_ = false;  // .cluster was deleted: recreate it
-    if (rc != ZOK && rc != ZNODEEXISTS) return ZkError("create", *path, rc);
-  }
+  bool create_mark;
   int64_t session;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    create_mark = create_mark_;
     session = session_id_;
   }
-  // zoo_create2: the node's Stat comes with the answer, so the czxid is
-  // the one this create made.
-  Stat stat{};
-  const int rc = zoo_create2(zh_, member_path_.c_str(), member_name_.data(),
-                             static_cast<int>(member_name_.size()), &ZOO_OPEN_ACL_UNSAFE,
-                             ZOO_EPHEMERAL, nullptr, 0, &stat);
-  int64_t czxid = stat.czxid;
+  if (create_mark) {
+    for (const std::string* path : {&marks_path_, &mark_path_}) {
+      const int rc = Create(*path, "", ZOO_PERSISTENT);
+      if (rc == ZNONODE) settings_ok_ = false;  // .cluster was deleted: recreate it
+      if (rc != ZOK && rc != ZNODEEXISTS) return ZkError("create", *path, rc);
+    }
+  }
+  int64_t czxid = 0;
+  int rc = CreateMember(create_mark, &czxid);
   Status s = rc == ZOK ? Status::OK()
-             : rc == ZNODEEXISTS ? TakeOver(session, &czxid)
-                                 : ZkError("create", member_path_, rc);
+             : rc == ZNODEEXISTS ? TakeOver(session, create_mark, &czxid)
+                                 : MemberError(rc);
   if (!s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -679,7 +682,7 @@ Status Registry::Impl::RegisterNode() {
 // answer was lost to a disconnection) it is ours. Otherwise it is left by an
 // earlier process at the same address whose session has not expired yet:
 // delete it and create ours, which rejoins the chain at the tail.
-Status Registry::Impl::TakeOver(int64_t session, int64_t* czxid) {
+Status Registry::Impl::TakeOver(int64_t session, bool create_mark, int64_t* czxid) {
   Stat stat{};
   int rc = zoo_exists(zh_, member_path_.c_str(), 0, &stat);
   if (rc == ZOK && stat.ephemeralOwner == session) {
@@ -694,12 +697,49 @@ Status Registry::Impl::TakeOver(int64_t session, int64_t* czxid) {
   } else if (rc != ZNONODE) {
     return ZkError("exists", member_path_, rc);
   }
-  stat = Stat{};
-  rc = zoo_create2(zh_, member_path_.c_str(), member_name_.data(),
-                   static_cast<int>(member_name_.size()), &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL,
-                   nullptr, 0, &stat);
-  *czxid = stat.czxid;
-  return rc == ZOK ? Status::OK() : ZkError("create", member_path_, rc);
+  rc = CreateMember(create_mark, czxid);
+  return rc == ZOK ? Status::OK() : MemberError(rc);
+}
+
+// Creates our member node. Without create_mark only while the mark's node
+// exists (one multi: check it, create ours): a mark a remove-mark deleted
+// never comes back through a member that registers again
+// (partition/change.h).
+int Registry::Impl::CreateMember(bool create_mark, int64_t* czxid) {
+  if (create_mark) {
+    // zoo_create2: the node's Stat comes with the answer, so the czxid is
+    // the one this create made.
+    Stat stat{};
+    const int rc = zoo_create2(zh_, member_path_.c_str(), member_name_.data(),
+                               static_cast<int>(member_name_.size()), &ZOO_OPEN_ACL_UNSAFE,
+                               ZOO_EPHEMERAL, nullptr, 0, &stat);
+    *czxid = stat.czxid;
+    return rc;
+  }
+  zoo_op_t ops[2];
+  zoo_op_result_t results[2] = {};
+  zoo_check_op_init(&ops[0], mark_path_.c_str(), -1);
+  zoo_create_op_init(&ops[1], member_path_.c_str(), member_name_.data(),
+                     static_cast<int>(member_name_.size()), &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL,
+                     nullptr, 0);
+  int rc = zoo_multi(zh_, 2, ops, results);
+  if (rc == ZOK) {
+    Stat stat{};
+    rc = zoo_exists(zh_, member_path_.c_str(), 0, &stat);
+    *czxid = stat.czxid;
+    return rc;
+  }
+  if (results[0].err == ZNONODE) return kMarkGone;
+  return results[1].err != ZOK && results[1].err != ZRUNTIMEINCONSISTENCY ? results[1].err : rc;
+}
+
+Status Registry::Impl::MemberError(int rc) {
+  if (rc == kMarkGone) {
+    return Status::NotFound(mark_path_ + " is gone: mark " + std::to_string(opt_.mark) +
+                            " was removed from the ring, so this member does not register "
+                            "(start it with a new mark, or let it import its range as one)");
+  }
+  return ZkError("create", member_path_, rc);
 }
 
 // Deregister(): delete our member node if our session holds it (a node of
@@ -886,6 +926,11 @@ Status Registry::Impl::ReadRing() {
     std::lock_guard<std::mutex> lock(mu_);
     ticket = refresh_asked_;
   }
+  // The change node first: a view without it then shows every member and
+  // mark written before it went (partition/change.h relies on it).
+  std::optional<RingChange> change;
+  Status cs = ReadChange(&change);
+  if (!cs.ok()) return cs;
   String_vector children{};
   Stat stat{};
   int rc = zoo_wget_children2(zh_, opt_.service_path.c_str(), &Impl::Watch, this, &children,
@@ -900,8 +945,6 @@ Status Registry::Impl::ReadRing() {
   if (s.ok()) s = ReadMarks(&marks, &version);
   std::map<int64_t, RecordedChain> chains;
   if (s.ok()) s = ReadChains(&chains, &version);
-  std::optional<RingChange> change;
-  if (s.ok()) s = ReadChange(&change);
   if (!s.ok()) return s;
   need_read_ = false;
   Publish(Ring::Make(version, opt_.settings, std::move(marks), std::move(regs), std::move(chains),
@@ -1176,10 +1219,11 @@ Status Registry::Start(RegistryOptions options, std::unique_ptr<Registry>* resul
   return Status::OK();
 }
 
-void Registry::Register() {
+void Registry::Register(bool create_mark) {
   if (impl_->opt_.observer) return;
   std::lock_guard<std::mutex> lock(impl_->mu_);
   impl_->want_register_ = true;
+  impl_->create_mark_ = create_mark;
   impl_->register_event_ = true;
   impl_->wake_.notify_one();
 }

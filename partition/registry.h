@@ -5,7 +5,8 @@
 //   - creates <service_path> and <service_path>/.cluster if missing, writes
 //     the ring-wide settings there (first instance) or checks ours against
 //     them (a mismatch is fatal: on_fatal, nothing written);
-//   - on Register(): creates .cluster/marks/<mark> (persistent, empty), then
+//   - on Register(): creates .cluster/marks/<mark> (persistent, empty; or
+//     checks that it exists, Register(false)), then
 //     the ephemeral member node <service_path>/thriftbinary<mark>:<host>:<port>
 //     whose data is the same string; Deregister() deletes it again;
 //   - on RecordChain(): writes the chain of this instance's mark to
@@ -107,8 +108,11 @@ class Registry {
 
   // Asks the registry to register this instance (now, or as soon as it is
   // connected and the settings are checked) and to keep it registered
-  // across session expiry. Returns at once.
-  void Register();
+  // across session expiry. Returns at once. "create_mark": create
+  // .cluster/marks/<mark> if missing (a new ring's first mark, a new mark
+  // past its import); false: register only while that node exists (one
+  // multi), retrying while it does not (partition/change.h).
+  void Register(bool create_mark = true);
   // Blocks until the member node exists or "timeout_ms" passes (Unavailable
   // then). For tests and start-up logs.
   Status WaitRegistered(int timeout_ms);

@@ -276,6 +276,9 @@ std::shared_ptr<const Ring> Ring::Make(int64_t version, RingSettings settings,
                                        std::vector<Registration> registrations,
                                        std::map<int64_t, RecordedChain> recorded,
                                        std::optional<RingChange> change) {
+  std::sort(marks.begin(), marks.end());
+  marks.erase(std::unique(marks.begin(), marks.end()), marks.end());
+  const std::vector<int64_t> recorded_marks = marks;
   for (const Registration& r : registrations) marks.push_back(r.mark);
   std::sort(marks.begin(), marks.end());
   marks.erase(std::unique(marks.begin(), marks.end()), marks.end());
@@ -291,7 +294,12 @@ std::shared_ptr<const Ring> Ring::Make(int64_t version, RingSettings settings,
   ring->version_ = version;
   ring->settings_ = std::move(settings);
   ring->partitions_.reserve(marks.size());
-  for (int64_t m : marks) ring->partitions_.push_back(Partition{m, {}, {}, 0});
+  for (int64_t m : marks) {
+    Partition p;
+    p.mark = m;
+    p.in_marks = std::binary_search(recorded_marks.begin(), recorded_marks.end(), m);
+    ring->partitions_.push_back(std::move(p));
+  }
   for (Registration& r : registrations) {
     Partition* p = const_cast<Partition*>(ring->Find(r.mark));
     // The same address registered twice (a stale node not yet expired)

@@ -141,6 +141,9 @@ struct Partition {
   // could not be read or parsed. ChainConfig::recorded takes it.
   std::vector<std::string> recorded;
   int64_t recorded_ring_version = 0;
+  // Its node .cluster/marks/<mark> exists (else the mark is in the ring only
+  // through a member node: its mark node was deleted by a remove-mark).
+  bool in_marks = false;
 
   const Member* head() const { return chain.empty() ? nullptr : &chain.front(); }
   const Member* tail() const { return chain.empty() ? nullptr : &chain.back(); }

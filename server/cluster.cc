@@ -70,7 +70,8 @@ Cluster::Cluster(const Config& config, std::unique_ptr<partition::Registry> regi
       router_(config.cluster.mark),
       advertise_(config.cluster.advertise),
       registry_(std::move(registry)),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)),
+      machine_(config.cluster.mark, config.cluster.advertise) {}
 
 Cluster::~Cluster() { Close(); }
 
@@ -99,40 +100,36 @@ void Cluster::Join() {
   if (replicator_) {
     replicator_->Join();
   } else {
-    registry_->Register();
+    Register();
   }
 }
 
 void Cluster::Register() {
-  const auto ring = registry_->ring();
-  const partition::RingChange* change = ring ? ring->change() : nullptr;
-  const bool mine = change != nullptr && change->importer == advertise_ && change->mark == mark();
-  if (!mine && (!ring || ring->empty() || ring->Find(mark()) != nullptr)) {
-    return registry_->Register();
+  {
+    std::lock_guard<std::mutex> lock(machine_mu_);
+    machine_.Join();
   }
-  std::lock_guard<std::mutex> lock(gate_mu_);
-  if (gate_.joinable() || gate_stop_) return;  // already checking
-  gate_ = std::thread([this] { GateLoop(); });
+  KickChange();
 }
 
-void Cluster::GateLoop() {
-  std::string logged;
-  for (;;) {
-    Status st = GateStep();
-    std::unique_lock<std::mutex> lock(gate_mu_);
-    if (gate_stop_) return;
-    if (st.ok()) {
-      gate_reason_.clear();
-      return;
-    }
-    gate_reason_ = st.message();
-    if (gate_reason_ != logged) {
-      spdlog::error("not registering yet: {}", gate_reason_);
-      logged = gate_reason_;
-    }
-    gate_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return gate_stop_; });
-    if (gate_stop_) return;
+void Cluster::KickChange() {
+  std::unique_lock<std::mutex> lock(gate_mu_);
+  if (gate_stop_) return;
+  gate_kicked_ = true;
+  if (gate_running_) {
+    gate_cv_.notify_all();
+    return;
   }
+  if (gate_.joinable()) {
+    if (gate_.get_id() == std::this_thread::get_id()) return;  // it sees gate_kicked_
+    std::thread finished = std::move(gate_);  // it returned or is returning
+    lock.unlock();
+    finished.join();
+    lock.lock();
+    if (gate_stop_ || gate_running_) return;
+  }
+  gate_running_ = true;
+  gate_ = std::thread([this] { ChangeLoop(); });
 }
 
 bool Cluster::GateStopped() const {
@@ -140,49 +137,149 @@ bool Cluster::GateStopped() const {
   return gate_stop_;
 }
 
-Status Cluster::GateStep() {
-  const auto ring = registry_->ring();
-  const partition::RingChange* change = ring->change();
-  const bool mine = change != nullptr && change->importer == advertise_ && change->mark == mark();
-  std::optional<partition::RingChange> flipped;
-  {
-    std::lock_guard<std::mutex> lock(gate_mu_);
-    flipped = flipped_;
-  }
-  if (flipped) {
-    // This process wrote state "flip" (the ring read may lag behind it).
-    registry_->Register();
-    return FinishImport(*flipped);
-  }
-  if (mine && change->state != "copy") {
-    // The copy is complete and durable: register (again) and finish. Never
-    // copy again: the ring may flip at any moment from here.
-    registry_->Register();
-    return FinishImport(*change);
-  }
-  if (ring->Find(mark()) != nullptr) {
-    // In the ring already: register (a restart, say).
-    registry_->Register();
-    return mine ? FinishImport(*change) : Status::OK();
-  }
-  if (change != nullptr && !mine) {
-    return Status::Busy("another ring change runs (" + change->ToJson() + "); waiting for it");
-  }
-  if (!mine) {
-    Status st = CheckTakeOver(*ring);
-    if (st.ok()) {
-      spdlog::info("mark {} takes over ranges that hold no key: registering", mark());
-      registry_->Register();
-      return st;
+void Cluster::ChangeLoop() {
+  std::string logged;
+  auto pause = [this](std::unique_lock<std::mutex>& lock) {
+    gate_cv_.wait_for(lock, std::chrono::seconds(1), [this] { return gate_stop_ || gate_kicked_; });
+  };
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(gate_mu_);
+      if (gate_stop_) {
+        gate_running_ = false;
+        return;
+      }
+      gate_kicked_ = false;
     }
-    if (!st.IsInvalidArgument()) return st;  // the owner could not be asked: again
+    const auto ring = registry_->ring();
+    if (!ring) {
+      std::unique_lock<std::mutex> lock(gate_mu_);
+      gate_reason_ = "no ring known yet: ZooKeeper (" + options_.zookeeper + ") not reached";
+      pause(lock);
+      continue;
+    }
+    const bool head = replicator_ != nullptr
+                          ? replicator_->head() == advertise_
+                          : ring->RoleOf(mark(), advertise_) == "head" ||
+                                ring->RoleOf(mark(), advertise_) == "single";
+    partition::ChangeStep step;
+    {
+      std::lock_guard<std::mutex> lock(machine_mu_);
+      step = machine_.Next(*ring, head);
+    }
+    if (step.kind == partition::ChangeStep::kDone) {
+      std::lock_guard<std::mutex> lock(gate_mu_);
+      if (gate_kicked_ && !gate_stop_) continue;  // a new ring or request meanwhile
+      gate_reason_.clear();
+      gate_running_ = false;
+      return;
+    }
+    Status st;
+    if (step.kind == partition::ChangeStep::kWait) {
+      st = Status::Unavailable(step.reason);
+    } else {
+      st = RunStep(step, *ring);
+      std::lock_guard<std::mutex> lock(machine_mu_);
+      machine_.Done(step, st);
+    }
+    std::unique_lock<std::mutex> lock(gate_mu_);
+    if (st.ok()) {
+      gate_reason_.clear();
+      continue;
+    }
+    gate_reason_ = st.message();
+    if (gate_reason_ != logged) {
+      if (step.kind == partition::ChangeStep::kWait) {
+        spdlog::info("ring change: {}", gate_reason_);
+      } else {
+        spdlog::warn("ring change: {} failed: {}", partition::StepName(step.kind), gate_reason_);
+      }
+      logged = gate_reason_;
+    }
+    pause(lock);
   }
-  return Import(*ring);
 }
 
-// Cursor-walks every page of "ranges" at "target" (peerExport), calling
-// "page" for each; stops at the first failure. The next page is fetched
-// while "page" loads the current one.
+Status Cluster::IndexOf(const partition::Ring& ring, int64_t mark, const char* what,
+                        size_t* index) {
+  const partition::Partition* p = ring.Find(mark);
+  if (p == nullptr) {
+    return Status::Unavailable(std::string(what) + " mark " + std::to_string(mark) +
+                               " is not in the ring");
+  }
+  *index = static_cast<size_t>(p - ring.partitions().data());
+  return Status::OK();
+}
+
+Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring& ring) {
+  const partition::RingChange& change = step.change;
+  using Step = partition::ChangeStep;
+  const bool importing_here = step.kind == Step::kWipe || step.kind == Step::kPersist ||
+                              step.kind == Step::kCopy;
+  if (importing_here && (replicator_ == nullptr || store_ == nullptr)) {
+    return Status::Unavailable("a ring change needs chain replication (a ring member's store)");
+  }
+  switch (step.kind) {
+    case Step::kDone:
+    case Step::kWait:
+      return Status::OK();
+    case Step::kRegister:
+      registry_->Register(step.create_mark);
+      return Status::OK();
+    case Step::kCreate:
+      FLATKV_RETURN_IF_ERROR(registry_->CreateChange(change));
+      spdlog::info("ring change: mark {} imports {} from mark {}", mark(), change.ToJson(),
+                   change.source);
+      return Status::OK();
+    case Step::kFence:
+      return FenceSource(change, ring);
+    case Step::kWipe:
+      return WipeStore();
+    case Step::kCopy:
+      return CopyRanges(change, ring);
+    case Step::kPersist: {
+      // Durable, and the chain position no log covers (joiners take a copy).
+      FLATKV_RETURN_IF_ERROR(cache_->Flush());
+      FLATKV_RETURN_IF_ERROR(store_->Sync());
+      return replicator_->AdoptImport(change.czxid);
+    }
+    case Step::kSetState:
+      FLATKV_RETURN_IF_ERROR(registry_->UpdateChange(change));
+      spdlog::info("ring change: state {} ({})", change.state, change.ToJson());
+      return Status::OK();
+    case Step::kDrop:
+      return DropAtSource(change, ring);
+    case Step::kDeleteMark:
+      return registry_->DeleteMark(change.source);
+    case Step::kDelete: {
+      FLATKV_RETURN_IF_ERROR(registry_->DeleteChange(change));
+      {
+        std::lock_guard<std::mutex> lock(gate_mu_);
+        import_.running = false;
+      }
+      if (!step.reason.empty()) {
+        spdlog::warn("ring change rolled back: {} was {}", change.ToJson(), step.reason);
+      } else if (change.kind == "remove") {
+        spdlog::info("ring change done: mark {} removed, mark {} serves its ranges",
+                     change.source, change.into);
+      } else {
+        spdlog::info("ring change done: mark {} serves {}", mark(), change.ToJson());
+      }
+      return Status::OK();
+    }
+  }
+  return Status::OK();
+}
+
+Status Cluster::FenceSource(const partition::RingChange& change, const partition::Ring& ring) {
+  size_t at = 0;
+  FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
+  Target head;
+  FLATKV_RETURN_IF_ERROR(RouteTo(ring, at, /*write=*/true, &head));
+  return Forward(head, "peerFence", true,
+                 [&](rpc::FlatKVClient& c) { c.peerFence(head.context); });
+}
+
 static Status ExportPages(Cluster* cluster, const Cluster::Target& target,
                           const std::vector<partition::HashRange>& ranges, int32_t limit,
                           const std::function<Status(rpc::ExportPage&)>& page) {
@@ -211,68 +308,69 @@ static Status ExportPages(Cluster* cluster, const Cluster::Target& target,
   return Status::OK();
 }
 
-Status Cluster::Import(const partition::Ring& ring) {
-  if (replicator_ == nullptr || store_ == nullptr) {
-    return Status::Unavailable("importing needs chain replication (a ring member's store)");
-  }
-  const std::vector<partition::HashRange> ranges = RangesTakenBy(ring, mark());
-  if (ranges.empty()) return Status::Unavailable("no range to take over");
-  const size_t source_index = ranges.front().partition;
-  partition::RingChange change;
-  if (ring.change() != nullptr) {
-    change = *ring.change();  // ours, from before a restart: copy again from the start
-  } else {
-    change.mark = mark();
-    change.into = mark();
-    change.source = ring.partitions()[source_index].mark;
-    change.importer = advertise_;
-    change.state = "copy";
-    for (const partition::HashRange& r : ranges) change.ranges.emplace_back(r.lo, r.hi);
-    FLATKV_RETURN_IF_ERROR(registry_->CreateChange(change));
-    spdlog::info("ring change: mark {} imports {} from mark {}", mark(), change.ToJson(),
-                 change.source);
-  }
-  const auto now_ring = registry_->ring();
-  if (now_ring->change() == nullptr || now_ring->change()->importer != advertise_) {
-    return Status::Unavailable("the ring change node is not ours any more");
-  }
-  change = *now_ring->change();
+
+Status Cluster::CopyRanges(const partition::RingChange& change, const partition::Ring& ring) {
+  size_t at = 0;
+  FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
+  Target reader;
+  FLATKV_RETURN_IF_ERROR(RouteTo(ring, at, /*write=*/false, &reader));
+  std::vector<partition::HashRange> ranges;
+  for (const auto& range : change.ranges) ranges.push_back({range.first, range.second, at});
   {
     std::lock_guard<std::mutex> lock(gate_mu_);
     import_ = ImportProgress();
     import_.running = true;
     import_.start_ms = NowMillis();
   }
-  // 1. The source stops taking writes to the ranges and commits what it took.
-  Target head;
-  FLATKV_RETURN_IF_ERROR(RouteTo(*now_ring, source_index, /*write=*/true, &head));
-  FLATKV_RETURN_IF_ERROR(Forward(head, "peerFence", true, [&](rpc::FlatKVClient& c) {
-    c.peerFence(head.context);
-  }));
-  // 2. This store starts empty (an earlier attempt may have left half a copy).
-  FLATKV_RETURN_IF_ERROR(WipeStore());
-  // 3. The copy, from the member that serves the source's reads.
-  Target reader;
-  FLATKV_RETURN_IF_ERROR(RouteTo(*now_ring, source_index, /*write=*/false, &reader));
+  const bool add = change.kind == "add";
+  const int64_t bound = ring.settings().hash_bound;
   const uint64_t rate = static_cast<uint64_t>(options_.migrate_mb_per_sec) << 20;
   const int64_t started = NowMillis();
   Status copied = ExportPages(this, reader, ranges, 512, [&](rpc::ExportPage& p) {
     if (GateStopped()) return Status::Unavailable("stopping");
-    std::vector<engine::KeyValueRef> batch;
     uint64_t bytes = 0;
-    for (const rpc::KvPair& kv : p.pairs) {
-      batch.push_back({kv.key, kv.value});
-      bytes += kv.value.size() + 8;
-    }
-    if (!batch.empty()) FLATKV_RETURN_IF_ERROR(cache_->PutBatch(batch));
-    for (const rpc::StringKvPair& kv : p.spairs) {
-      FLATKV_RETURN_IF_ERROR(cache_->SPut(kv.key, kv.value));
-      bytes += kv.key.size() + kv.value.size();
+    const size_t n = p.pairs.size() + p.spairs.size();
+    if (add) {
+      // Into this (emptied) store; its chain is only this member so far.
+      std::vector<engine::KeyValueRef> batch;
+      for (const rpc::KvPair& kv : p.pairs) {
+        batch.push_back({kv.key, kv.value});
+        bytes += kv.value.size() + 8;
+      }
+      if (!batch.empty()) FLATKV_RETURN_IF_ERROR(cache_->PutBatch(batch));
+      for (const rpc::StringKvPair& kv : p.spairs) {
+        FLATKV_RETURN_IF_ERROR(cache_->SPut(kv.key, kv.value));
+        bytes += kv.key.size() + kv.value.size();
+      }
+    } else if (n > 0) {
+      // Through this mark's chain: every member of it gets the keys.
+      std::vector<rpc::ChainOp> ops;
+      std::vector<uint64_t> hashes;
+      for (rpc::KvPair& kv : p.pairs) {
+        rpc::ChainOp op;
+        op.kind = rpc::ChainOpKind::PUT;
+        op.__set_key(kv.key);
+        bytes += kv.value.size() + 8;
+        op.__set_value(std::move(kv.value));
+        hashes.push_back(static_cast<uint64_t>(kv.key));
+        ops.push_back(std::move(op));
+      }
+      for (rpc::StringKvPair& kv : p.spairs) {
+        rpc::ChainOp op;
+        op.kind = rpc::ChainOpKind::SPUT;
+        hashes.push_back(static_cast<uint64_t>(partition::Ring::HashString(kv.key, bound)));
+        bytes += kv.key.size() + kv.value.size();
+        op.__set_skey(std::move(kv.key));
+        op.__set_value(std::move(kv.value));
+        ops.push_back(std::move(op));
+      }
+      FLATKV_RETURN_IF_ERROR(
+          replicator_->Write(std::move(ops), std::move(hashes), nullptr, /*import=*/true));
     }
     uint64_t total;
     {
       std::lock_guard<std::mutex> lock(gate_mu_);
-      import_.keys += p.pairs.size() + p.spairs.size();
+      import_.keys += n;
       import_.bytes += bytes;
       total = import_.bytes;
     }
@@ -284,10 +382,6 @@ Status Cluster::Import(const partition::Ring& ring) {
     return Status::OK();
   });
   if (!copied.ok()) return copied;
-  // 4. Durable, and the chain position no log covers (joiners take a copy).
-  FLATKV_RETURN_IF_ERROR(cache_->Flush());
-  FLATKV_RETURN_IF_ERROR(store_->Sync());
-  FLATKV_RETURN_IF_ERROR(replicator_->AdoptImport(change.czxid));
   ImportProgress done;
   {
     std::lock_guard<std::mutex> lock(gate_mu_);
@@ -295,46 +389,17 @@ Status Cluster::Import(const partition::Ring& ring) {
     done = import_;
   }
   const double secs = static_cast<double>(done.copied_ms - done.start_ms) / 1000.0;
-  spdlog::info("ring change: imported {} keys, {:.1f} MB in {:.2f} s ({:.1f} MB/s); registering "
-               "mark {}",
-               done.keys, static_cast<double>(done.bytes) / 1e6, secs,
-               secs > 0 ? static_cast<double>(done.bytes) / 1e6 / secs : 0.0, mark());
-  // 5. Recorded before registering, so that nothing copies again once the
-  // ring may flip (a wipe then would lose what the source is about to drop).
-  change.state = "flip";
-  FLATKV_RETURN_IF_ERROR(registry_->UpdateChange(change));
-  {
-    std::lock_guard<std::mutex> lock(gate_mu_);
-    flipped_ = change;
-  }
-  // 6. The ring flips: the source answers NOT_OWNER for the ranges from now.
-  registry_->Register();
-  return FinishImport(change);
+  spdlog::info("ring change: copied {} keys, {:.1f} MB from mark {} in {:.2f} s ({:.1f} MB/s)",
+               done.keys, static_cast<double>(done.bytes) / 1e6, change.source, secs,
+               secs > 0 ? static_cast<double>(done.bytes) / 1e6 / secs : 0.0);
+  return Status::OK();
 }
 
-Status Cluster::FinishImport(partition::RingChange change) {
-  const auto ring = registry_->ring();
-  const partition::Partition* own = ring->Find(mark());
-  const bool listed = own != nullptr && std::any_of(own->chain.begin(), own->chain.end(),
-                                                    [&](const partition::Member& m) {
-                                                      return m.address() == advertise_;
-                                                    });
-  if (!listed) return Status::Unavailable("ring change: waiting for this member to register");
-  if (change.state != "drop") {
-    change.state = "drop";
-    FLATKV_RETURN_IF_ERROR(registry_->UpdateChange(change));
-  }
-  // The source drops what moved (only now: this member confirmed it holds it all).
-  size_t source_index = ring->partitions().size();
-  for (size_t i = 0; i < ring->partitions().size(); ++i) {
-    if (ring->partitions()[i].mark == change.source) source_index = i;
-  }
-  if (source_index == ring->partitions().size()) {
-    return Status::Unavailable("ring change: source mark " + std::to_string(change.source) +
-                               " is not in the ring");
-  }
+Status Cluster::DropAtSource(const partition::RingChange& change, const partition::Ring& ring) {
+  size_t at = 0;
+  FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
   Target head;
-  FLATKV_RETURN_IF_ERROR(RouteTo(*ring, source_index, /*write=*/true, &head));
+  FLATKV_RETURN_IF_ERROR(RouteTo(ring, at, /*write=*/true, &head));
   int64_t dropped = 0;
   for (const auto& range : change.ranges) {
     // Plain copies: clang 14 (the fuzz build) cannot capture structured bindings.
@@ -347,16 +412,9 @@ Status Cluster::FinishImport(partition::RingChange change) {
       dropped += n;
     }
   }
-  {
-    // Before the node goes: whoever sees it gone sees these too.
-    std::lock_guard<std::mutex> lock(gate_mu_);
-    import_.running = false;
-    import_.dropped = dropped;
-    gate_reason_.clear();
-  }
-  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange(change));
-  spdlog::info("ring change done: mark {} serves {}; mark {} dropped {} moved keys", mark(),
-               change.ToJson(), change.source, dropped);
+  std::lock_guard<std::mutex> lock(gate_mu_);
+  import_.dropped = dropped;
+  spdlog::info("ring change: mark {} dropped {} moved keys", change.source, dropped);
   return Status::OK();
 }
 
@@ -383,46 +441,28 @@ Status Cluster::WipeStore() {
   return Status::OK();
 }
 
-Status Cluster::CheckTakeOver(const partition::Ring& ring) {
-  for (const partition::HashRange& r : RangesTakenBy(ring, mark())) {
-    Target t;
-    FLATKV_RETURN_IF_ERROR(RouteTo(ring, r.partition, /*write=*/false, &t));
-    std::string cursor;
-    for (bool done = false; !done;) {
-      rpc::ExportPage page;
-      FLATKV_RETURN_IF_ERROR(Forward(t, "peerExport", true, [&](rpc::FlatKVClient& c) {
-        c.peerExport(page, t.context, r.lo, r.hi, cursor, 1);
-      }));
-      if (!page.pairs.empty() || !page.spairs.empty()) {
-        const std::string example = !page.pairs.empty()
-                                        ? "key " + std::to_string(page.pairs.front().key)
-                                        : "string key '" + page.spairs.front().key + "'";
-        return Status::InvalidArgument(
-            "mark " + std::to_string(mark()) + " would take over hashes [" +
-            std::to_string(r.lo) + ", " + std::to_string(r.hi) + "] from mark " +
-            std::to_string(t.mark) + ", which holds keys there (" + example +
-            "); moving keys to a new mark is not built yet (issue 11): registering would hide "
-            "them. Start this instance with a mark the ring has, or empty that range first");
-      }
-      done = page.done;
-      cursor = page.cursor;
-    }
-  }
-  return Status::OK();
-}
 
-Status Cluster::CheckWritable(int64_t hash) const {
+Status Cluster::CheckMoving(int64_t hash, bool write) const {
   const auto ring = registry_->ring();
   const partition::RingChange* change = ring ? ring->change() : nullptr;
-  // Every state: until the ring flips this mark still owns the ranges, and
-  // a write taken now would miss the importer's copy.
-  if (change == nullptr || change->source != mark() || !change->Covers(hash)) {
-    return Status::OK();
+  if (change == nullptr || !change->Covers(hash)) return Status::OK();
+  bool released;
+  {
+    std::lock_guard<std::mutex> lock(machine_mu_);
+    released = machine_.Released(*change);
   }
-  return Status::Unavailable("hash " + std::to_string(hash) + " is moving from mark " +
-                             std::to_string(mark()) + " to the new mark " +
-                             std::to_string(change->mark) + " (copied by " + change->importer +
-                             "); writes to it resume once that mark serves");
+  if (!partition::Moving(*change, mark(), hash, write, released)) return Status::OK();
+  if (change->source == mark()) {
+    return Status::Unavailable(
+        "hash " + std::to_string(hash) + " is moving from mark " + std::to_string(mark()) +
+        " to mark " + std::to_string(change->into) + " (ring change " + change->kind +
+        ", state " + change->state + ", copied by " + change->importer + "); " +
+        (write ? "writes" : "reads") + " to it resume once that mark serves it");
+  }
+  return Status::Unavailable("hash " + std::to_string(hash) + " is moving to mark " +
+                             std::to_string(mark()) + " (ring change " + change->kind +
+                             ", state " + change->state +
+                             "); served once the source has let go of it");
 }
 
 int64_t Cluster::NowMillis() {
@@ -447,37 +487,12 @@ Status Cluster::RecordChain(const std::vector<std::string>& members, int64_t rin
 Status Cluster::StartRemoveMark(int64_t removed) {
   const auto ring = registry_->ring();
   if (!ring) return Status::Unavailable("no ring known yet: ZooKeeper not reached");
-  const std::vector<partition::Partition>& parts = ring->partitions();
-  size_t at = parts.size();
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].mark == removed) at = i;
-  }
-  if (at == parts.size()) {
-    return Status::InvalidArgument("mark " + std::to_string(removed) + " is not in the ring");
-  }
-  if (parts.size() < 2) {
-    return Status::InvalidArgument("mark " + std::to_string(removed) +
-                                   " is the ring's only mark: nothing would inherit its keys");
-  }
-  // The next mark up inherits the range (the lowest, if this is the highest).
-  const partition::Partition& into = parts[(at + 1) % parts.size()];
-  if (into.chain.empty()) {
-    return Status::Unavailable("mark " + std::to_string(into.mark) +
-                               ", which would inherit the keys, has no serving member");
-  }
-  partition::RingChange change;
-  change.kind = "remove";
-  change.mark = removed;
-  change.source = removed;
-  change.into = into.mark;
-  change.importer = into.chain.front().address();
-  for (const partition::HashRange& r : ring->KeyOrder()) {
-    if (r.partition == at) change.ranges.emplace_back(r.lo, r.hi);
-  }
   if (const partition::RingChange* now = ring->change();
       now != nullptr && now->kind == "remove" && now->mark == removed) {
     return Status::OK();  // asked again (a retry after a timeout): it runs
   }
+  partition::RingChange change;
+  FLATKV_RETURN_IF_ERROR(partition::PlanRemove(*ring, removed, &change));
   Status st = registry_->CreateChange(change);
   if (st.IsBusy()) {
     // Ours from an earlier attempt that timed out, or another change.
@@ -497,10 +512,7 @@ Status Cluster::AbortChange() {
 }
 
 void Cluster::OnRingChange(const partition::Ring& ring) {
-  const partition::RingChange* change = ring.change();
-  if (change == nullptr || change->kind != "remove") return;
-  if (change->mark == mark() && change->state != "copy") {
-    // This mark leaves the ring: its keys are with the inheriting mark.
+  if (partition::MustLeave(ring, mark())) {
     bool first = false;
     {
       std::lock_guard<std::mutex> lock(gate_mu_);
@@ -508,139 +520,48 @@ void Cluster::OnRingChange(const partition::Ring& ring) {
       leaving_ = true;
     }
     if (first) {
-      spdlog::warn("mark {} was removed from the ring (its keys now belong to mark {}): this "
-                   "member stops serving and exits",
-                   mark(), change->into);
+      const partition::RingChange* change = ring.change();
+      spdlog::warn("mark {} was removed from the ring{}: this member stops serving and exits",
+                   mark(),
+                   change != nullptr ? " (its keys now belong to mark " +
+                                           std::to_string(change->into) + ")"
+                                     : "");
       kill(getpid(), SIGTERM);  // a clean stop: the member node goes first
     }
     return;
   }
-  if (change->importer != advertise_ || change->into != mark()) return;
-  std::lock_guard<std::mutex> lock(gate_mu_);
-  if (change_running_ || gate_stop_) return;
-  if (change_.joinable()) change_.join();  // an earlier change's, finished
-  change_running_ = true;
-  change_ = std::thread([this] {
-    std::string logged;
-    for (;;) {
-      Status st = RemoveStep();
-      std::unique_lock<std::mutex> wait(gate_mu_);
-      if (gate_stop_ || st.ok()) {
-        change_running_ = false;
-        return;
-      }
-      if (st.message() != logged) {
-        spdlog::warn("ring change: {}", st.message());
-        logged = st.message();
-      }
-      gate_cv_.wait_for(wait, std::chrono::seconds(1), [this] { return gate_stop_; });
-      if (gate_stop_) return;
-    }
-  });
-}
-
-Status Cluster::RemoveStep() {
-  const auto ring = registry_->ring();
-  const partition::RingChange* now = ring->change();
-  if (now == nullptr || now->kind != "remove" || now->importer != advertise_) return Status::OK();
-  partition::RingChange change = *now;
-  const std::vector<partition::Partition>& parts = ring->partitions();
-  size_t source = parts.size();
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].mark == change.source) source = i;
-  }
-  if (change.state == "copy") {
-    if (source == parts.size()) return Status::Unavailable("the removed mark is not in the ring");
-    if (replicator_ == nullptr || replicator_->head() != advertise_) {
-      return Status::Unavailable("only the head of mark " + std::to_string(mark()) +
-                                 " imports a removed mark's keys");
-    }
-    Target head, reader;
-    FLATKV_RETURN_IF_ERROR(RouteTo(*ring, source, /*write=*/true, &head));
-    FLATKV_RETURN_IF_ERROR(Forward(head, "peerFence", true, [&](rpc::FlatKVClient& c) {
-      c.peerFence(head.context);
-    }));
-    FLATKV_RETURN_IF_ERROR(RouteTo(*ring, source, /*write=*/false, &reader));
-    std::vector<partition::HashRange> ranges;
-    for (const auto& [lo, hi] : change.ranges) ranges.push_back({lo, hi, source});
-    {
-      std::lock_guard<std::mutex> lock(gate_mu_);
-      import_ = ImportProgress();
-      import_.running = true;
-      import_.start_ms = NowMillis();
-    }
-    const int64_t bound = ring->settings().hash_bound;
-    // Through this mark's chain: every member of it gets the keys.
-    Status copied = ExportPages(this, reader, ranges, 512, [&](rpc::ExportPage& p) {
-      std::vector<rpc::ChainOp> ops;
-      std::vector<uint64_t> hashes;
-      uint64_t bytes = 0;
-      for (rpc::KvPair& kv : p.pairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::PUT;
-        op.__set_key(kv.key);
-        bytes += kv.value.size() + 8;
-        op.__set_value(std::move(kv.value));
-        hashes.push_back(static_cast<uint64_t>(kv.key));
-        ops.push_back(std::move(op));
-      }
-      for (rpc::StringKvPair& kv : p.spairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::SPUT;
-        hashes.push_back(static_cast<uint64_t>(partition::Ring::HashString(kv.key, bound)));
-        bytes += kv.key.size() + kv.value.size();
-        op.__set_skey(std::move(kv.key));
-        op.__set_value(std::move(kv.value));
-        ops.push_back(std::move(op));
-      }
-      if (!ops.empty()) {
-        const size_t n = ops.size();
-        Status st = replicator_->Write(std::move(ops), std::move(hashes), nullptr);
-        if (!st.ok()) return st;
-        std::lock_guard<std::mutex> lock(gate_mu_);
-        import_.keys += n;
-        import_.bytes += bytes;
-      }
-      return Status::OK();
-    });
-    if (!copied.ok()) return copied;
-    {
-      std::lock_guard<std::mutex> lock(gate_mu_);
-      import_.copied_ms = NowMillis();
-    }
-    change.state = "flip";
-    FLATKV_RETURN_IF_ERROR(registry_->UpdateChange(change));
-    spdlog::info("ring change: mark {} holds mark {}'s keys; its members leave now", mark(),
-                 change.source);
-  }
-  // The removed mark's members deregister and exit (OnRingChange); then its
-  // mark node goes and the ring gives its ranges to this mark.
-  const auto again = registry_->ring();
-  const partition::Partition* removed = again->Find(change.source);
-  if (removed != nullptr && !removed->chain.empty()) {
-    return Status::Unavailable("waiting for mark " + std::to_string(change.source) +
-                               "'s members to leave");
-  }
-  FLATKV_RETURN_IF_ERROR(registry_->DeleteMark(change.source));
+  const partition::RingChange* change = ring.change();
+  bool running;
   {
     std::lock_guard<std::mutex> lock(gate_mu_);
-    import_.running = false;
+    running = gate_running_;
   }
-  FLATKV_RETURN_IF_ERROR(registry_->DeleteChange(change));
-  spdlog::info("ring change done: mark {} removed, mark {} serves its ranges", change.source,
-               mark());
-  return Status::OK();
+  // A change this member drives (a remove's: whoever heads the inheriting
+  // mark), or a machine waiting for a new ring.
+  const std::string role = ring.RoleOf(mark(), advertise_);
+  const bool drives =
+      change != nullptr &&
+      (change->importer == advertise_ ||
+       (change->kind == "remove" && change->into == mark() && (role == "head" || role == "single")));
+  if (running || drives) KickChange();
 }
 
 void Cluster::Close() {
   hooks_->cluster.store(nullptr);  // the registry's callbacks leave this alone from now
+  std::thread gate;
   {
     std::lock_guard<std::mutex> lock(gate_mu_);
     gate_stop_ = true;
+    gate = std::move(gate_);
   }
   gate_cv_.notify_all();
-  if (gate_.joinable() && gate_.get_id() != std::this_thread::get_id()) gate_.join();
-  if (change_.joinable() && change_.get_id() != std::this_thread::get_id()) change_.join();
+  if (gate.joinable()) {
+    if (gate.get_id() != std::this_thread::get_id()) {
+      gate.join();
+    } else {
+      gate.detach();
+    }
+  }
   // The replicator first: it may call the registry until it stops.
   hooks_->replicator.store(nullptr);
   if (replicator_) replicator_->Stop();
@@ -663,7 +584,11 @@ Status Cluster::Route(int64_t hash, bool write, Target* target) {
     return Status::Unavailable("no ring known yet: ZooKeeper (" + options_.zookeeper +
                                ") has not been reached since this instance started");
   }
-  return RouteTo(*ring, ring->OwnerIndex(hash), write, target);
+  FLATKV_RETURN_IF_ERROR(RouteTo(*ring, ring->OwnerIndex(hash), write, target));
+  // Served here: unless a ring change moves it (writes are checked again
+  // as they are sequenced).
+  if (target->local) return CheckMoving(hash, /*write=*/false);
+  return Status::OK();
 }
 
 Status Cluster::RouteTo(const partition::Ring& ring, size_t partition, bool write,
@@ -797,6 +722,14 @@ Status Cluster::CheckPeerRange(const rpc::PeerContext& context, int64_t lo, int6
   if (owner != mark() || hi > range.hi) {
     return RefuseNotOwner(context, ring.get(),
                           "hash " + std::to_string(lo) + " belongs to mark " + std::to_string(owner));
+  }
+  // A ring change moving part of [lo, hi] (reads; writes are checked again
+  // as they are sequenced).
+  if (const partition::RingChange* change = ring->change()) {
+    for (const auto& r : change->ranges) {
+      if (r.second < lo || r.first > hi) continue;
+      FLATKV_RETURN_IF_ERROR(CheckMoving(std::max(lo, r.first), /*write=*/false));
+    }
   }
   return Status::OK();
 }

@@ -33,6 +33,7 @@
 #include "FlatKV.h"
 #include "client/client.h"
 #include "engine/status.h"
+#include "partition/change.h"
 #include "partition/registry.h"
 #include "partition/ring.h"
 #include "partition/router.h"
@@ -74,7 +75,9 @@ class Cluster : public ChainCoordinator {
   // instance's member node (now or once ZooKeeper answers).
   void Join();
 
-  // ChainCoordinator, over the registry.
+  // ChainCoordinator, over the registry. Register() goes through the ring
+  // change machine (partition/change.h): a member of a mark the ring has
+  // registers; a new mark imports its range first.
   void Register() override;
   void Deregister() override;
   Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) override;
@@ -155,9 +158,11 @@ class Cluster : public ChainCoordinator {
   // and the mark (peerScanLog covers the whole partition).
   Status CheckPeerRange(const rpc::PeerContext& context, int64_t lo, int64_t hi);
   Status CheckPeerMark(const rpc::PeerContext& context);
-  // Unavailable while a ring change moves "hash" away from this mark (its
-  // state "copy": the importer copies what this mark holds there).
-  Status CheckWritable(int64_t hash) const;
+  // Unavailable while a ring change moves "hash" (partition::Moving): from
+  // this mark (writes in every state, reads from state flip on) or to it
+  // (until its importer knows the source has seen the flip).
+  Status CheckWritable(int64_t hash) const override { return CheckMoving(hash, true); }
+  Status CheckReadable(int64_t hash) const { return CheckMoving(hash, false); }
 
   // The ring as the IDL's RingInfo.
   void Describe(rpc::RingInfo* info) const;
@@ -180,28 +185,25 @@ class Cluster : public ChainCoordinator {
   Status RefuseNotOwner(const rpc::PeerContext& context, const partition::Ring* ring,
                         const std::string& why);
   void CountForward(const std::string& address);
-  // Registers now, or, for a mark not in the ring, once the ranges it
-  // would take over hold no key at their current owner (the gate thread).
-  void GateLoop();
-  // OK if every range "mark" would take over from "ring" is empty at its
-  // owner; InvalidArgument naming a key there; Unavailable if unknown.
-  Status CheckTakeOver(const partition::Ring& ring);
-  // One pass of the gate: OK once registered (and this instance's ring
-  // change, if any, finished); else why not yet (retried).
-  Status GateStep();
+  Status CheckMoving(int64_t hash, bool write) const;
+  // The ring change machine's thread (machine_): started by Register() and
+  // by a ring whose change concerns this member; runs the steps the machine
+  // asks for until it has none.
+  void KickChange();
+  void ChangeLoop();
   bool GateStopped() const;
-  // A new mark whose ranges hold keys (issue 11; server/migration.h): the
-  // ring change node, the source's fence, a copy of the ranges into this
-  // (emptied) store, the position adopted, registration; then FinishImport.
-  Status Import(const partition::Ring& ring);
-  // Registered: state "drop", the source drops the moved keys, the change
-  // node goes.
-  Status FinishImport(partition::RingChange change);
+  Status RunStep(const partition::ChangeStep& step, const partition::Ring& ring);
+  // kCopy: the change's ranges from the source's reader, into this store
+  // (add) or through this mark's chain (remove).
+  Status CopyRanges(const partition::RingChange& change, const partition::Ring& ring);
+  // kDrop: the source's head drops the change's ranges.
+  Status DropAtSource(const partition::RingChange& change, const partition::Ring& ring);
+  // kFence: the source's head stops writes to the ranges.
+  Status FenceSource(const partition::RingChange& change, const partition::Ring& ring);
   Status WipeStore();
-  // The inheriting head's part of a remove-mark: fence, copy through its
-  // chain, state flip, wait for the removed members to leave, delete the
-  // mark node and the change.
-  Status RemoveStep();
+  // Index of "mark" in ring.partitions(), or Unavailable naming "what".
+  static Status IndexOf(const partition::Ring& ring, int64_t mark, const char* what,
+                        size_t* index);
   static int64_t NowMillis();
 
   const ClusterOptions options_;
@@ -223,13 +225,19 @@ class Cluster : public ChainCoordinator {
   std::atomic<int64_t> forwarded_async_{0};    // of forwarded_: by an I/O thread
   std::atomic<int64_t> async_connections_{0};  // the I/O threads' open peer connections
 
-  // The register gate (GateLoop). gate_reason_ and gate_stop_ GUARDED_BY(gate_mu_).
+  // The ring change machine and its thread. gate_reason_, gate_stop_,
+  // gate_running_, gate_kicked_, import_ and leaving_ GUARDED_BY(gate_mu_);
+  // machine_ GUARDED_BY(machine_mu_) (request threads ask it Released()).
   mutable std::mutex gate_mu_;
   std::condition_variable gate_cv_;
   std::thread gate_;
   bool gate_stop_ = false;
+  bool gate_running_ = false;
+  bool gate_kicked_ = false;
   std::string gate_reason_;
-  // A new mark's import (GUARDED_BY(gate_mu_)), for stats().
+  mutable std::mutex machine_mu_;
+  partition::ChangeMachine machine_;
+  // A ring change's copy (add or remove), for stats().
   struct ImportProgress {
     bool running = false;
     int64_t start_ms = 0;
@@ -239,11 +247,6 @@ class Cluster : public ChainCoordinator {
     int64_t dropped = 0;
   };
   ImportProgress import_;
-  // The change this process moved to state "flip": from then on it only
-  // registers and finishes, whatever a lagging ring read says.
-  std::optional<partition::RingChange> flipped_;
-  std::thread change_;   // RemoveStep's, started by OnRingChange
-  bool change_running_ = false;
   bool leaving_ = false;  // this member's mark was removed
   engine::Store* store_ = nullptr;                     // set by StartReplication
   engine::cache::WriteBackCache* cache_ = nullptr;

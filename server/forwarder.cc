@@ -25,6 +25,7 @@
 // Reply is called, and Fail() detaches and frees its Conn before it answers
 // any of its calls (a call sent again goes to a new Conn).
 #include "server/forwarder.h"
+#include "server/thrift_limits.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -303,6 +304,7 @@ bool Forwarder::Parse(const uint8_t* message, uint32_t len, Op* op, bool* inline
   bool ok = false;
   try {
     in_->resetBuffer(const_cast<uint8_t*>(message), len, TMemoryBuffer::OBSERVE);
+    LimitToMessage(in_protocol_.get(), len);  // lengths that lie are refused unallocated
     std::string name;
     TMessageType type;
     in_protocol_->readMessageBegin(name, type, op->seqid);
@@ -643,6 +645,11 @@ bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
   try {
     in_->resetBuffer(body, len, TMemoryBuffer::OBSERVE);
     TBinaryProtocol* p = in_protocol_.get();
+    // A peer's answer is no more trusted than a client's call: no string or
+    // list longer than the frame (answers to forwarded calls hold no list
+    // of small elements, so this refuses only lengths that lie).
+    p->setStringSizeLimit(static_cast<int32_t>(std::min<uint32_t>(len, INT32_MAX)));
+    p->setContainerSizeLimit(static_cast<int32_t>(std::min<uint32_t>(len, INT32_MAX)));
     std::string name;
     TMessageType type;
     int32_t seqid = 0;

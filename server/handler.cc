@@ -126,6 +126,9 @@ void Handler::LocalMultiGet(std::vector<rpc::GetResult>& result,
   // One pass through the cache: each shard locked once, misses read from
   // the Store.
   for (int64_t key : keys) CheckRead(key);
+  if (cluster_ != nullptr) {
+    for (int64_t key : keys) ThrowIfError(cluster_->CheckReadable(key));
+  }
   std::vector<std::string> values;
   std::vector<bool> found;
   Status st = cache_->GetBatch(keys, &values, &found);

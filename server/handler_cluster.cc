@@ -680,7 +680,9 @@ int64_t Handler::peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, i
       }
       if (!ops.empty()) {
         dropped += static_cast<int64_t>(ops.size());
-        ThrowIfError(replicator_->Write(std::move(ops), std::move(hashes), nullptr));
+        // The ring change's own write: not refused as a moving range's.
+        ThrowIfError(replicator_->Write(std::move(ops), std::move(hashes), nullptr,
+                                        /*import=*/true));
       }
       done = page.done;
       cursor = page.cursor;

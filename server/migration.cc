@@ -87,25 +87,4 @@ Status ExportRange(const engine::Store& store, int64_t hash_bound, int64_t lo, i
   return Status::OK();
 }
 
-std::vector<partition::HashRange> RangesTakenBy(const partition::Ring& ring, int64_t mark) {
-  std::vector<partition::HashRange> out;
-  if (ring.empty() || ring.Find(mark) != nullptr) return out;
-  const std::vector<partition::Partition>& parts = ring.partitions();
-  // The marks below and above "mark" (cyclically): it takes [below, mark - 1],
-  // all of which "above" owns now.
-  auto it = std::lower_bound(parts.begin(), parts.end(), mark,
-                             [](const partition::Partition& p, int64_t m) { return p.mark < m; });
-  const size_t above = it == parts.end() ? 0 : static_cast<size_t>(it - parts.begin());
-  const size_t below = it == parts.begin() ? parts.size() - 1
-                                           : static_cast<size_t>(it - parts.begin()) - 1;
-  const int64_t from = parts[below].mark;
-  if (from < mark) {
-    out.push_back({from, mark - 1, above});
-  } else {  // wraps: [from, INT64_MAX] and [INT64_MIN, mark - 1]
-    out.push_back({from, INT64_MAX, above});
-    if (mark > INT64_MIN) out.push_back({INT64_MIN, mark - 1, above});
-  }
-  return out;
-}
-
 }  // namespace flatkv::server

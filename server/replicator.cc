@@ -627,7 +627,7 @@ Status Replicator::WaitFor(const std::function<void(WriteDone)>& start, int64_t 
 }
 
 void Replicator::WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
-                            WriteDone done) {
+                            WriteDone done, bool import) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     const std::string role = member_.role();
@@ -640,17 +640,26 @@ void Replicator::WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t>
   }
   Sequence(
       false, "write",
-      [this, keys = std::move(keys), op = EncodeChainOps(ops)](uint64_t request, int64_t now,
-                                                              ChainOutput* out) mutable {
+      [this, keys = std::move(keys), op = EncodeChainOps(ops), import](
+          uint64_t request, int64_t now, ChainOutput* out) mutable {
+        for (size_t i = 0; i < keys.size() && !import; ++i) {
+          Status st = coordinator_->CheckWritable(static_cast<int64_t>(keys[i]));
+          if (!st.ok()) {
+            out->replies.push_back({request, st});
+            return;
+          }
+        }
         member_.OnWrite(request, std::move(keys), std::move(op), now, out);
       },
       std::move(done));
 }
 
 Status Replicator::Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
-                         bool* existed) {
+                         bool* existed, bool import) {
   return Wait(
-      [&](WriteDone done) { WriteAsync(std::move(ops), std::move(keys), std::move(done)); },
+      [&](WriteDone done) {
+        WriteAsync(std::move(ops), std::move(keys), std::move(done), import);
+      },
       existed);
 }
 
@@ -661,6 +670,10 @@ void Replicator::AppendAsync(int64_t key, std::string suffix, uint64_t max_value
       true, "append",
       [this, key, suffix = std::move(suffix), max_value_bytes](uint64_t request, int64_t now,
                                                                ChainOutput* out) {
+        if (Status st = coordinator_->CheckWritable(key); !st.ok()) {
+          out->replies.push_back({request, st});
+          return;
+        }
         std::string value;
         Status st = cache_->Get(key, &value);
         if (!st.ok() && !st.IsNotFound()) {

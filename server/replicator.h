@@ -80,6 +80,11 @@ class ChainCoordinator {
   virtual Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) = 0;
   // Milliseconds since the session was last connected (0 while connected).
   virtual int64_t disconnected_ms() const = 0;
+  // Whether a write to "hash" may be sequenced now (a ring change may be
+  // moving it: Cluster::CheckWritable). Asked on the loop thread as the
+  // write is sequenced, so a fence (an empty write) that a ring change
+  // sequences after reading its node orders every later check after it.
+  virtual Status CheckWritable(int64_t /*hash*/) const { return Status::OK(); }
   // One round trip through the current session, now.
   virtual Status Ping(int timeout_ms) = 0;
 };
@@ -127,13 +132,18 @@ class Replicator {
   // A client write at this member (it must be the head): the assignments in
   // "ops" touching the keys whose hashes are "keys". Never blocks: "done"
   // gets the answer (UNAVAILABLE if the chain has not acknowledged it
-  // within 2 × session timeout + 2 s: it may still be applied).
-  void WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, WriteDone done);
+  // within 2 × session timeout + 2 s: it may still be applied). "import":
+  // a ring change's own write (a remove's copy into the range this mark
+  // takes over, a source dropping what moved): not checked with
+  // ChainCoordinator::CheckWritable.
+  void WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, WriteDone done,
+                  bool import = false);
   // Append: the put of (current value + "suffix"), read and sequenced on the
   // loop thread after every earlier write was applied.
   void AppendAsync(int64_t key, std::string suffix, uint64_t max_value_bytes, WriteDone done);
   // WriteAsync, blocking until answered (*existed if not null).
-  Status Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, bool* existed);
+  Status Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, bool* existed,
+               bool import = false);
   // Runs "start" with a WriteDone and waits for its answer (*existed if not
   // null), at most the write timeout and a second.
   Status Wait(const std::function<void(WriteDone)>& start, bool* existed);

@@ -218,12 +218,23 @@ def ring_of(port, timeout_ms=2000):
         t.close()
 
 
+def ring_change_of(port, timeout_ms=2000):
+    """The ring change in progress as the instance on "port" sees it (the
+    JSON of RingInfo.change), None if there is none, False if the call fails."""
+    try:
+        return call(port, lambda c: c.ring().change, timeout_ms)
+    except Exception:
+        return False
+
+
 def wait_ring(ports, expected, timeout=10.0):
     """Waits until the ring() of every instance on "ports" equals "expected"
-    ({mark: [chain]}); returns the seconds it took, or None on timeout."""
+    ({mark: [chain]}) and no ring change runs (a new mark serves its range
+    only once its change is done); returns the seconds it took, or None on
+    timeout."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if all(ring_of(p)[0] == expected for p in ports):
+        if all(ring_of(p)[0] == expected and ring_change_of(p) is None for p in ports):
             return time.monotonic() - t0
         time.sleep(0.05)
     return None

@@ -141,4 +141,28 @@ check(all(res.value == preloaded[k] for k, res in zip(pk, got)),
 s = b0.call(lambda c: c.stats())
 check(s.get("cluster.import.keys", 0) > 0, "B's stats count the keys it took over (%d)" %
       s.get("cluster.import.keys", 0))
+
+# A removed member started again on its old data dir never serves that stale
+# copy: its mark node is gone, so it registers only as a new mark, through an
+# import of the range from B (its old store is wiped first).
+newest = {k: got_v.value for k, got_v in zip(keys, b0.call(lambda c: c.multiGet(keys)))}
+for k in pk:
+    newest[k] = preloaded[k]
+port = free_port()
+a0_again = harness.start_member(server_bin, port, os.path.join(work, "a0"), zk, A,
+                                "--set", "storage.key_max=3000",
+                                log=os.path.join(work, "a0-again.log"), session_timeout_ms=1500)
+took = harness.wait_ring([b0.port, port], {A: ["127.0.0.1:%d" % port], B: ["127.0.0.1:%d" % b0.port]},
+                         timeout=60)
+check(took is not None, "the removed member, started again, is back as mark 1000 only through "
+      "an import (%s s)" % (None if took is None else "%.1f" % took))
+ks = sorted(newest)
+for name, p in (("a0", port), ("b0", b0.port)):
+    got = harness.call(p, lambda c: c.multiGet(ks))
+    stale = [k for k, res in zip(ks, got) if (res.value if res.found else None) != newest[k]]
+    check(not stale, "through %s every key reads its newest value, none from the old copy: %s" %
+          (name, stale[:5]))
+log = open(os.path.join(work, "a0-again.log")).read()
+check("imports" in log and "emptied this store first" in log,
+      "the restarted member emptied its old store and imported its range")
 harness.finish(work)

@@ -1,6 +1,7 @@
 // What a ring change moves (server/migration.h) and how it is recorded
 // (partition::RingChange): the ranges a new mark takes over, a range's
 // export from a real store in pages, and the change node's JSON.
+#include "partition/change.h"
 #include "server/migration.h"
 
 #include <catch2/catch.hpp>
@@ -15,7 +16,7 @@ using flatkv::partition::HashRange;
 using flatkv::partition::Ring;
 using flatkv::partition::RingChange;
 using flatkv::server::ExportRange;
-using flatkv::server::RangesTakenBy;
+using flatkv::partition::RangesTakenBy;
 
 namespace {
 

@@ -1,0 +1,156 @@
+// Changing the ring live (shared/DESIGN.md, "Changing the ring"; issue 11)
+// as a pure state machine (STYLE.md §9): no sockets, no threads, no clock.
+// The shell (server/cluster.cc) runs the steps it asks for against
+// ZooKeeper, the source's head and the local store, and reports each
+// outcome; tests/partition/change_sim_test.cc runs the same machine in a
+// seeded simulation against a model of them.
+//
+// One change at a time, held by the node <service_path>/.cluster/change
+// (RingChange). The importer drives it:
+//
+//   add (a new mark N takes [pred(N), N-1] from its owner S; a first mark
+//   of an empty ring registers at once):
+//     create the node (state copy) -> fence S (it refuses writes to the
+//     ranges from now) -> wipe this store -> copy -> persist -> state flip
+//     -> register -> listed in the ring -> state drop -> S drops the ranges
+//     -> delete the node
+//   remove (mark M leaves; the next mark up, I, inherits its ranges; the
+//   head of I imports, whoever that is when the node is read):
+//     (node created by the admin call, state copy) -> fence M -> copy
+//     through I's chain -> state flip (M's members leave) -> M's member
+//     nodes gone -> delete M's mark node -> delete the change node
+//
+// A failed step starts the pass over from the node's state in ZooKeeper
+// (copy: fence and copy again; flip or later: never copy again). A crash
+// loses only the machine's memory; the node's state says where to resume.
+//
+// Who serves a hash the change covers (Moving, below):
+//   - the source refuses writes in every state (a write there would miss
+//     the copy) and reads from state flip on (the importer may hold newer
+//     writes, or the source may be dropping);
+//   - the importing mark refuses reads and writes until its importer knows
+//     the source has seen the flip (its first drop answered: "released"),
+//     or the node is gone.
+// So at every moment at most one mark serves a hash, given that each
+// member's ring view reads the change node before the members and marks
+// (registry.cc): a view without the node then shows every registration
+// made before the node went.
+//
+// Thread safety: ChangeMachine is not thread-safe (the shell serializes
+// it); the free functions are pure.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/status.h"
+#include "partition/ring.h"
+
+namespace flatkv::partition {
+
+// The hash ranges mark "mark" would take over if it joined "ring" (whose
+// partitions do not include it), each with the index of its current owner
+// in ring.partitions(). Empty if the ring has no marks or already has it.
+std::vector<HashRange> RangesTakenBy(const Ring& ring, int64_t mark);
+
+// The change (kind add, state copy) for "importer" of the new mark "mark"
+// taking RangesTakenBy(ring, mark). Ranges empty if there is nothing to take.
+RingChange PlanAdd(const Ring& ring, int64_t mark, const std::string& importer);
+
+// The change (kind remove, state copy) that moves mark "removed"'s ranges to
+// the next mark up, imported by that mark's head. InvalidArgument for a mark
+// not in the ring or the only one; Unavailable if the inheriting mark has
+// no serving member.
+Status PlanRemove(const Ring& ring, int64_t removed, RingChange* out);
+
+// True if a member of "self_mark" must refuse a call for hash "h" because a
+// change moves it (see above). "released": this member imports the change
+// and knows the source has seen the flip (ChangeMachine::Released).
+bool Moving(const RingChange& change, int64_t self_mark, int64_t h, bool write, bool released);
+
+// True once a member of "self_mark" must stop serving and leave: its mark
+// is being removed and the copy is complete (state flip), or its mark node
+// is gone while the ring still has others (the remove finished while this
+// member was away or registering: what it holds belongs to another mark).
+bool MustLeave(const Ring& ring, int64_t self_mark);
+
+// One step for the shell to run.
+struct ChangeStep {
+  enum Kind {
+    kDone,        // nothing (more) to do
+    kWait,        // not yet, because "reason"; ask again after a while
+    kRegister,    // register this member (idempotent; the registry does it);
+                  // create_mark: also create the mark's node (a first mark, or
+                  // an import past its flip); otherwise only while the mark
+                  // node exists (a removed mark never comes back by a restart)
+    kCreate,      // create the change node "change"
+    kFence,       // the source's head stops writes to the ranges, commits the rest
+    kWipe,        // add: empty this store (an earlier attempt may have left a copy)
+    kCopy,        // copy change.ranges from the source (into this store; remove:
+                  // as writes through this mark's chain)
+    kPersist,     // add: flush, sync, adopt the import as the chain's position
+    kSetState,    // write "change" (its state is the new one) to the node
+    kDrop,        // add: the source drops change.ranges (every page of them)
+    kDeleteMark,  // remove: delete the removed mark's node
+    kDelete,      // delete the change node (done, or rolled back: "reason")
+  };
+  Kind kind = kDone;
+  RingChange change;
+  bool create_mark = false;       // kRegister
+  std::string reason;             // kWait; kDelete of a roll-back
+};
+const char* StepName(ChangeStep::Kind kind);
+
+class ChangeMachine {
+ public:
+  ChangeMachine(int64_t mark, std::string self) : mark_(mark), self_(std::move(self)) {}
+
+  // This member was asked to register (serving starts, or again after its
+  // session expired): an add gate runs until it has.
+  void Join() {
+    join_ = true;
+    registered_ = false;
+    asked_ = Asked::kNone;
+  }
+
+  // The next step, from the newest ring view. "head": this member heads its
+  // mark's chain (a remove's import runs only there).
+  ChangeStep Next(const Ring& ring, bool head);
+  // The outcome of "step" (as Next returned it).
+  void Done(const ChangeStep& step, const Status& st);
+
+  // For Moving(): this member imports "change" and its source has seen the
+  // flip (or this member deleted the node already).
+  bool Released(const RingChange& change) const;
+  // A change of this member's runs (for stats).
+  bool importing() const { return flipped_.has_value() || copy_czxid_ != 0; }
+
+ private:
+  ChangeStep Copy(const Ring& ring, const RingChange& change, bool head);
+  ChangeStep AfterFlip(const Ring& ring);
+  ChangeStep Register(bool create_mark, const RingChange& change);
+  bool Listed(const Ring& ring) const;
+  static ChangeStep Step(ChangeStep::Kind kind, const RingChange& change);
+  static ChangeStep Wait(std::string reason);
+
+  const int64_t mark_;
+  const std::string self_;
+  bool join_ = false;        // asked to register
+  bool registered_ = false;  // and the ring listed it
+  enum class Asked { kNone, kPlain, kCreate };
+  Asked asked_ = Asked::kNone;  // the registration last asked for
+  bool created_ = false;           // add: this member created the node just now
+  // The copy pass in progress: the change's czxid and how far it got.
+  int64_t copy_czxid_ = 0;
+  int phase_ = 0;
+  // The change this member moved to state flip (or found so): from then on
+  // only finished, whatever a lagging ring view says.
+  std::optional<RingChange> flipped_;
+  bool dropped_ = false;       // add: the source dropped the ranges
+  bool mark_deleted_ = false;  // remove: the removed mark's node is gone
+  int64_t finished_czxid_ = 0;  // the change this member deleted last
+};
+
+}  // namespace flatkv::partition

@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""Process test of a remove-mark whose importer dies mid-copy (issue 11,
+partition/change.h: a remove is imported by whoever heads the inheriting
+mark when the change node is read).
+
+Marks A = 1000 (one member) and B = 2000 (a chain of two, b0 head, b1);
+keys 0..2999 (B owns [1000, 1999], A the rest), A's range preloaded with
+about 4 MB and the copy throttled to 1 MB/s (cluster.migrate_mb_per_sec),
+so it runs for seconds. Writers call B with self-verifying values on keys
+of both marks. `flatkv admin remove-mark 1000`; once b0 has copied some
+keys it is killed with SIGKILL; b1 becomes B's head after b0's session
+expires, takes the import over and finishes it: A's member exits 0, the
+ring is B = [b1], and every acknowledged write and every preloaded key
+reads its newest value through b1.
+
+Usage: remove_failover_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT"""
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import harness
+from harness import check, free_port
+
+server_bin, cli_bin, thrift_bin, idl = sys.argv[1:5]
+work = harness.workdir("flatkv-remove-failover-", thrift_bin, idl)
+from flatkv.ttypes import KvError, KvPair  # noqa: E402
+
+import logging  # noqa: E402
+logging.getLogger("thrift").setLevel(logging.CRITICAL)
+
+A, B = 1000, 2000
+zk = harness.ZooKeeper(work)
+stop = threading.Event()
+
+
+class Member:
+    def __init__(self, name, mark):
+        self.name = name
+        self.port = free_port()
+        self.proc = harness.start_member(
+            server_bin, self.port, os.path.join(work, name), zk, mark,
+            "--set", "storage.key_max=3000", "--set", "cluster.migrate_mb_per_sec=1",
+            log=os.path.join(work, name + ".log"), session_timeout_ms=1500)
+
+    def call(self, fn):
+        return harness.call(self.port, fn, 10000)
+
+
+def wait_until(what, cond, timeout=60.0):
+    return harness.wait_until(work, what, cond, timeout, 0.1, on_fail=stop.set)
+
+
+def ring(member):
+    r = member.call(lambda c: c.ring())
+    return {p.mark: [m.port for m in p.chain] for p in r.partitions}
+
+
+b0 = Member("b0", B)
+wait_until("B serves", lambda: ring(b0) == {B: [b0.port]})
+b1 = Member("b1", B)
+wait_until("B's chain of two", lambda: ring(b0) == {B: [b0.port, b1.port]})
+a0 = Member("a0", A)
+wait_until("A serves", lambda: ring(b0) == {A: [a0.port], B: [b0.port, b1.port]} and
+           harness.ring_change_of(b0.port) is None)
+pad = b"p" * 10000
+preloaded = {k: b"pre%d " % k + pad for k in list(range(0, 1000, 3)) + list(range(2000, 3000, 3))}
+items = sorted(preloaded.items())
+for i in range(0, len(items), 100):
+    b0.call(lambda c: c.multiPut([KvPair(k, v) for k, v in items[i:i + 100]]))
+
+lock = threading.Lock()
+acked, attempted, bad = {}, {}, []
+writer_keys = [list(range(i * 10 + 1, 3000, 40)) for i in range(3)]  # disjoint, both marks
+
+
+def writer(index):
+    r = random.Random(index)
+    conn = None
+    while not stop.is_set():
+        key = r.choice(writer_keys[index])
+        try:
+            if conn is None:
+                conn = harness.client(b1.port, 3000)  # b1 lives through the test
+            with lock:
+                v = attempted.get(key, 0) + 1
+                attempted[key] = v
+            conn[0].put(key, harness.versioned(key, v))
+            with lock:
+                acked[key] = max(acked.get(key, 0), v)
+        except KvError:
+            time.sleep(0.01)
+        except Exception:
+            conn = None
+            time.sleep(0.02)
+
+
+threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(3)]
+for th in threads:
+    th.start()
+time.sleep(0.5)
+
+r = subprocess.run([cli_bin, "--port", str(b1.port), "admin", "remove-mark", str(A)],
+                   capture_output=True, timeout=30)
+check(r.returncode == 0, "flatkv admin remove-mark 1000 through b1: %r %r" % (r.stdout, r.stderr[-200:]))
+wait_until("b0 copies A's keys (cluster.import.keys > 0)",
+           lambda: b0.call(lambda c: c.stats()).get("cluster.import.keys", 0) > 0, 30)
+copied = b0.call(lambda c: c.stats()).get("cluster.import.keys", 0)
+b0.proc.send_signal(signal.SIGKILL)
+b0.proc.wait()
+check(copied < len(preloaded), "b0 killed mid-copy (%d of about %d keys copied)" % (copied, len(preloaded)))
+
+took = wait_until("b1 takes the import over and A leaves: the ring is B = [b1]",
+                  lambda: ring(b1) == {B: [b1.port]} and harness.ring_change_of(b1.port) is None,
+                  120)
+check(a0.proc.wait(30) == 0, "A's member exited with status 0")
+check("change" not in zk.children("/flatkv/.cluster") and
+      str(A) not in zk.children("/flatkv/.cluster/marks"),
+      "the change node and mark 1000's node are gone")
+time.sleep(0.3)
+stop.set()
+for th in threads:
+    th.join()
+keys = sorted(acked)
+got = b1.call(lambda c: c.multiGet(keys))
+for key, res in zip(keys, got):
+    harness.judge_versioned(key, res.value if res.found else None, acked[key], attempted, bad)
+check(not bad, "every acknowledged write (%d keys) reads its newest version through b1: %s" %
+      (len(keys), bad[:5]))
+pk = [k for k in sorted(preloaded) if k not in attempted]
+wrong = []
+for i in range(0, len(pk), 200):
+    part = pk[i:i + 200]
+    got = b1.call(lambda c: c.multiGet(part))
+    wrong += [k for k, res in zip(part, got) if res.value != preloaded[k]]
+check(not wrong, "every preloaded key of both marks (%d) reads its value through b1: %s" %
+      (len(pk), wrong[:5]))
+log = open(os.path.join(work, "b1.log")).read()
+check("copied" in log, "b1's log says it copied A's keys itself")
+harness.finish(work)
