@@ -90,6 +90,12 @@ constexpr const char* kUsage =
     "  admin remove-mark M [--wait]  remove mark M from the ring: its keys move\n"
     "                              to the next mark up, then its members exit;\n"
     "                              --wait returns once M has left the ring\n"
+    "  admin backup DIR [--wait] [--mb-per-sec N]\n"
+    "                              copy the instance's store into DIR (an absolute\n"
+    "                              path on the server's machine, not existing yet)\n"
+    "                              while it serves, at most N MB/s (default 0:\n"
+    "                              unlimited); --wait draws progress on stderr;\n"
+    "                              flatkv-server --set storage.path=DIR opens it\n"
     "  admin abort-change          roll back the ring change in progress while it\n"
     "                              still copies (stop its importer first)\n"
     "  admin verify [--no-repair]  read back every record of the instance and\n"
@@ -136,6 +142,7 @@ struct Flags {
   bool reverse = false;
   bool wait = false;
   bool no_repair = false;
+  std::optional<int> mb_per_sec;
   std::string zookeeper;                 // --zk: route through the ring
   std::string service_path = "/flatkv";  // --path
   bool help = false;
@@ -164,7 +171,7 @@ Status ParseBounded(const std::string& name, const std::string& text, T lo, T hi
 
 bool TakesValue(const std::string& name) {
   static const char* const kWithValue[] = {"host", "port", "timeout-ms", "token",
-                                           "limit", "zk", "path"};
+                                           "limit", "zk", "path", "mb-per-sec"};
   return std::any_of(std::begin(kWithValue), std::end(kWithValue),
                      [&](const char* n) { return name == n; });
 }
@@ -189,6 +196,10 @@ Status ApplyValueOption(const std::string& name, const std::string& value, Flags
     f->limit = n;
   } else if (name == "zk") {
     f->zookeeper = value;
+  } else if (name == "mb-per-sec") {
+    int n = 0;
+    FLATKV_RETURN_IF_ERROR(ParseBounded(name, value, 0, kIntMax, &n));
+    f->mb_per_sec = n;
   } else {  // path
     f->service_path = value;
   }
@@ -325,12 +336,14 @@ std::string HumanBytes(double bytes, double unit_of) {
 
 // The percentage as shown, to 0.1: the bar, the figure and the 10% steps
 // agree (99.96 is 100.0 everywhere).
-double ShownPercent(const rpc::CompactionStatus& s) {
+template <typename Progress>  // rpc::CompactionStatus or rpc::BackupStatus
+double ShownPercent(const Progress& s) {
   return std::round(std::clamp(s.percent, 0.0, 100.0) * 10) / 10;
 }
 
 // "[#########           ] 45.0%  1.2/2.9 GiB"
-std::string ProgressLine(const rpc::CompactionStatus& s) {
+template <typename Progress>
+std::string ProgressLine(const Progress& s) {
   const double pct = ShownPercent(s);
   const int filled = static_cast<int>(pct / 100 * kBarWidth);
   const double total = static_cast<double>(std::max<int64_t>(s.bytesTotal, 0));
@@ -343,13 +356,14 @@ std::string ProgressLine(const rpc::CompactionStatus& s) {
   return line;
 }
 
-// Draws the compaction's progress on stderr: redrawn in place on a
+// Draws a compaction's or a backup's progress on stderr: redrawn in place on a
 // terminal, otherwise one line each time another 10% is reached.
 class ProgressBar {
  public:
   ProgressBar() : tty_(isatty(STDERR_FILENO) == 1) {}
 
-  void Draw(const rpc::CompactionStatus& s) {
+  template <typename Progress>
+  void Draw(const Progress& s) {
     if (tty_) {
       std::fprintf(stderr, "\r%s\033[K", ProgressLine(s).c_str());
       drawn_ = true;
@@ -420,6 +434,7 @@ class Cli {
   int WriteMode(const Operands& ops);
   int Compact(const Operands& ops);
   int WaitForCompaction(const rpc::CompactionStatus& before);
+  int Backup(const Operands& ops);
   int Stats(const Operands& ops);
   int Digest(const Operands& ops);
   int Verify(const Operands& ops);
@@ -468,6 +483,7 @@ const Cli::Command Cli::kCommands[] = {
     {"admin verify", 0, 0, &Cli::Verify},
     {"admin remove-mark", 1, 1, &Cli::RemoveMark},
     {"admin abort-change", 0, 0, &Cli::AbortChange},
+    {"admin backup", 1, 1, &Cli::Backup},
     {"ring", 0, 0, &Cli::PrintRing},
     {"ring suggest-mark", 0, 0, &Cli::SuggestMark},
 };
@@ -480,7 +496,7 @@ int Cli::Run() {
   if (name == "admin") {
     if (ops.empty()) {
       return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest, verify, "
-                   "remove-mark, abort-change");
+                   "remove-mark, abort-change, backup");
     }
     name += " " + ops[0];
     ops.erase(ops.begin());
@@ -506,8 +522,13 @@ Status Cli::CheckOptions(const std::string& command) const {
   if ((flags_.limit || flags_.reverse) && command != "scan") {
     return Status::InvalidArgument("--limit and --reverse apply to scan only");
   }
-  if (flags_.wait && command != "admin compact" && command != "admin remove-mark") {
-    return Status::InvalidArgument("--wait applies to admin compact and admin remove-mark only");
+  if (flags_.wait && command != "admin compact" && command != "admin remove-mark" &&
+      command != "admin backup") {
+    return Status::InvalidArgument(
+        "--wait applies to admin compact, admin remove-mark and admin backup only");
+  }
+  if (flags_.mb_per_sec && command != "admin backup") {
+    return Status::InvalidArgument("--mb-per-sec applies to admin backup only");
   }
   if (flags_.no_repair && command != "admin verify") {
     return Status::InvalidArgument("--no-repair applies to admin verify only");
@@ -729,6 +750,41 @@ int Cli::WaitForCompaction(const rpc::CompactionStatus& before) {
   if (now.lastError.empty()) return kExitOk;
   std::fprintf(stderr, "flatkv: compaction failed: %s\n", now.lastError.c_str());
   return kExitServer;
+}
+
+// Starts the backup; with --wait polls backupStatus until it is over and
+// prints what it copied. Exit 3 if the server reports it failed.
+int Cli::Backup(const Operands& ops) {
+  Status st = client_.Call("backup", false, [&](rpc::FlatKVClient& c) {
+    c.backup(Token(), ops[0], flags_.mb_per_sec.value_or(0));
+  });
+  if (!st.ok()) return Fail(st);
+  if (!flags_.wait) {
+    std::printf("backup to %s started (flatkv admin backup ... --wait, or backupStatus, to follow)\n",
+                ops[0].c_str());
+    return kExitOk;
+  }
+  ProgressBar bar;
+  rpc::BackupStatus now;
+  for (;;) {
+    st = client_.Call("backupStatus", true, [&](rpc::FlatKVClient& c) { c.backupStatus(now); });
+    if (!st.ok()) {
+      bar.Finish();
+      return Fail(st);
+    }
+    bar.Draw(now);
+    if (!now.running) break;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  bar.Finish();
+  if (!now.complete) {
+    std::fprintf(stderr, "flatkv: backup failed: %s\n", now.lastError.c_str());
+    return kExitServer;
+  }
+  std::printf("path %s\nkeys %lld\nbytes %lld\ncorrupt_skipped %lld\n", now.path.c_str(),
+              static_cast<long long>(now.keysDone), static_cast<long long>(now.bytesDone),
+              static_cast<long long>(now.corruptSkipped));
+  return kExitOk;
 }
 
 int Cli::Stats(const Operands&) {

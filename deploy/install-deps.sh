@@ -21,6 +21,13 @@ packages=(
   python3-kazoo python3-xxhash
   # peer engines for flatkv-bench
   librocksdb-dev libleveldb-dev libkyotocabinet-dev
+  # client examples in Java and Go, and the YCSB binding (client/examples,
+  # client/ycsb): Maven and Go fetch libthrift 0.17.0 / YCSB 0.17.0 and the
+  # Go module github.com/apache/thrift v0.17.0 on the first build
+  maven default-jdk-headless golang-go
+  # the Debian package (cpack -G DEB: dpkg-shlibdeps) and its test
+  # (systemd-analyze verify, deb-systemd-helper, useradd)
+  dpkg-dev systemd init-system-helpers passwd
 )
 
 missing=()

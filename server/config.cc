@@ -218,6 +218,13 @@ const std::vector<Key>& Schema() {
            {"trace", "debug", "info", "warn", "error", "critical", "off"}, "log.level")},
       {"log.file", "", "log file; empty = stderr",
        Str([](Config* c) { return &c->log_file; }, {}, "log.file")},
+      {"log.max_size", "100Mi",
+       "log.file is rotated when it would grow past this (to NAME.1.EXT, NAME.2.EXT, ...); "
+       "0 = never",
+       Int<uint64_t>([](Config* c) { return &c->log_max_size; }, 0, int64_t{1} << 40,
+                     "log.max_size")},
+      {"log.max_files", "5", "rotated log files kept besides the current one; older ones are deleted",
+       Int<int>([](Config* c) { return &c->log_max_files; }, 1, 1000, "log.max_files")},
       {"cluster.zookeeper", "", "ZooKeeper hosts (host:port,...); empty = standalone",
        Str([](Config* c) { return &c->cluster.zookeeper; }, {}, "cluster.zookeeper")},
       {"cluster.service_path", "/flatkv", "ZooKeeper path instances register under",

@@ -60,6 +60,8 @@ struct Config {
   std::string admin_token;                 // admin.token; empty = no check
   std::string log_level = "info";          // trace|debug|info|warn|error|critical|off
   std::string log_file;                    // empty = stderr
+  uint64_t log_max_size = 100 << 20;       // rotate log_file past this many bytes; 0 = never
+  int log_max_files = 5;                   // rotated files kept (file.1.log .. file.N.log)
 };
 
 // Reads "path" (empty = no file: all defaults), then applies each override

@@ -1,5 +1,7 @@
 #include "server/handler.h"
 
+#include <sys/statvfs.h>
+
 #include <cstring>
 #include <type_traits>
 
@@ -13,7 +15,8 @@ constexpr const char* kMethodNames[] = {
     "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats",
     "ring", "peerGet", "peerPut", "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
     "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove", "peerChain", "peerSnapshot",
-    "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop", "removeMark", "abortChange"};
+    "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop", "removeMark", "abortChange",
+    "backup", "backupStatus"};
 
 // Room a frame needs beside the value: the call's name, sequence id, fields.
 constexpr uint64_t kFrameOverhead = 4096;
@@ -57,7 +60,8 @@ Handler::Handler(engine::Store* store, engine::cache::WriteBackCache* cache, con
       config_(config),
       max_value_bytes_(std::min<uint64_t>(config.storage.max_value_bytes,
                                           config.server.max_frame_bytes - kFrameOverhead)),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()),
+      backup_(std::make_unique<engine::Backup>(store)) {}
 
 rpc::KvError Handler::Unexpected(Method method, const char* what) {
   errors_[method].fetch_add(1, std::memory_order_relaxed);
@@ -389,6 +393,33 @@ void Handler::compactionStatus(rpc::CompactionStatus& result) {
   });
 }
 
+void Handler::backup(const std::string& token, const std::string& dir, int32_t mb_per_sec) {
+  Run(kBackup, [&] {
+    CheckAdmin(token);
+    if (backup_disabled_) ThrowIfError(Status::InvalidArgument("backup is disabled here"));
+    if (mb_per_sec < 0) ThrowIfError(Status::InvalidArgument("mbPerSec must be >= 0"));
+    // Every write acknowledged so far reaches the store before the copy
+    // starts reading it.
+    ThrowIfError(cache_->Flush());
+    ThrowIfError(backup_->Start(dir, static_cast<uint32_t>(mb_per_sec)));
+  });
+}
+
+void Handler::backupStatus(rpc::BackupStatus& result) {
+  Run(kBackupStatus, [&] {
+    const engine::BackupStatus s = backup_->GetStatus();
+    result.running = s.running;
+    result.percent = s.percent;
+    result.bytesDone = static_cast<int64_t>(s.bytes_done);
+    result.bytesTotal = static_cast<int64_t>(s.bytes_total);
+    result.keysDone = static_cast<int64_t>(s.keys_done);
+    result.corruptSkipped = static_cast<int64_t>(s.corrupt_skipped);
+    result.path = s.path;
+    result.complete = s.complete;
+    result.lastError = s.last_error;
+  });
+}
+
 void Handler::info(rpc::NodeInfo& result) {
   Run(kInfo, [&] {
     result.version = "0.1.0";
@@ -430,6 +461,22 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["engine.bytes_appended"] = static_cast<int64_t>(e.bytes_appended);
   result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
   result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
+  result["engine.live_bytes"] = static_cast<int64_t>(store_->LiveBytesEstimate());
+  // Compaction progress, as compactionStatus() gives it (percent in
+  // hundredths: stats are integers).
+  const engine::CompactionStatus cs = store_->GetCompactionStatus();
+  result["compaction.running"] = cs.running ? 1 : 0;
+  result["compaction.percent_x100"] = static_cast<int64_t>(cs.percent * 100);
+  result["compaction.round_done_bytes"] = static_cast<int64_t>(cs.bytes_done);
+  result["compaction.round_bytes"] = static_cast<int64_t>(cs.bytes_total);
+  result["compaction.tables_compacted"] = static_cast<int64_t>(cs.tables_compacted);
+  result["compaction.bytes_reclaimed"] = static_cast<int64_t>(cs.bytes_reclaimed);
+  // The file system holding the store: one statvfs, cheap enough per call.
+  struct statvfs fs;
+  if (statvfs(store_->options().path.c_str(), &fs) == 0) {
+    result["disk.total_bytes"] = static_cast<int64_t>(fs.f_blocks) * static_cast<int64_t>(fs.f_frsize);
+    result["disk.free_bytes"] = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  }
   if (cluster_ != nullptr) cluster_->AddStats(&result);
   if (server_stats_) server_stats_(&result);
 }

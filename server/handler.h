@@ -22,9 +22,11 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "FlatKV.h"
+#include "engine/backup.h"
 #include "engine/cache/write_back.h"
 #include "engine/store.h"
 #include "server/cluster.h"
@@ -41,7 +43,8 @@ class Handler : public rpc::FlatKVIf {
     kSRemove, kSetWriteMode, kGetWriteMode, kCompact, kCompactionStatus, kInfo, kStats,
     kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
     kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kPeerChain, kPeerSnapshot,
-    kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kRemoveMark, kAbortChange, kMethods
+    kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kRemoveMark, kAbortChange,
+    kBackup, kBackupStatus, kMethods
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
@@ -92,6 +95,16 @@ class Handler : public rpc::FlatKVIf {
   void digest(rpc::Digest& result, const std::string& token) override;
   void peerRepair(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) override;
   void verify(rpc::VerifyResult& result, const std::string& token, bool repair) override;
+  // Online backup (engine/backup.h): flushes the cache, then copies the
+  // store into "dir" in the background.
+  void backup(const std::string& token, const std::string& dir, int32_t mb_per_sec) override;
+  void backupStatus(rpc::BackupStatus& result) override;
+  // Stops a running backup (its partial copy is removed); before the store
+  // closes.
+  void StopBackup() { backup_->Stop(); }
+  // Refuses every backup call (the fuzz targets: an input holding the admin
+  // token must not make the process write directories anywhere).
+  void TEST_DisableBackup() { backup_disabled_ = true; }
   void peerExport(rpc::ExportPage& result, const rpc::PeerContext& ctx, int64_t lo, int64_t hi,
                   const std::string& cursor, int32_t limit) override;
 
@@ -232,6 +245,8 @@ class Handler : public rpc::FlatKVIf {
   const Config config_;
   const uint64_t max_value_bytes_;
   const std::chrono::steady_clock::time_point started_;
+  const std::unique_ptr<engine::Backup> backup_;
+  bool backup_disabled_ = false;
   std::array<std::atomic<int64_t>, kMethods> calls_{};
   std::array<std::atomic<int64_t>, kMethods> errors_{};
   std::array<LatencyHistogram, kMethods> latency_;

@@ -107,9 +107,10 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
   }
   // Calls that never forward: served here whatever the ring says.
   if (name == "verify") return true;  // reads the whole store
+  if (name == "backup") return true;  // flushes the cache first
   if (name.substr(0, 4) == "peer" || name == "digest" || name == "ring" || name == "info" ||
       name == "stats" || name == "getWriteMode" || name == "setWriteMode" ||
-      name == "compact" || name == "compactionStatus") {
+      name == "compact" || name == "compactionStatus" || name == "backupStatus") {
     return false;
   }
   const bool int_key = name == "get" || name == "put" || name == "remove" || name == "append";

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <thrift/concurrency/ThreadFactory.h>
@@ -458,6 +459,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
   if (http) http->Stop();  // no HTTP call may reach the cache or store past here
   if (workers) workers->stop();  // in-flight calls finish
   if (cluster) cluster->Close();
+  handler->StopBackup();  // a backup still copying is abandoned (its DIR.partial removed)
   if (!CloseEngine(cache.get(), store.get())) code = 1;
   if (fatal.load()) code = kExitBadConfig;
   spdlog::info("stopped cleanly");
@@ -495,7 +497,13 @@ int main(int argc, char** argv) {
   }
   if (!config.log_file.empty()) {
     try {
-      spdlog::set_default_logger(spdlog::basic_logger_mt("flatkv", config.log_file));
+      // Rotation by size: past log.max_size the file becomes NAME.1.EXT (the
+      // older ones shift up, the one past log.max_files is deleted).
+      spdlog::set_default_logger(
+          config.log_max_size == 0
+              ? spdlog::basic_logger_mt("flatkv", config.log_file)
+              : spdlog::rotating_logger_mt("flatkv", config.log_file, config.log_max_size,
+                                           static_cast<size_t>(config.log_max_files)));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "flatkv-server: bad configuration: log.file: %s\n", e.what());
       return kExitBadConfig;

@@ -71,6 +71,22 @@ constexpr KnownStat kKnownStats[] = {
     {"engine.fdatasyncs", "engine_fdatasyncs_total", "counter", "fdatasync calls made by the engine."},
     {"engine.corrupt_records", "engine_corrupt_records_total", "counter",
      "Records skipped because their checksum did not match."},
+    {"engine.live_bytes", "engine_live_bytes", "gauge",
+     "Bytes of live records in the data files (estimated; the rest is garbage compaction reclaims)."},
+    {"compaction.running", "compaction_running", "gauge", "1 while a compaction round runs."},
+    {"compaction.percent_x100", "compaction_percent_x100", "gauge",
+     "Progress of the current compaction round in hundredths of a percent."},
+    {"compaction.round_done_bytes", "compaction_round_done_bytes", "gauge",
+     "Log bytes the current compaction round has read."},
+    {"compaction.round_bytes", "compaction_round_bytes", "gauge",
+     "Log bytes the current compaction round reads in all."},
+    {"compaction.tables_compacted", "compaction_tables_compacted_total", "counter",
+     "Tables compacted since the server started."},
+    {"compaction.bytes_reclaimed", "compaction_bytes_reclaimed_total", "counter",
+     "Log bytes compaction gave back since the server started."},
+    {"disk.total_bytes", "disk_total_bytes", "gauge", "Size of the file system holding storage.path."},
+    {"disk.free_bytes", "disk_free_bytes", "gauge",
+     "Bytes available to the server on the file system holding storage.path."},
     {"server.connections", "server_connections", "gauge", "Thrift connections open."},
     {"server.connections_accepted", "server_connections_accepted_total", "counter",
      "Thrift connections accepted."},
@@ -82,16 +98,23 @@ constexpr KnownStat kKnownStats[] = {
      "Connections closed for a bad frame or protocol error."},
 };
 
-// Labelled per-method families: "<group>.<method>" keys.
-struct MethodFamily {
+// Labelled families: "<group>.<label value>" keys, e.g. "calls.get" ->
+// flatkv_calls_total{method="get"}.
+struct LabelledFamily {
   const char* group;
   const char* name;
+  const char* label;
   const char* help;
 };
 
-constexpr MethodFamily kMethodFamilies[] = {
-    {"calls", "calls_total", "Calls per service method (HTTP routes count as the method they call)."},
-    {"errors", "errors_total", "Calls per service method that ended in an error."},
+constexpr LabelledFamily kLabelledFamilies[] = {
+    {"calls", "calls_total", "method",
+     "Calls per service method (HTTP routes count as the method they call)."},
+    {"errors", "errors_total", "method", "Calls per service method that ended in an error."},
+    // A ring member's forwards per member ("cluster.forwarded.<host:port>"):
+    // a label, not a metric name per member, so a dashboard can sum them.
+    {"cluster.forwarded", "cluster_forwarded_to_total", "peer",
+     "Calls this instance forwarded to each other member (host:port)."},
 };
 
 struct Family {
@@ -140,13 +163,13 @@ std::string MicrosAsSeconds(uint64_t micros) {
 // Puts one stats() entry into its family.
 void AddStat(const std::string& key, int64_t value, std::map<std::string, Family>* families) {
   const std::string v = std::to_string(value);
-  for (const MethodFamily& m : kMethodFamilies) {
+  for (const LabelledFamily& m : kLabelledFamilies) {
     const std::string group = std::string(m.group) + ".";
     if (key.compare(0, group.size(), group) == 0) {
       Family& f = (*families)[kPrefix + std::string(m.name)];
       f.type = "counter";
       f.help = m.help;
-      f.samples.push_back(kPrefix + std::string(m.name) + "{method=\"" +
+      f.samples.push_back(kPrefix + std::string(m.name) + "{" + m.label + "=\"" +
                           EscapeLabel(key.substr(group.size())) + "\"} " + v);
       return;
     }

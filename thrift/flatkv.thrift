@@ -1,10 +1,16 @@
 // The wire contract of FlatKV (shared/DESIGN.md, "Service contract"). Binary
 // protocol, framed transport, service FlatKV. Field ids and enum values are
 // forever: add, never renumber or reuse. C++ is generated into the build tree
-// (thrift --gen cpp:no_skeleton,moveable_types); Python with thrift --gen py.
+// (thrift --gen cpp:no_skeleton,moveable_types); Python with thrift --gen py,
+// Java and Go by client/examples/. Field names are not on the wire, but they
+// are identifiers in every generated language: no parameter may be called
+// `ctx` (Thrift 0.17's Go code passes a context.Context named ctx first and
+// would not compile).
 
 namespace cpp flatkv.rpc
 namespace py flatkv
+namespace java flatkv.rpc
+namespace go flatkv
 
 // Why a call failed. Not found is not an error (GetResult.found = false).
 enum ErrorCode {
@@ -190,6 +196,19 @@ struct VerifyResult {
   4: required i64 repaired,   // of those, rewritten through the chain from another member
   5: required list<string> problems,  // the first 100: file, offset, key, and the outcome
 }
+// flatkv admin backup: progress of the current (or last) online backup.
+struct BackupStatus {
+  1: required bool running,
+  2: required double percent,       // of bytesTotal; 100 once complete
+  3: required i64 bytesDone,        // key and value bytes copied
+  4: required i64 bytesTotal,       // the store's live bytes at the start (an estimate)
+  5: required i64 keysDone,
+  6: required i64 corruptSkipped,   // records skipped for a bad checksum
+  7: required string path,          // the backup's directory (on the server's machine)
+  8: required bool complete,        // the last backup finished: path holds it
+  9: required string lastError,     // empty unless the last backup failed
+}
+
 // Every argument is "required": a call whose argument is missing or of the
 // wrong type is answered with a TApplicationException naming the method
 // (PROTOCOL_ERROR) instead of running with a default value. The wire format
@@ -226,57 +245,57 @@ service FlatKV {
 
   // Calls between instances: a call forwarded by the instance a client
   // called to the partition that owns the key. They are served only by a
-  // member of ctx.mark that owns the key in its own ring, and never
+  // member of peer.mark that owns the key in its own ring, and never
   // forwarded again: anything else is NOT_OWNER (the sender re-reads the
-  // ring and retries once). A wrong ctx.token is UNAUTHORIZED.
-  GetResult peerGet(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
-  void peerPut(1: required PeerContext ctx, 2: required i64 key, 3: required binary value) throws (1: KvError err),
-  bool peerRemove(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
-  void peerAppend(1: required PeerContext ctx, 2: required i64 key, 3: required binary value) throws (1: KvError err),
-  list<GetResult> peerMultiGet(1: required PeerContext ctx, 2: required list<i64> keys) throws (1: KvError err),
-  void peerMultiPut(1: required PeerContext ctx, 2: required list<KvPair> pairs) throws (1: KvError err),
-  // Key order within the hash range [lo, hi] (inclusive), which ctx.mark
+  // ring and retries once). A wrong peer.token is UNAUTHORIZED.
+  GetResult peerGet(1: required PeerContext peer, 2: required i64 key) throws (1: KvError err),
+  void peerPut(1: required PeerContext peer, 2: required i64 key, 3: required binary value) throws (1: KvError err),
+  bool peerRemove(1: required PeerContext peer, 2: required i64 key) throws (1: KvError err),
+  void peerAppend(1: required PeerContext peer, 2: required i64 key, 3: required binary value) throws (1: KvError err),
+  list<GetResult> peerMultiGet(1: required PeerContext peer, 2: required list<i64> keys) throws (1: KvError err),
+  void peerMultiPut(1: required PeerContext peer, 2: required list<KvPair> pairs) throws (1: KvError err),
+  // Key order within the hash range [lo, hi] (inclusive), which peer.mark
   // owns whole; otherwise as scan.
-  ScanResult peerScan(1: required PeerContext ctx, 2: required i64 fromKey, 3: required i32 limit, 4: required bool reverse, 5: required i64 lo, 6: required i64 hi) throws (1: KvError err),
+  ScanResult peerScan(1: required PeerContext peer, 2: required i64 fromKey, 3: required i32 limit, 4: required bool reverse, 5: required i64 lo, 6: required i64 hi) throws (1: KvError err),
   // Insertion order over this partition's store (a cursor of scanLog's
   // standalone form).
-  LogScanResult peerScanLog(1: required PeerContext ctx, 2: required binary cursor, 3: required i32 limit) throws (1: KvError err),
-  GetResult peerSGet(1: required PeerContext ctx, 2: required binary key) throws (1: KvError err),
-  void peerSPut(1: required PeerContext ctx, 2: required binary key, 3: required binary value) throws (1: KvError err),
-  bool peerSRemove(1: required PeerContext ctx, 2: required binary key) throws (1: KvError err),
+  LogScanResult peerScanLog(1: required PeerContext peer, 2: required binary cursor, 3: required i32 limit) throws (1: KvError err),
+  GetResult peerSGet(1: required PeerContext peer, 2: required binary key) throws (1: KvError err),
+  void peerSPut(1: required PeerContext peer, 2: required binary key, 3: required binary value) throws (1: KvError err),
+  bool peerSRemove(1: required PeerContext peer, 2: required binary key) throws (1: KvError err),
 
   // Chain replication: one message from member "sender" (host:port) of
-  // ctx.mark to this member. Answered once handled (applied, for writes);
+  // peer.mark to this member. Answered once handled (applied, for writes);
   // its effects (acks, resends) travel as calls of their own.
-  void peerChain(1: required PeerContext ctx, 2: required string sender, 3: required ChainFrame frame) throws (1: KvError err),
+  void peerChain(1: required PeerContext peer, 2: required string sender, 3: required ChainFrame frame) throws (1: KvError err),
   // A page of the snapshot stream from "sender"; returns the stream's token.
   // NOT_OWNER (not expected from "sender", or replaced by a later stream):
   // the sender stops.
-  i64 peerSnapshot(1: required PeerContext ctx, 2: required string sender, 3: required SnapshotPage page) throws (1: KvError err),
+  i64 peerSnapshot(1: required PeerContext peer, 2: required string sender, 3: required SnapshotPage page) throws (1: KvError err),
 
   // Admin: this member's digest (admin.token when one is configured).
   Digest digest(1: required string token) throws (1: KvError err),
-  // Read repair: served by the head of ctx.mark's chain for a member whose
+  // Read repair: served by the head of peer.mark's chain for a member whose
   // copy of "key" fails its checksum. The head rewrites the key through the
   // chain with its newest value (its own copy, a write not yet committed,
   // or another member's copy) and answers that value once the chain has
   // acknowledged the rewrite.
-  GetResult peerRepair(1: required PeerContext ctx, 2: required i64 key) throws (1: KvError err),
+  GetResult peerRepair(1: required PeerContext peer, 2: required i64 key) throws (1: KvError err),
   // The records of this member's store whose hash lies in [lo, hi]
-  // (inclusive; ctx.mark must own all of it): for a new mark that takes the
+  // (inclusive; peer.mark must own all of it): for a new mark that takes the
   // range over. At most "limit" records per page (fewer, even none, with
   // done = false: a page's work is bounded).
-  ExportPage peerExport(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required binary cursor, 5: required i32 limit) throws (1: KvError err),
-  // A ring change (.cluster/change) moving keys from ctx.mark to a new
-  // mark, served by the head of ctx.mark. peerFence: re-reads the ring and
+  ExportPage peerExport(1: required PeerContext peer, 2: required i64 lo, 3: required i64 hi, 4: required binary cursor, 5: required i32 limit) throws (1: KvError err),
+  // A ring change (.cluster/change) moving keys from peer.mark to a new
+  // mark, served by the head of peer.mark. peerFence: re-reads the ring and
   // answers once every write this mark accepted before it saw the change is
   // committed; from then on the change's ranges hold still here (writes to
   // them are UNAVAILABLE) until the new mark serves them.
-  void peerFence(1: required PeerContext ctx) throws (1: KvError err),
+  void peerFence(1: required PeerContext peer) throws (1: KvError err),
   // Once the new mark serves [lo, hi] (this mark no longer owns any of it):
   // removes up to "limit" keys this mark still holds there, through its
   // chain, and returns how many (0: none left).
-  i64 peerDrop(1: required PeerContext ctx, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
+  i64 peerDrop(1: required PeerContext peer, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
   // Admin (any ring member): removes "mark" from the ring: its keys move to
   // the next mark up, then its members stop serving and exit. Returns once
   // the change is recorded (.cluster/change); it runs in the background.
@@ -291,4 +310,13 @@ service FlatKV {
   // with repair, a ring member rewrites each
   // bad integer key from its chain (as a read would).
   VerifyResult verify(1: required string token, 2: required bool repair) throws (1: KvError err),
+  // Admin: starts an online backup of this instance's store into dir (an
+  // absolute path on the server's machine that does not exist yet) at most
+  // mbPerSec MB/s (0 = unlimited) and returns at once; backupStatus() shows
+  // progress. The backup holds every write acknowledged before the call,
+  // maybe later ones, never a torn value, and a standalone flatkv-server
+  // with storage.path = dir opens it at once. INVALID_ARGUMENT for a bad
+  // dir, OVERLOADED while a backup runs.
+  void backup(1: required string token, 2: required string dir, 3: required i32 mbPerSec) throws (1: KvError err),
+  BackupStatus backupStatus() throws (1: KvError err),
 }

@@ -46,6 +46,7 @@ struct ServerFixture {
         std::abort();
       }
       s->handler = std::make_shared<server::Handler>(s->store.get(), s->cache.get(), s->config);
+      s->handler->TEST_DisableBackup();  // no directories written where an input says
       s->processor = std::make_shared<server::FrontProcessor>(s->handler, nullptr, 256);
       if (with_thrift) {
         s->thrift = std::make_unique<server::EventServer>(s->processor, s->config);

@@ -72,6 +72,8 @@ TEST_CASE("Every mistake is one error naming the key", "[server][config]") {
       {{"storage.compaction_garbage_ratio=2"}, "storage.compaction_garbage_ratio"},
       {{"storage.key_min=10", "storage.key_max=5"}, "storage.key_min: must be less than"},
       {{"server.port=9000", "server.http_port=9000"}, "server.http_port: must differ"},
+      {{"log.max_files=0"}, "log.max_files: '0' is out of range"},
+      {{"log.max_size=-1"}, "log.max_size: '-1' is out of range"},
       {{"no-equals-sign"}, "expected section.key=value"},
   };
   for (const Case& k : cases) {
@@ -96,7 +98,8 @@ TEST_CASE("DescribeConfig lists every key with its default and meaning", "[serve
                           "storage.segment_keys", "storage.index_item_bytes",
                           "storage.data_files", "storage.max_value_bytes", "storage.sync",
                           "cache.policy", "cache.capacity_bytes", "write_mode", "admin.token",
-                          "log.level", "cluster.zookeeper", "cluster.service_path",
+                          "log.level", "log.file", "log.max_size", "log.max_files",
+                          "cluster.zookeeper", "cluster.service_path",
                           "cluster.mark", "cluster.advertise", "cluster.replication"}) {
     INFO(key);
     REQUIRE(text.find(std::string(key) + " = ") != std::string::npos);
@@ -122,6 +125,9 @@ TEST_CASE("conf/flatkv.yaml loads, holds exactly the defaults and shows every ke
   REQUIRE(from_file.cache.capacity_bytes == defaults.cache.capacity_bytes);
   REQUIRE(from_file.cache.mode == defaults.cache.mode);
   REQUIRE(from_file.log_level == defaults.log_level);
+  REQUIRE(from_file.log_file == defaults.log_file);
+  REQUIRE(from_file.log_max_size == defaults.log_max_size);
+  REQUIRE(from_file.log_max_files == defaults.log_max_files);
   // Every key of the schema appears (the cluster ones commented out).
   const std::string text = flatkv::test::ReadFile(path);
   std::istringstream described(flatkv::server::DescribeConfig());

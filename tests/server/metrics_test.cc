@@ -67,7 +67,8 @@ TEST_CASE("PrometheusText has HELP and TYPE per family, labels and cumulative bu
   get.Record(microseconds(300));
   const std::string text = PrometheusText(
       {{"calls.get", 2}, {"errors.get", 0}, {"calls.put", 0}, {"cache.dirty_bytes", 5},
-       {"engine.fdatasyncs", 7}, {"new.thing-x", 3}},
+       {"engine.fdatasyncs", 7}, {"new.thing-x", 3}, {"cluster.forwarded", 9},
+       {"cluster.forwarded.127.0.0.1:9001", 4}, {"cluster.forwarded.127.0.0.1:9002", 5}},
       {{"get", &get}});
   REQUIRE(text.back() == '\n');
   REQUIRE(text.find("# TYPE flatkv_calls_total counter\n"
@@ -77,6 +78,12 @@ TEST_CASE("PrometheusText has HELP and TYPE per family, labels and cumulative bu
   REQUIRE(text.find("# TYPE flatkv_cache_dirty_bytes gauge\nflatkv_cache_dirty_bytes 5\n") !=
           std::string::npos);
   REQUIRE(text.find("flatkv_engine_fdatasyncs_total 7\n") != std::string::npos);
+  // Forwards per member are one family labelled by peer; the total stays.
+  REQUIRE(text.find("# TYPE flatkv_cluster_forwarded_to_total counter\n"
+                    "flatkv_cluster_forwarded_to_total{peer=\"127.0.0.1:9001\"} 4\n"
+                    "flatkv_cluster_forwarded_to_total{peer=\"127.0.0.1:9002\"} 5\n") !=
+          std::string::npos);
+  REQUIRE(text.find("\nflatkv_cluster_forwarded 9\n") != std::string::npos);
   // A key the table does not know still appears, sanitized and untyped.
   REQUIRE(text.find("# TYPE flatkv_new_thing_x untyped\nflatkv_new_thing_x 3\n") !=
           std::string::npos);
@@ -102,5 +109,5 @@ TEST_CASE("PrometheusText has HELP and TYPE per family, labels and cumulative bu
   while (std::getline(lines, line)) {
     if (line.rfind("# TYPE ", 0) == 0) ++types;
   }
-  REQUIRE(types == 6);
+  REQUIRE(types == 8);
 }
