@@ -330,11 +330,16 @@ Status FlatIndex::CountRange(uint64_t first, uint64_t end) {
   return Status::OK();
 }
 
-Status FlatIndex::Store(uint64_t slot, uint64_t value) {
+Status FlatIndex::Reserve(uint64_t slot) {
   const uint64_t first = slot * params_.item_bytes;
   FLATKV_RETURN_IF_ERROR(ReservePage(first / kPage));
   const uint64_t last = first + params_.item_bytes - 1;
   if (last / kPage != first / kPage) FLATKV_RETURN_IF_ERROR(ReservePage(last / kPage));
+  return Status::OK();
+}
+
+Status FlatIndex::Store(uint64_t slot, uint64_t value) {
+  FLATKV_RETURN_IF_ERROR(Reserve(slot));
   // See the notes at the top: raise before, lower after.
   const bool was_live = Load(slot) != 0;
   if (!was_live && value != 0) AddLive(slot);

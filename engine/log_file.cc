@@ -3,7 +3,8 @@
 // The writable window maps [window_start_, alloc_) where window_start_ is the
 // page holding the logical end when the window was made. Space is reserved
 // ahead in steps that double from one page up to kMaxReserveStep, so a table
-// with one tiny record costs one page, and a busy file remaps every 8 MiB.
+// with one tiny record costs one page, and a busy file remaps every 8 MiB;
+// a step is also at most a thousandth of the file system's free space.
 // madvise(MADV_DONTNEED) on already-written pages of a shared file mapping
 // only drops this process's page table entries: the dirty pages stay in the
 // page cache and are written back as usual.
@@ -14,6 +15,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -82,10 +84,26 @@ Status LogFile::Reserve(size_t n) {
   if (window_ != nullptr && end >= window_start_ && end + n <= window_start_ + window_len_) {
     return Status::OK();
   }
-  const uint64_t step = std::clamp<uint64_t>(alloc_, kPage, kMaxReserveStep);
-  const uint64_t want = RoundUp(std::max<uint64_t>(end + n, alloc_ + step), kPage);
+  uint64_t step = std::clamp<uint64_t>(alloc_, kPage, kMaxReserveStep);
+  // Never reserve ahead more than a thousandth of the free space: on a
+  // small or nearly full disk, dozens of data files each holding megabytes
+  // of reserved zeros would fill it while the records themselves fit.
+  struct statvfs vfs;
+  if (fstatvfs(fd_, &vfs) == 0) {
+    const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    step = std::min(step, std::max<uint64_t>(kPage, avail / 1024));
+  }
+  uint64_t want = RoundUp(std::max<uint64_t>(end + n, alloc_ + step), kPage);
   if (want > alloc_) {
-    FLATKV_RETURN_IF_ERROR(flatkv::engine::Reserve(fd_, alloc_, want - alloc_, path_));
+    Status st = flatkv::engine::Reserve(fd_, alloc_, want - alloc_, path_);
+    // Nearly full: reserving a whole step ahead (up to 8 MiB) fails while
+    // the record itself still fits, so try once more for just its pages.
+    const uint64_t need = RoundUp(end + n, kPage);
+    if (st.IsNoSpace() && need > alloc_ && need < want) {
+      st = flatkv::engine::Reserve(fd_, alloc_, need - alloc_, path_);
+      want = need;
+    }
+    FLATKV_RETURN_IF_ERROR(st);
     alloc_ = want;
   }
   Unmap();
