@@ -389,8 +389,13 @@ Status FlatIndex::Clear() {
   const off_t len = static_cast<off_t>(len_ - kHeaderBytes);
   ResetLive();
   if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len) != 0) {
-    std::memset(slots_, 0, len_ - kHeaderBytes);
-    return Status::OK();
+    // No hole punching here: cut the slots off and grow the file back, a
+    // hole again. Not memset through the mapping: writing zeros into holes
+    // of a full disk would be a SIGBUS. Nothing maps past the header
+    // meanwhile (Clear runs in recovery, before any reader).
+    if (ftruncate(fd_, off) != 0 || ftruncate(fd_, static_cast<off_t>(len_)) != 0) {
+      return Status::FromErrno("clearing the slots of " + path_, errno);
+    }
   }
   const uint64_t pages = (len_ - kHeaderBytes + kPage - 1) / kPage;
   for (uint64_t w = 0; w < (pages + 63) / 64; ++w) reserved_[w].store(0);
