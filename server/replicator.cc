@@ -1062,7 +1062,10 @@ void Replicator::Process(ChainOutput* out) {
     if (st.IsNoSpace()) return LeaveForFullDisk("logging replicated writes", st, out);
     if (!st.ok()) Fatal("logging replicated writes", st);
     st = ApplyEntries(out->apply);
-    if (st.IsNoSpace()) return LeaveForFullDisk("applying replicated writes", st, out);
+    if (st.IsNoSpace()) {
+      unapplied_ = out->apply;  // logged, maybe partly applied: again at rejoin
+      return LeaveForFullDisk("applying replicated writes", st, out);
+    }
     if (!st.ok()) Fatal("applying replicated writes", st);
   }
   if (checkpoint_due_ || intact_ != logged_intact_ || log_->bytes() > kLogCheckpointBytes) {
@@ -1136,14 +1139,17 @@ bool Replicator::RejoinAfterFullDisk(int64_t now, ChainOutput* out) {
   if (statvfs(options_.data_dir.c_str(), &vfs) != 0) return false;
   const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   if (avail < RejoinFreeBytes()) return false;
-  // Start over from what the log holds, as a restart does: replay its
-  // writes into the store, take its position.
+  // Start over from the position the log holds, as a restart does. Unlike
+  // a restart, only the batch that failed to apply is applied again: the
+  // store holds every earlier logged write already, and replaying the whole
+  // log would append all of it to the store once more (on a disk that was
+  // just full, enough to fill it again).
   const std::string path = options_.data_dir + "/CHAINLOG";
   ChainLog::State state;
   std::vector<ChainEntry> entries;
   std::unique_ptr<ChainLog> log;
   Status st = ChainLog::Open(path, &state, &entries, &log);
-  if (st.ok() && !entries.empty()) st = ApplyEntries(entries);
+  if (st.ok() && !unapplied_.empty()) st = ApplyEntries(unapplied_);
   if (!st.ok()) {
     spdlog::warn("chain: {} bytes free, but rejoining failed: {}; trying again", avail,
                  st.ToString());
@@ -1161,6 +1167,7 @@ bool Replicator::RejoinAfterFullDisk(int64_t now, ChainOutput* out) {
   }
   log_ = std::move(log);
   logged_intact_ = intact_ = state.intact;
+  unapplied_.clear();
   disk_full_.store(false);
   spdlog::info("chain: the disk has room again ({} bytes free): rejoining mark {} from epoch {} "
                "seq {}",

@@ -313,6 +313,9 @@ class Replicator {
   mutable std::mutex disk_mu_;
   std::string disk_full_reason_;  // GUARDED_BY(disk_mu_)
   int64_t last_space_check_ = 0;  // loop thread only
+  // The batch whose apply failed for a full disk (it is in the log), applied
+  // again at rejoin; loop thread only.
+  std::vector<partition::ChainEntry> unapplied_;
 };
 
 // Visits every live record of "store" in pages of up to "page": integer
