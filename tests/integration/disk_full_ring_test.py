@@ -257,4 +257,7 @@ check(not bad, "all %d acknowledged keys read back through both instances: %s" %
       (len(acked), bad[:5]))
 for m in (a, b):
     check(harness.stop(m.proc) == 0, "%s stops cleanly" % m.name)
+    with open(m.log) as f:
+        reports = [l for l in f if "runtime error" in l or "Sanitizer" in l]
+    check(not reports, "no sanitizer report in %s's log (%s)" % (m.name, reports[:2]))
 harness.finish(work)

@@ -363,4 +363,7 @@ proc = start(port, http_port)
 verify(port, async_acked, async_tried, "async writes after the restart")
 verify(port, acked, tried, "safe writes after the restart")
 check(harness.stop(proc) == 0, "SIGTERM stops the server cleanly")
+with open(log_path) as f:
+    reports = [l for l in f if "runtime error" in l or "Sanitizer" in l]
+check(not reports, "no sanitizer report in the server's log (%s)" % reports[:2])
 harness.finish(work)
