@@ -151,7 +151,11 @@ def worker(port, proc, thread, stop, counters, live, bad):
                 res = kv.scan(frm, 50, rnd.random() < 0.5)
                 for p in res.pairs:
                     if p.key % stride == me and model.get(p.key) != p.value:
-                        fail("scan: key %d differs from the model" % p.key)
+                        want = model.get(p.key)
+                        fail("scan from %d (%s): key %d is %r (%d bytes), the model %r (%s)" %
+                             (frm, "reverse" if res and r >= 0 else "", p.key, p.value[:40],
+                              len(p.value), want and want[:40],
+                              "%d bytes" % len(want) if want is not None else "absent"))
             elif r < 0.92:
                 k = rnd.choice(skeys)
                 smodel[k] = fresh(rnd, k)
