@@ -148,12 +148,13 @@ def worker(port, proc, thread, stop, counters, live, bad):
                         fail("multiGet %d differs from the model" % k)
             elif r < 0.82:
                 frm = rnd.choice(keys)
-                res = kv.scan(frm, 50, rnd.random() < 0.5)
+                rev = rnd.random() < 0.5
+                res = kv.scan(frm, 50, rev)
                 for p in res.pairs:
                     if p.key % stride == me and model.get(p.key) != p.value:
                         want = model.get(p.key)
                         fail("scan from %d (%s): key %d is %r (%d bytes), the model %r (%s)" %
-                             (frm, "reverse" if res and r >= 0 else "", p.key, p.value[:40],
+                             (frm, "reverse" if rev else "forward", p.key, p.value[:40],
                               len(p.value), want and want[:40],
                               "%d bytes" % len(want) if want is not None else "absent"))
             elif r < 0.92:
