@@ -275,8 +275,12 @@ Status FlatTable::PutFileBatch(int file, const std::vector<KeyValueRef>& pairs,
   FileState& fs = files_[file];
   std::unique_lock<std::mutex> lk(fs.mu);
   if (FlatTable* next = successor()) {
-    // Compacting: the new table takes the writes, one by one (rare).
-    lk.unlock();
+    // Compacting: the new table takes the writes, one by one (rare), with
+    // this file's mutex held as Put holds it: CopyLive checks "absent from
+    // the successor" and copies under it, so a write let through without it
+    // could land between the two and be overwritten by the older copy (the
+    // soak caught a multiPut's value lost that way, seen only by scans: the
+    // cache still held the new value).
     for (size_t i = 0; i < n; ++i) {
       FLATKV_RETURN_IF_ERROR(next->Put(pairs[items[i]].key, pairs[items[i]].value));
     }
