@@ -2,7 +2,7 @@
 """A chain member whose disk fills (server/replicator.h, "a full disk"): a
 real ZooKeeper, one mark with a chain of two members under
 cluster.replication: sync; member "a" keeps its store on the ordinary disk,
-member "b" (the tail) on a 64 MiB ext4 file system the test makes itself
+member "b" (the tail) on a 128 MiB ext4 file system the test makes itself
 (harness.SmallFs; the test fails, naming the reason, if it cannot mount).
 
 Writers through "a" (self-verifying values, each writer owning its keys)
@@ -35,9 +35,9 @@ import logging  # noqa: E402
 logging.getLogger("thrift").setLevel(logging.CRITICAL)
 
 try:
-    fs = harness.SmallFs(work, "fs", 64)
+    fs = harness.SmallFs(work, "fs", 128)
 except RuntimeError as e:
-    check(False, "a 64 MiB ext4 file system can be made and loop-mounted: %s" % e)
+    check(False, "a 128 MiB ext4 file system can be made and loop-mounted: %s" % e)
     harness.finish(work)
 
 SESSION_MS = 1500
@@ -100,7 +100,6 @@ b.start()
 wait_until("b joined the chain", lambda: chain() == sorted([a.address, b.address]) and
            b.call(lambda c: c.info().role, 1000) == "tail")
 check(True, "a chain of two: a (head, ordinary disk), b (tail, the small file system)")
-fs.fill(leave=12 << 20)
 
 lock = threading.Lock()
 acked, attempted, bad = {}, {}, []
@@ -165,7 +164,11 @@ def b_fills_and_leaves(role, leaves):
     then the space is freed and b must rejoin at the tail by itself."""
     pace[0] = 0.0
     t_fill = time.monotonic()
-    fs.fill(leave=12 << 20)
+    # The filler must take real space, or freeing it later gives nothing
+    # back (b's store grows from round to round: 128 MiB leaves room).
+    filler = fs.fill(leave=12 << 20)
+    check(os.stat(filler).st_blocks * 512 >= 16 << 20,
+          "the filler takes %d MiB of b's file system" % (os.stat(filler).st_blocks * 512 >> 20))
     wait_until("b (%s) leaves the chain when its disk is full" % role,
                lambda: chain() == [a.address], 120)
     t_left = time.monotonic()
