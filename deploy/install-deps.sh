@@ -13,8 +13,10 @@ packages=(
   libspdlog-dev libyaml-cpp-dev
   # the documented 64-bit hash of string keys (XXH64)
   libxxhash-dev
-  # tests
-  catch2 python3 python3-thrift strace
+  # tests (the full-disk tests make and loop-mount a small ext4 file system)
+  catch2 python3 python3-thrift strace e2fsprogs mount
+  # deploy/soak.sh draws its samples
+  python3-matplotlib
   # fuzzing (tests/fuzz, deploy/fuzz.sh): clang 14 and its libFuzzer
   clang libfuzzer-14-dev
   # ring tests: ZooKeeper from Python, and XXH64 to know each string key's owner

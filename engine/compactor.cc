@@ -23,6 +23,7 @@
 // garbage of generation N, deleted on open.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -64,6 +65,21 @@ Status WriteCurrent(const std::string& home, uint64_t gen) {
   const std::string path = home + "/" + kCurrent;
   if (rename(tmp.c_str(), path.c_str()) != 0) return Status::FromErrno("renaming " + tmp, errno);
   return SyncDirectory(home);
+}
+
+// A compaction writes the live records again before it frees the old ones,
+// so it needs room for them: NoSpace before it starts if the file system
+// lacks it (an estimate: live bytes plus a sixteenth and 1 MiB for the new
+// index pages). Unknown free space (statvfs fails) lets it try.
+Status CheckRoom(const std::string& home, uint64_t live) {
+  struct statvfs vfs;
+  if (statvfs(home.c_str(), &vfs) != 0) return Status::OK();
+  const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  const uint64_t need = live + live / 16 + (1u << 20);
+  if (avail >= need) return Status::OK();
+  return Status::NoSpace(home + ": compaction needs about " + std::to_string(need) +
+                         " bytes free for the live data and the file system has " +
+                         std::to_string(avail) + " (disk full); the table is kept as it is");
 }
 
 // Generation 0 lives in the home itself: its files are everything but
@@ -231,6 +247,9 @@ Status Store::CompactPinned(uint64_t segment) {
     old = owner.get();
     gen = generation_[segment];
     auto it = pending_.find(segment);
+    const uint64_t live = old->TotalBytes() - std::min(old->TotalBytes(), old->DeadBytes());
+    const uint64_t copied = it == pending_.end() ? 0 : it->second->TotalBytes();
+    FLATKV_RETURN_IF_ERROR(CheckRoom(home, live - std::min(live, copied)));
     if (it == pending_.end()) {
       TableParams p = ParamsFor(segment);
       p.index.kmin = old->kmin();  // the range is the old table's
@@ -239,7 +258,13 @@ Status Store::CompactPinned(uint64_t segment) {
       std::error_code ec;
       std::filesystem::remove_all(p.dir, ec);  // a stale, empty attempt
       std::unique_ptr<FlatTable> created;
-      FLATKV_RETURN_IF_ERROR(FlatTable::Open(p, true, counters_.get(), &created));
+      Status st = FlatTable::Open(p, true, counters_.get(), &created);
+      if (!st.ok()) {
+        // Half made (a full disk): remove it, or the next start-up would
+        // take it for an unfinished compaction and try to complete it.
+        std::filesystem::remove_all(p.dir, ec);
+        return st;
+      }
       it = pending_.emplace(segment, std::move(created)).first;
     }
     next = it->second.get();
@@ -300,6 +325,10 @@ void Store::CompactorLoop() {
     if (stopping_.load()) break;
     const uint64_t round = rounds_requested_;
     const bool requested = round > rounds_done_;
+    // After a round that ran out of space, only a request (or the backoff
+    // passing) starts another: a full disk must not make the compactor
+    // re-read a table every second.
+    if (!requested && std::chrono::steady_clock::now() < no_space_backoff_) continue;
     lock.unlock();
     // What to compact: everything on request; otherwise unfinished
     // compactions and tables whose garbage passed the ratio.
@@ -344,6 +373,9 @@ void Store::CompactorLoop() {
       }
     }
     lock.lock();
+    if (result.IsNoSpace()) {
+      no_space_backoff_ = std::chrono::steady_clock::now() + kNoSpaceBackoff;
+    }
     compaction_.running = false;
     round_bytes_done_.store(compaction_.bytes_total);
     compaction_.last_error = result.ok() ? "" : result.ToString();

@@ -330,11 +330,16 @@ Status FlatIndex::CountRange(uint64_t first, uint64_t end) {
   return Status::OK();
 }
 
-Status FlatIndex::Store(uint64_t slot, uint64_t value) {
+Status FlatIndex::Reserve(uint64_t slot) {
   const uint64_t first = slot * params_.item_bytes;
   FLATKV_RETURN_IF_ERROR(ReservePage(first / kPage));
   const uint64_t last = first + params_.item_bytes - 1;
   if (last / kPage != first / kPage) FLATKV_RETURN_IF_ERROR(ReservePage(last / kPage));
+  return Status::OK();
+}
+
+Status FlatIndex::Store(uint64_t slot, uint64_t value) {
+  FLATKV_RETURN_IF_ERROR(Reserve(slot));
   // See the notes at the top: raise before, lower after.
   const bool was_live = Load(slot) != 0;
   if (!was_live && value != 0) AddLive(slot);
@@ -384,8 +389,13 @@ Status FlatIndex::Clear() {
   const off_t len = static_cast<off_t>(len_ - kHeaderBytes);
   ResetLive();
   if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len) != 0) {
-    std::memset(slots_, 0, len_ - kHeaderBytes);
-    return Status::OK();
+    // No hole punching here: cut the slots off and grow the file back, a
+    // hole again. Not memset through the mapping: writing zeros into holes
+    // of a full disk would be a SIGBUS. Nothing maps past the header
+    // meanwhile (Clear runs in recovery, before any reader).
+    if (ftruncate(fd_, off) != 0 || ftruncate(fd_, static_cast<off_t>(len_)) != 0) {
+      return Status::FromErrno("clearing the slots of " + path_, errno);
+    }
   }
   const uint64_t pages = (len_ - kHeaderBytes + kPage - 1) / kPage;
   for (uint64_t w = 0; w < (pages + 63) / 64; ++w) reserved_[w].store(0);

@@ -81,6 +81,11 @@ class FlatIndex {
   // the counts are unchanged then). Two Store() calls on the same slot must
   // not run concurrently (FlatTable writes a slot under its file's mutex).
   Status Store(uint64_t slot, uint64_t value);
+  // Reserves the page(s) holding "slot" (what Store() does first), so a
+  // writer can learn of a full disk before it appends the record the slot
+  // will point at: NoSpace then, and nothing changed. A later Store() of
+  // the slot cannot fail.
+  Status Reserve(uint64_t slot);
 
   // Number of nonzero slots in the whole index.
   uint64_t LiveSlots() const { return live_.load(std::memory_order_relaxed); }

@@ -148,12 +148,16 @@ Status FlatTable::Write(FileState& fs, std::unique_lock<std::mutex>& lk, int fil
                            "-byte limit of index_item_bytes=" +
                            std::to_string(params_.index.item_bytes) + "; compact the table");
   }
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  // The slot's index page first: on a full disk the write then fails before
+  // its record is in the log, so a failed write never turns up later (by
+  // crash recovery replaying a record whose slot was never set).
+  FLATKV_RETURN_IF_ERROR(index_->Reserve(slot));
   uint64_t pos;
   size_t written;
   FLATKV_RETURN_IF_ERROR(log->Append(type, key, NowMicros(), prefix, value, &pos, &written));
   counters_->bytes_appended.fetch_add(written, std::memory_order_relaxed);
   fs.dirty.store(true, std::memory_order_relaxed);
-  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const uint64_t v = type == RecordType::kTombstone ? 0 : EncodeSlot(pos, written);
   // What this write makes garbage: the record it replaces (an append keeps
   // it as a part) and, for a remove, the tombstone itself once compacted.
@@ -271,8 +275,12 @@ Status FlatTable::PutFileBatch(int file, const std::vector<KeyValueRef>& pairs,
   FileState& fs = files_[file];
   std::unique_lock<std::mutex> lk(fs.mu);
   if (FlatTable* next = successor()) {
-    // Compacting: the new table takes the writes, one by one (rare).
-    lk.unlock();
+    // Compacting: the new table takes the writes, one by one (rare), with
+    // this file's mutex held as Put holds it: CopyLive checks "absent from
+    // the successor" and copies under it, so a write let through without it
+    // could land between the two and be overwritten by the older copy (the
+    // soak caught a multiPut's value lost that way, seen only by scans: the
+    // cache still held the new value).
     for (size_t i = 0; i < n; ++i) {
       FLATKV_RETURN_IF_ERROR(next->Put(pairs[items[i]].key, pairs[items[i]].value));
     }

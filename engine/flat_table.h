@@ -52,6 +52,15 @@ struct EngineCounters {
   std::atomic<uint64_t> segment_closes{0};
   std::atomic<uint64_t> scan_slots_visited{0};
   std::atomic<uint64_t> scan_regions_skipped{0};
+  // Full disk (Store::NoteWrite): writes that failed with NoSpace, whether
+  // the last write failed so, and that failure's message.
+  std::atomic<uint64_t> no_space_errors{0};
+  std::atomic<bool> disk_full{false};
+  std::atomic<uint64_t> appended_when_full{0};  // bytes_appended when it was set
+  std::atomic<uint64_t> no_space_at_us{0};      // NowMicros() of the last NoSpace
+  std::atomic<uint64_t> no_space_logged_us{0};  // and of the last one logged
+  std::mutex no_space_mu;
+  std::string no_space_reason;  // GUARDED_BY(no_space_mu)
 };
 
 struct TableParams {

@@ -29,18 +29,18 @@ namespace {
 Status WriteMeta(const std::string& dir, const IndexParams& p) {
   const std::string path = dir + "/META";
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << "flatkv-table 1\nkmin " << p.kmin << "\nslots " << p.slots << "\nitem_bytes "
-        << p.item_bytes << "\ndata_files " << p.data_files << "\n";
-    out.flush();
-    if (!out) return Status::IOError("writing " + tmp);
-  }
-  int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || fsync(fd) != 0) {
-    int err = errno;
-    if (fd >= 0) ::close(fd);
-    return Status::FromErrno("syncing " + tmp, err);
+  const std::string text = "flatkv-table 1\nkmin " + std::to_string(p.kmin) + "\nslots " +
+                           std::to_string(p.slots) + "\nitem_bytes " +
+                           std::to_string(p.item_bytes) + "\ndata_files " +
+                           std::to_string(p.data_files) + "\n";
+  // write() rather than a stream, so a full disk is reported as such (errno).
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno("creating " + tmp, errno);
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  if (n != static_cast<ssize_t>(text.size()) || fsync(fd) != 0) {
+    const int err = n >= 0 && n != static_cast<ssize_t>(text.size()) ? ENOSPC : errno;
+    ::close(fd);
+    return Status::FromErrno("writing " + tmp, err);
   }
   ::close(fd);
   if (rename(tmp.c_str(), path.c_str()) != 0) return Status::FromErrno("renaming " + tmp, errno);

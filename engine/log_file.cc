@@ -2,8 +2,11 @@
 //
 // The writable window maps [window_start_, alloc_) where window_start_ is the
 // page holding the logical end when the window was made. Space is reserved
-// ahead in steps that double from one page up to kMaxReserveStep, so a table
-// with one tiny record costs one page, and a busy file remaps every 8 MiB.
+// ahead in steps of an eighth of the file, from one page up to
+// kMaxReserveStep, so a table with one tiny record costs one page, a busy
+// file remaps every 8 MiB once past 64 MiB, and reserved space is at most
+// an eighth of a file's data; a step is also at most a thousandth of the
+// file system's free space.
 // madvise(MADV_DONTNEED) on already-written pages of a shared file mapping
 // only drops this process's page table entries: the dirty pages stay in the
 // page cache and are written back as usual.
@@ -14,6 +17,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -27,8 +31,10 @@ namespace {
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kMaxReserveStep = 8ull << 20;
 // Written pages are dropped from the window (not from the page cache) every
-// this many bytes, so a long fill does not show up as process RSS.
-constexpr uint64_t kReleaseBytes = 1ull << 20;
+// this many bytes, so a long fill does not show up as process RSS (16 data
+// files of a table being written, and a compaction's second generation, each
+// hold up to this plus kPopulateBytes mapped).
+constexpr uint64_t kReleaseBytes = 256ull << 10;
 // Pages of the window are faulted in this many bytes ahead of the end.
 constexpr uint64_t kPopulateBytes = 256ull << 10;
 constexpr size_t kReadChunk = 1 << 20;
@@ -82,10 +88,29 @@ Status LogFile::Reserve(size_t n) {
   if (window_ != nullptr && end >= window_start_ && end + n <= window_start_ + window_len_) {
     return Status::OK();
   }
-  const uint64_t step = std::clamp<uint64_t>(alloc_, kPage, kMaxReserveStep);
-  const uint64_t want = RoundUp(std::max<uint64_t>(end + n, alloc_ + step), kPage);
+  // An eighth of the file: reserved-but-unwritten space stays a small share
+  // of the disk (doubling steps made an open store take up to twice its
+  // data: the soak's disk went past 2x the live data on that alone).
+  uint64_t step = std::clamp<uint64_t>(alloc_ / 8, kPage, kMaxReserveStep);
+  // Never reserve ahead more than a thousandth of the free space: on a
+  // small or nearly full disk, dozens of data files each holding megabytes
+  // of reserved zeros would fill it while the records themselves fit.
+  struct statvfs vfs;
+  if (fstatvfs(fd_, &vfs) == 0) {
+    const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    step = std::min(step, std::max<uint64_t>(kPage, avail / 1024));
+  }
+  uint64_t want = RoundUp(std::max<uint64_t>(end + n, alloc_ + step), kPage);
   if (want > alloc_) {
-    FLATKV_RETURN_IF_ERROR(flatkv::engine::Reserve(fd_, alloc_, want - alloc_, path_));
+    Status st = flatkv::engine::Reserve(fd_, alloc_, want - alloc_, path_);
+    // Nearly full: reserving a whole step ahead (up to 8 MiB) fails while
+    // the record itself still fits, so try once more for just its pages.
+    const uint64_t need = RoundUp(end + n, kPage);
+    if (st.IsNoSpace() && need > alloc_ && need < want) {
+      st = flatkv::engine::Reserve(fd_, alloc_, need - alloc_, path_);
+      want = need;
+    }
+    FLATKV_RETURN_IF_ERROR(st);
     alloc_ = want;
   }
   Unmap();

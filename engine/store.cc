@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iterator>
 #include <limits>
 #include <utility>
@@ -282,7 +283,14 @@ Status Store::GetOrCreateTable(int64_t key, FlatTable** table) {
   const uint64_t seg = SegmentId(key);
   if (tables_.count(seg) > 0) return OpenSegmentLocked(seg, table);
   std::unique_ptr<FlatTable> created;
-  FLATKV_RETURN_IF_ERROR(OpenTable(seg, true, &created));
+  Status st = OpenTable(seg, true, &created);
+  if (!st.ok()) {
+    // A half-made segment (a full disk) would make the next start-up try
+    // to finish it, and fail again: it holds nothing yet, so remove it.
+    std::error_code ec;
+    std::filesystem::remove_all(SegmentDir(seg), ec);
+    return st;
+  }
   *table = created.get();
   tables_.emplace(seg, std::move(created));
   open_tables_.fetch_add(1);
@@ -364,46 +372,50 @@ Status Store::CheckValue(size_t size) const {
 }
 
 Status Store::Put(int64_t key, std::string_view value) {
-  CloseIdleAfter close_idle(this);  // after the Guard has ended
-  Guard guard(this);
-  FLATKV_RETURN_IF_ERROR(CheckKey(key));
-  FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
-  FlatTable* table;
-  FLATKV_RETURN_IF_ERROR(GetOrCreateTable(key, &table));
-  return table->Put(key, value);
+  return NoteWrite([&]() -> Status {
+    CloseIdleAfter close_idle(this);  // after the Guard has ended
+    Guard guard(this);
+    FLATKV_RETURN_IF_ERROR(CheckKey(key));
+    FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
+    FlatTable* table;
+    FLATKV_RETURN_IF_ERROR(GetOrCreateTable(key, &table));
+    return table->Put(key, value);
+  }());
 }
 
 Status Store::PutBatch(const std::vector<KeyValueRef>& pairs) {
-  for (const KeyValueRef& p : pairs) {
-    FLATKV_RETURN_IF_ERROR(CheckKey(p.key));
-    FLATKV_RETURN_IF_ERROR(CheckValue(p.value.size()));
-  }
-  // Items per segment, in request order; a batch rarely spans many segments.
-  std::vector<std::pair<uint64_t, std::vector<uint32_t>>> groups;
-  for (uint32_t i = 0; i < pairs.size(); ++i) {
-    const uint64_t seg = SegmentId(pairs[i].key);
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& g) { return g.first == seg; });
-    if (it == groups.end()) it = groups.insert(groups.end(), {seg, {}});
-    it->second.push_back(i);
-  }
-  // A batch over more segments than the open-table budget goes in rounds of
-  // at most half the budget, closing idle tables between rounds, so a batch
-  // never needs more descriptors than max_open_files allows.
-  const size_t round = std::max<size_t>(1, table_budget_ / 2);
-  for (size_t first = 0; first < groups.size(); first += round) {
-    CloseIdleAfter close_idle(this);
-    Guard guard(this);
-    const size_t last = std::min(groups.size(), first + round);
-    std::vector<FlatTable*> tables(last - first);
-    for (size_t g = first; g < last; ++g) {
-      FLATKV_RETURN_IF_ERROR(GetOrCreateTable(pairs[groups[g].second[0]].key, &tables[g - first]));
+  return NoteWrite([&]() -> Status {
+    for (const KeyValueRef& p : pairs) {
+      FLATKV_RETURN_IF_ERROR(CheckKey(p.key));
+      FLATKV_RETURN_IF_ERROR(CheckValue(p.value.size()));
     }
-    for (size_t g = first; g < last; ++g) {
-      FLATKV_RETURN_IF_ERROR(tables[g - first]->PutBatch(pairs, groups[g].second));
+    // Items per segment, in request order; a batch rarely spans many segments.
+    std::vector<std::pair<uint64_t, std::vector<uint32_t>>> groups;
+    for (uint32_t i = 0; i < pairs.size(); ++i) {
+      const uint64_t seg = SegmentId(pairs[i].key);
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& g) { return g.first == seg; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {seg, {}});
+      it->second.push_back(i);
     }
-  }
-  return Status::OK();
+    // A batch over more segments than the open-table budget goes in rounds of
+    // at most half the budget, closing idle tables between rounds, so a batch
+    // never needs more descriptors than max_open_files allows.
+    const size_t round = std::max<size_t>(1, table_budget_ / 2);
+    for (size_t first = 0; first < groups.size(); first += round) {
+      CloseIdleAfter close_idle(this);
+      Guard guard(this);
+      const size_t last = std::min(groups.size(), first + round);
+      std::vector<FlatTable*> tables(last - first);
+      for (size_t g = first; g < last; ++g) {
+        FLATKV_RETURN_IF_ERROR(GetOrCreateTable(pairs[groups[g].second[0]].key, &tables[g - first]));
+      }
+      for (size_t g = first; g < last; ++g) {
+        FLATKV_RETURN_IF_ERROR(tables[g - first]->PutBatch(pairs, groups[g].second));
+      }
+    }
+    return Status::OK();
+  }());
 }
 
 Status Store::Get(int64_t key, std::string* value) const {
@@ -429,26 +441,30 @@ Status Store::Exists(int64_t key) const {
 }
 
 Status Store::Remove(int64_t key, bool* existed) {
-  CloseIdleAfter close_idle(this);  // after the Guard has ended
-  Guard guard(this);
-  FLATKV_RETURN_IF_ERROR(CheckKey(key));
-  FlatTable* table;
-  FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
-  if (table == nullptr) {
-    if (existed != nullptr) *existed = false;
-    return Status::OK();
-  }
-  return table->Remove(key, existed);
+  return NoteWrite([&]() -> Status {
+    CloseIdleAfter close_idle(this);  // after the Guard has ended
+    Guard guard(this);
+    FLATKV_RETURN_IF_ERROR(CheckKey(key));
+    FlatTable* table;
+    FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
+    if (table == nullptr) {
+      if (existed != nullptr) *existed = false;
+      return Status::OK();
+    }
+    return table->Remove(key, existed);
+  }());
 }
 
 Status Store::Append(int64_t key, std::string_view value) {
-  CloseIdleAfter close_idle(this);  // after the Guard has ended
-  Guard guard(this);
-  FLATKV_RETURN_IF_ERROR(CheckKey(key));
-  FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
-  FlatTable* table;
-  FLATKV_RETURN_IF_ERROR(GetOrCreateTable(key, &table));
-  return table->Append(key, value);
+  return NoteWrite([&]() -> Status {
+    CloseIdleAfter close_idle(this);  // after the Guard has ended
+    Guard guard(this);
+    FLATKV_RETURN_IF_ERROR(CheckKey(key));
+    FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
+    FlatTable* table;
+    FLATKV_RETURN_IF_ERROR(GetOrCreateTable(key, &table));
+    return table->Append(key, value);
+  }());
 }
 
 Status Store::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValue>* out,
@@ -660,7 +676,12 @@ Status Store::GetOrCreateStringTable(FlatTable** table) {
   std::lock_guard<std::mutex> lock(tables_mu_);
   if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
   if (strings_owner_ == nullptr) {
-    FLATKV_RETURN_IF_ERROR(OpenStringTable(true, &strings_owner_));
+    Status st = OpenStringTable(true, &strings_owner_);
+    if (!st.ok()) {
+      std::error_code ec;  // as for a half-made segment (GetOrCreateTable)
+      std::filesystem::remove_all(options_.path + "/strings", ec);
+      return st;
+    }
     strings_.store(strings_owner_.get(), std::memory_order_release);
     open_tables_.fetch_add(1);
   }
@@ -704,34 +725,36 @@ Status Store::CheckStringKey(std::string_view key) const {
 }
 
 Status Store::SPut(std::string_view key, std::string_view value) {
-  Guard guard(this);
-  FLATKV_RETURN_IF_ERROR(CheckStringKey(key));
-  FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
-  FlatTable* table;
-  FLATKV_RETURN_IF_ERROR(GetOrCreateStringTable(&table));
-  const int64_t ikey = StringSlot(key);
-  std::string entry;
-  AppendBucketPut(&entry, key, value);
-  std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
-  // A small bucket (the common case: about one key per slot) is rewritten
-  // whole, so it stays one record and a get stays one read. Larger ones take
-  // appended entries (amortized O(entry) bytes per put, whatever the size).
-  // "Small" = a few entries' worth, so a rewrite costs a few times the entry.
-  const size_t limit = std::min<size_t>(4 * entry.size() + 256, 64u << 10);
-  std::string bucket;
-  bool small = false;
-  Status st = table->ReadIfSmall(ikey, limit, &bucket, &small);
-  if (st.IsNotFound()) return table->Put(ikey, entry);
-  FLATKV_RETURN_IF_ERROR(st);
-  if (small) {
-    std::string rewritten;
-    for (const auto& [k, v] : LiveBucketEntries(bucket)) {
-      if (k != key) AppendBucketPut(&rewritten, k, v);
+  return NoteWrite([&]() -> Status {
+    Guard guard(this);
+    FLATKV_RETURN_IF_ERROR(CheckStringKey(key));
+    FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
+    FlatTable* table;
+    FLATKV_RETURN_IF_ERROR(GetOrCreateStringTable(&table));
+    const int64_t ikey = StringSlot(key);
+    std::string entry;
+    AppendBucketPut(&entry, key, value);
+    std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
+    // A small bucket (the common case: about one key per slot) is rewritten
+    // whole, so it stays one record and a get stays one read. Larger ones take
+    // appended entries (amortized O(entry) bytes per put, whatever the size).
+    // "Small" = a few entries' worth, so a rewrite costs a few times the entry.
+    const size_t limit = std::min<size_t>(4 * entry.size() + 256, 64u << 10);
+    std::string bucket;
+    bool small = false;
+    Status st = table->ReadIfSmall(ikey, limit, &bucket, &small);
+    if (st.IsNotFound()) return table->Put(ikey, entry);
+    FLATKV_RETURN_IF_ERROR(st);
+    if (small) {
+      std::string rewritten;
+      for (const auto& [k, v] : LiveBucketEntries(bucket)) {
+        if (k != key) AppendBucketPut(&rewritten, k, v);
+      }
+      rewritten += entry;
+      return table->Put(ikey, rewritten);
     }
-    rewritten += entry;
-    return table->Put(ikey, rewritten);
-  }
-  return AppendToBucket(table, ikey, entry);
+    return AppendToBucket(table, ikey, entry);
+  }());
 }
 
 Status Store::SGet(std::string_view key, std::string* value) const {
@@ -752,28 +775,30 @@ Status Store::SGet(std::string_view key, std::string* value) const {
 }
 
 Status Store::SRemove(std::string_view key, bool* existed) {
-  Guard guard(this);
-  if (existed != nullptr) *existed = false;
-  if (closed_.load(std::memory_order_relaxed)) {
-    return Status::IOError("store " + options_.path + " is closed");
-  }
-  FlatTable* table = strings_.load(std::memory_order_acquire);
-  if (table == nullptr || key.size() > options_.max_key_bytes) return Status::OK();
-  const int64_t ikey = StringSlot(key);
-  std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
-  std::string bucket, ignored;
-  Status st = table->Get(ikey, &bucket);
-  if (st.IsNotFound() || (st.ok() && !FindInBucket(bucket, key, &ignored))) return Status::OK();
-  FLATKV_RETURN_IF_ERROR(st);
-  std::string entry;
-  AppendBucketRemove(&entry, key);
-  if (LiveBucketEntries(bucket).size() == 1) {
-    FLATKV_RETURN_IF_ERROR(table->Remove(ikey, nullptr));  // its last key: drop the bucket
-  } else {
-    FLATKV_RETURN_IF_ERROR(AppendToBucket(table, ikey, entry));
-  }
-  if (existed != nullptr) *existed = true;
-  return Status::OK();
+  return NoteWrite([&]() -> Status {
+    Guard guard(this);
+    if (existed != nullptr) *existed = false;
+    if (closed_.load(std::memory_order_relaxed)) {
+      return Status::IOError("store " + options_.path + " is closed");
+    }
+    FlatTable* table = strings_.load(std::memory_order_acquire);
+    if (table == nullptr || key.size() > options_.max_key_bytes) return Status::OK();
+    const int64_t ikey = StringSlot(key);
+    std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
+    std::string bucket, ignored;
+    Status st = table->Get(ikey, &bucket);
+    if (st.IsNotFound() || (st.ok() && !FindInBucket(bucket, key, &ignored))) return Status::OK();
+    FLATKV_RETURN_IF_ERROR(st);
+    std::string entry;
+    AppendBucketRemove(&entry, key);
+    if (LiveBucketEntries(bucket).size() == 1) {
+      FLATKV_RETURN_IF_ERROR(table->Remove(ikey, nullptr));  // its last key: drop the bucket
+    } else {
+      FLATKV_RETURN_IF_ERROR(AppendToBucket(table, ikey, entry));
+    }
+    if (existed != nullptr) *existed = true;
+    return Status::OK();
+  }());
 }
 
 Status Store::SScan(std::string_view cursor, size_t limit, std::vector<StringKeyValue>* out,
@@ -934,8 +959,47 @@ uint64_t Store::LiveBytesEstimate() const {
   return live;
 }
 
+Status Store::NoteWrite(Status st) const {
+  if (st.ok()) {
+    // Cleared only by a write that appended (a remove of an absent key
+    // writes nothing and proves no room).
+    // A nearly full disk takes some writes (into space a data file had
+    // reserved) and refuses others: cleared only a second after the last
+    // refusal, so the state does not flap under load.
+    if (counters_->disk_full.load(std::memory_order_relaxed) &&
+        counters_->bytes_appended.load() != counters_->appended_when_full.load() &&
+        NowMicros() - counters_->no_space_at_us.load() >= 1000000 &&
+        counters_->disk_full.exchange(false)) {
+      spdlog::info("{}: writes succeed again (the disk has room)", options_.path);
+    }
+  } else if (st.IsNoSpace()) {
+    counters_->no_space_errors.fetch_add(1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(counters_->no_space_mu);
+      counters_->no_space_reason = st.message();
+    }
+    counters_->appended_when_full.store(counters_->bytes_appended.load());
+    const uint64_t now = NowMicros();
+    counters_->no_space_at_us.store(now);
+    // Logged when the state begins, at most every 10 s.
+    if (!counters_->disk_full.exchange(true) &&
+        now - counters_->no_space_logged_us.exchange(now) >= 10000000) {
+      spdlog::error("{}; writes fail until space is freed (reads go on)", st.ToString());
+    }
+  }
+  return st;
+}
+
+std::string Store::DiskFull() const {
+  if (!counters_->disk_full.load(std::memory_order_relaxed)) return "";
+  std::lock_guard<std::mutex> lock(counters_->no_space_mu);
+  return counters_->no_space_reason;
+}
+
 EngineStats Store::GetStats() const {
   EngineStats s;
+  s.no_space_errors = counters_->no_space_errors.load();
+  s.disk_full = counters_->disk_full.load() ? 1 : 0;
   s.segments = Tables().size();
   s.segments_open = open_tables_.load();
   s.segment_opens = counters_->segment_opens.load();

@@ -89,6 +89,8 @@ struct EngineStats {
   uint64_t index_rebuilds = 0;      // tables whose index was rebuilt from the logs
   uint64_t scan_slots_visited = 0;  // index slots read by key-order scans
   uint64_t scan_regions_skipped = 0;  // empty slot groups/chunks/segments they jumped
+  uint64_t no_space_errors = 0;     // writes that failed for a full disk (NoSpace)
+  uint64_t disk_full = 0;           // 1 while the last write failed so (current value)
 };
 
 class Store {
@@ -226,6 +228,10 @@ class Store {
   Status Close();
 
   EngineStats GetStats() const;
+  // Empty unless the last write failed for a full disk (NoSpace): then its
+  // message (it names the file and the errno text). A write that succeeds
+  // clears it; reads are not affected.
+  std::string DiskFull() const;
   // Bytes of live records, estimated: each table's log bytes less those it
   // knows are dead (record headers included). For progress reports.
   uint64_t LiveBytesEstimate() const;
@@ -322,6 +328,9 @@ class Store {
   uint64_t compacting_ = kNoSegment;  // GUARDED_BY(tables_mu_)
   static constexpr uint64_t kNoSegment = ~uint64_t{0} - 1;
   Status OpenTable(uint64_t segment, bool create, std::unique_ptr<FlatTable>* table);
+  // Every public write's result passes here: a NoSpace sets the disk-full
+  // state (logged once), a success clears it. Returns "st".
+  Status NoteWrite(Status st) const;
   std::string SegmentDir(uint64_t segment) const;
   void BackgroundLoop();
   void PublishTablesLocked();
@@ -378,6 +387,9 @@ class Store {
   uint64_t rounds_requested_ = 0;  // GUARDED_BY(compact_mu_)
   uint64_t rounds_done_ = 0;       // GUARDED_BY(compact_mu_)
   Status round_status_;            // GUARDED_BY(compact_mu_)
+  // No automatic round before this after one failed with NoSpace.
+  std::chrono::steady_clock::time_point no_space_backoff_;  // GUARDED_BY(compact_mu_)
+  static constexpr std::chrono::seconds kNoSpaceBackoff{30};
   CompactionStatus compaction_;    // GUARDED_BY(compact_mu_)
   std::chrono::steady_clock::time_point copy_start_;
   uint64_t copy_bytes_ = 0;        // compactor thread only

@@ -21,8 +21,10 @@ constexpr uint32_t kMaxBody = 1u << 30;       // far past any frame
 constexpr char kState = 'S';
 constexpr char kEntry = 'E';
 
+// ENOSPC/EDQUOT become NoSpace (Status::FromErrno), which the replicator
+// handles by leaving the chain rather than stopping the process.
 Status Errno(const std::string& what, const std::string& path) {
-  return Status::IOError(what + " " + path + ": " + std::strerror(errno));
+  return Status::FromErrno(what + " " + path, errno);
 }
 
 template <typename T>

@@ -477,8 +477,20 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
     result["disk.total_bytes"] = static_cast<int64_t>(fs.f_blocks) * static_cast<int64_t>(fs.f_frsize);
     result["disk.free_bytes"] = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
   }
+  result["engine.no_space_errors"] = static_cast<int64_t>(e.no_space_errors);
+  result["engine.disk_full"] = static_cast<int64_t>(e.disk_full);
+  result["cache.flush_failing"] = c.flush_failing ? 1 : 0;
   if (cluster_ != nullptr) cluster_->AddStats(&result);
   if (server_stats_) server_stats_(&result);
+}
+
+std::string Handler::Degraded() const {
+  std::string full = store_->DiskFull();
+  if (!full.empty()) return "disk full: writes fail (" + full + "); reads are served";
+  if (cache_->stats().flush_failing) {
+    return "the cache cannot write its dirty entries (see the log); writes are written through";
+  }
+  return "";
 }
 
 std::vector<NamedLatency> Handler::latencies() const {

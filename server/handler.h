@@ -143,6 +143,9 @@ class Handler : public rpc::FlatKVIf {
   // Empty when data calls can be served; else why not (a ring member that
   // has not reached ZooKeeper yet), for /health.
   std::string NotReady() const;
+  // Empty when writes work; else why they fail though reads are served (a
+  // full disk: the message of the last write's NoSpace), for /health.
+  std::string Degraded() const;
 
   // Makes this handler a member of a ring: set once before serving; null
   // (the default) is standalone. The Cluster outlives the handler's calls.

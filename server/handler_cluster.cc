@@ -43,6 +43,12 @@ std::string Handler::NotReady() const {
   if (cluster_->ring() == nullptr) {
     return "no ring known yet: ZooKeeper (" + config_.cluster.zookeeper + ") not reached";
   }
+  if (replicator_ != nullptr) {
+    if (const std::string full = replicator_->DiskFull(); !full.empty()) {
+      return "disk full: out of mark " + std::to_string(config_.cluster.mark) + "'s chain (" +
+             full + "); it rejoins by itself once the disk has room";
+    }
+  }
   return cluster_->register_blocked();
 }
 

@@ -473,6 +473,8 @@ void HttpServer::Route(evhttp_request* req, const std::string& path) {
     const std::string unready = handler_->NotReady();
     if (stopping_.load(std::memory_order_relaxed)) SendText(req, 503, "stopping");
     else if (!unready.empty()) SendText(req, 503, unready);
+    else if (const std::string degraded = handler_->Degraded(); !degraded.empty())
+      SendText(req, 200, "degraded: " + degraded);
     else SendText(req, 200, "ok");
   } else if (path == "/metrics") {
     if (!IsRead(cmd)) return SendMethodNotAllowed(req, "GET, HEAD");

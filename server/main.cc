@@ -256,9 +256,27 @@ sigset_t BlockStopSignals() {
 
 // Closes the cache (writing everything dirty) and then the store; false if
 // either failed (logged).
-bool CloseEngine(flatkv::engine::cache::WriteBackCache* cache, flatkv::engine::Store* store) {
+bool CloseEngine(flatkv::engine::cache::WriteBackCache* cache, flatkv::engine::Store* store,
+                 const sigset_t* signals) {
   bool ok = true;
   flatkv::Status st = cache->Close();
+  // Acknowledged async writes the full disk cannot take: keep trying (once a
+  // second) rather than exit without them; another SIGTERM/SIGINT gives up.
+  for (int waited = 0; st.IsNoSpace() && signals != nullptr && cache->stats().dirty_entries > 0;
+       ++waited) {
+    if (waited % 10 == 0) {
+      spdlog::error("stopping: {} acknowledged writes cannot be written ({}); retrying every "
+                    "second until space is freed; SIGTERM/SIGINT again exits without them",
+                    cache->stats().dirty_entries, st.ToString());
+    }
+    const timespec second{1, 0};
+    if (sigtimedwait(signals, nullptr, &second) > 0) {
+      spdlog::critical("stopping without {} acknowledged writes (second stop signal)",
+                       cache->stats().dirty_entries);
+      break;
+    }
+    st = cache->Flush();
+  }
   if (!st.ok()) {
     spdlog::error("flushing the cache: {}", st.ToString());
     ok = false;
@@ -360,7 +378,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
         &cluster);
     if (!st.ok()) {
       spdlog::critical("cannot join the ring: {}", st.ToString());
-      CloseEngine(cache.get(), store.get());
+      CloseEngine(cache.get(), store.get(), nullptr);
       return kExitBadConfig;
     }
     handler->SetCluster(cluster.get());
@@ -368,7 +386,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
     if (!st.ok()) {
       spdlog::critical("cannot start chain replication: {}", st.ToString());
       cluster->Close();
-      CloseEngine(cache.get(), store.get());
+      CloseEngine(cache.get(), store.get(), nullptr);
       return 1;
     }
     handler->SetReplicator(cluster->replicator());
@@ -427,7 +445,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
       spdlog::critical("cannot serve HTTP: {}", st.ToString());
       if (workers) workers->stop();
       if (cluster) cluster->Close();
-      CloseEngine(cache.get(), store.get());
+      CloseEngine(cache.get(), store.get(), nullptr);
       return 1;
     }
   }
@@ -460,7 +478,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
   if (workers) workers->stop();  // in-flight calls finish
   if (cluster) cluster->Close();
   handler->StopBackup();  // a backup still copying is abandoned (its DIR.partial removed)
-  if (!CloseEngine(cache.get(), store.get())) code = 1;
+  if (!CloseEngine(cache.get(), store.get(), &signals)) code = 1;
   if (fatal.load()) code = kExitBadConfig;
   spdlog::info("stopped cleanly");
   return code;

@@ -9,6 +9,7 @@
 #include "server/replicator.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -464,7 +465,8 @@ Replicator::Replicator(ReplicatorOptions options, engine::Store* store,
       store_(store),
       cache_(cache),
       coordinator_(coordinator),
-      member_(options_.self, options_.chain, durable, intact),
+      member_(std::make_unique<partition::ChainMember>(options_.self, options_.chain,
+                                                       durable, intact)),
       log_(std::move(log)),
       logged_intact_(intact),
       intact_(intact) {}
@@ -525,27 +527,27 @@ void Replicator::PostRun(std::function<void(int64_t now, ChainOutput* out)> run)
 void Replicator::Join() {
   PostRun([this](int64_t now, ChainOutput* out) {
     joined_ = true;
-    member_.StartJoin(now, out);
+    member_->StartJoin(now, out);
   });
 }
 
 void Replicator::OnRing(std::shared_ptr<const partition::Ring> ring) {
   PostRun([this, ring](int64_t now, ChainOutput* out) {
     ring_ = ring;
-    member_.OnConfig(ConfigOf(*ring), now, out);
+    member_->OnConfig(ConfigOf(*ring), now, out);
   });
 }
 
 void Replicator::OnRegistered(int64_t czxid) {
   PostRun([this, czxid](int64_t now, ChainOutput* out) {
-    if (!member_.wants_registration()) {
+    if (!member_->wants_registration()) {
       // Registered too late (the tail changed meanwhile): withdraw it.
       out->deregister = true;
       return;
     }
-    member_.OnRegistered(czxid);
+    member_->OnRegistered(czxid);
     intact_ = true;
-    if (ring_) member_.OnConfig(ConfigOf(*ring_), now, out);
+    if (ring_) member_->OnConfig(ConfigOf(*ring_), now, out);
   });
 }
 
@@ -630,7 +632,7 @@ void Replicator::WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t>
                             WriteDone done, bool import) {
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const std::string role = member_.role();
+    const std::string role = member_->role();
     if (role == "middle" || role == "tail") {
       lock.unlock();
       return done(Status::NotOwner("this member is the " + role + " of mark " +
@@ -649,7 +651,7 @@ void Replicator::WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t>
             return;
           }
         }
-        member_.OnWrite(request, std::move(keys), std::move(op), now, out);
+        member_->OnWrite(request, std::move(keys), std::move(op), now, out);
       },
       std::move(done));
 }
@@ -693,7 +695,7 @@ void Replicator::AppendAsync(int64_t key, std::string suffix, uint64_t max_value
         op.kind = rpc::ChainOpKind::PUT;
         op.__set_key(key);
         op.__set_value(std::move(value));
-        member_.OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now, out);
+        member_->OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now, out);
       },
       std::move(done));
 }
@@ -707,10 +709,10 @@ Status Replicator::AdoptImport(int64_t epoch) {
   ev.after = [this, epoch, &w](int64_t, ChainOutput*) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!member_.Rebase({epoch, 0})) {
+      if (!member_->Rebase({epoch, 0})) {
         w.status = Status::InvalidArgument("cannot adopt an import: member " + options_.self +
-                                           " is " + member_.role() + " and applied seq " +
-                                           std::to_string(member_.applied().seq));
+                                           " is " + member_->role() + " and applied seq " +
+                                           std::to_string(member_->applied().seq));
         return;
       }
     }
@@ -726,7 +728,7 @@ Status Replicator::AdoptImport(int64_t epoch) {
 
 std::string Replicator::head() const {
   std::lock_guard<std::mutex> lock(mu_);
-  const std::vector<std::string>& members = member_.members();
+  const std::vector<std::string>& members = member_->members();
   return members.empty() ? "" : members.front();
 }
 
@@ -760,7 +762,7 @@ Status Replicator::Repair(int64_t key, const std::function<Status(rpc::GetResult
                   // Bad here too: a write not yet committed, else a copy.
                   bool have = false;
                   if (const partition::ChainEntry* e =
-                          member_.NewestUncommitted(static_cast<uint64_t>(key))) {
+                          member_->NewestUncommitted(static_cast<uint64_t>(key))) {
                     std::vector<rpc::ChainOp> ops;
                     if (DecodeChainOps(e->op, &ops).ok()) {
                       for (const rpc::ChainOp& op : ops) {
@@ -790,7 +792,7 @@ Status Replicator::Repair(int64_t key, const std::function<Status(rpc::GetResult
                 op.kind = state->value.found ? rpc::ChainOpKind::PUT : rpc::ChainOpKind::REMOVE;
                 op.__set_key(key);
                 if (state->value.found) op.__set_value(state->value.value);
-                member_.OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now,
+                member_->OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now,
                                 out);
               },
               std::move(done));
@@ -811,11 +813,11 @@ Status Replicator::BeforeRead(uint64_t hash) {
   std::unique_lock<std::mutex> lk(mu_);
   const uint64_t request = next_request_++;
   ChainOutput out;
-  switch (member_.OnRead(request, hash, &out)) {
+  switch (member_->OnRead(request, hash, &out)) {
     case partition::ChainMember::Read::kServe:
       return Status::OK();
     case partition::ChainMember::Read::kRefuse: {
-      const std::string role = member_.role();
+      const std::string role = member_->role();
       if (role == "head" || role == "middle") {
         return Status::NotOwner("this member is the " + role + " of mark " +
                                 std::to_string(options_.mark) +
@@ -853,7 +855,7 @@ Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame
   Event ev;
   ev.done = &w;
   ev.run = [this, from, msg = std::move(msg)](int64_t now, ChainOutput* out) {
-    member_.OnMessage(from, msg, now, out);
+    member_->OnMessage(from, msg, now, out);
   };
   Post(std::move(ev));
   std::unique_lock<std::mutex> lk(mu_);
@@ -873,14 +875,14 @@ Status Replicator::OnSnapshotPage(const std::string& from, const rpc::SnapshotPa
   ev.run = [this, from, &page, &t](int64_t now, ChainOutput* out) {
     t = static_cast<uint64_t>(page.token);
     if (page.first) {
-      t = member_.OnSnapshotBegin(from, {page.atEpoch, static_cast<uint64_t>(page.atSeq)}, now,
+      t = member_->OnSnapshotBegin(from, {page.atEpoch, static_cast<uint64_t>(page.atSeq)}, now,
                                   out);
     }
-    if (t == 0 || !member_.snapshot_current(t)) {
+    if (t == 0 || !member_->snapshot_current(t)) {
       t = 0;
       return;
     }
-    member_.OnSnapshotProgress(t, now);
+    member_->OnSnapshotProgress(t, now);
   };
   ev.after = [this, from, &page, &t, &w](int64_t now, ChainOutput* out) {
     if (t == 0) {
@@ -902,14 +904,14 @@ Status Replicator::OnSnapshotPage(const std::string& from, const rpc::SnapshotPa
     std::lock_guard<std::mutex> lock(mu_);
     if (!st.ok()) {
       spdlog::warn("chain: loading a snapshot page: {}", st.ToString());
-      member_.OnSnapshotFailed(t, now, out);
+      member_->OnSnapshotFailed(t, now, out);
       w.status = st;
       return;
     }
-    if (page.last && member_.snapshot_current(t)) {
+    if (page.last && member_->snapshot_current(t)) {
       spdlog::info("chain: snapshot loaded; catching up from epoch {} seq {}", page.atEpoch,
                    page.atSeq);
-      member_.OnSnapshotLoaded(t, now, out);
+      member_->OnSnapshotLoaded(t, now, out);
       checkpoint_due_ = true;  // the pages were written without a sync
     }
   };
@@ -1018,6 +1020,8 @@ void Replicator::RunEvents(std::deque<Event>* events, int64_t now) {
 
 void Replicator::Tick(int64_t now, ChainOutput* out) {
   Expire(now);
+  // Out of the chain for a full disk: no lease, no join, until there is room.
+  if (disk_full_.load() && !RejoinAfterFullDisk(now, out)) return;
   const int64_t half = options_.session_timeout_ms / 2;
   // The lease: lost once ZooKeeper may have expired this member without it
   // knowing: disconnected for half the session timeout, or this process
@@ -1041,28 +1045,40 @@ void Replicator::Tick(int64_t now, ChainOutput* out) {
     spdlog::warn("chain: ZooKeeper lease {}",
                  lease ? "renewed" : "lost (writes and sync reads refused)");
     lease_ = lease;
-    member_.SetLease(lease, out);
+    member_->SetLease(lease, out);
   }
-  const std::string role = member_.role();
+  const std::string role = member_->role();
   if (joined_ && (role == "fenced" || role == "none") && ring_ != nullptr) {
     spdlog::info("chain: not in mark {}'s chain: catching up to join it", options_.mark);
-    member_.StartJoin(now, out);
+    member_->StartJoin(now, out);
   }
-  member_.OnTick(now, out);
+  member_->OnTick(now, out);
 }
 
 void Replicator::Process(ChainOutput* out) {
   if (out->wipe) {
     Status st = Wipe();
+    if (st.IsNoSpace()) return LeaveForFullDisk("emptying the store for a snapshot", st, out);
     if (!st.ok()) spdlog::error("chain: emptying the store for a snapshot: {}", st.ToString());
+  }
+  if (disk_full_.load() && !out->apply.empty()) {
+    // Out of the chain for a full disk (LeaveForFullDisk): nothing applied,
+    // passed on or acknowledged until it rejoins.
+    return DropOutput(out, Status::NoSpace("member " + options_.self +
+                                           " left its chain: its disk is full"));
   }
   if (!out->apply.empty()) {
     // Logged (and under sync: always durable) before anything of the batch
     // is applied, passed on or acknowledged.
     Status st = log_->Append(out->apply);
     if (st.ok() && options_.sync_always) st = log_->Sync();
+    if (st.IsNoSpace()) return LeaveForFullDisk("logging replicated writes", st, out);
     if (!st.ok()) Fatal("logging replicated writes", st);
     st = ApplyEntries(out->apply);
+    if (st.IsNoSpace()) {
+      unapplied_ = out->apply;  // logged, maybe partly applied: again at rejoin
+      return LeaveForFullDisk("applying replicated writes", st, out);
+    }
     if (!st.ok()) Fatal("applying replicated writes", st);
   }
   if (checkpoint_due_ || intact_ != logged_intact_ || log_->bytes() > kLogCheckpointBytes) {
@@ -1086,6 +1102,96 @@ void Replicator::Process(ChainOutput* out) {
     spdlog::info("chain: caught up; registering in mark {}", options_.mark);
     coordinator_->Register();
   }
+}
+
+// A full disk: rather than stop the process (as for other I/O errors), the
+// member leaves the chain at once and stays up, saying why (stats, /health,
+// the log), so the chain goes on without it after a ring change (about a
+// second) instead of a session timeout. Its member state may claim the
+// batch that failed, so it is fenced now and rebuilt from the chain log
+// before it rejoins (RejoinAfterFullDisk), as a restart would.
+void Replicator::LeaveForFullDisk(const char* what, const Status& st, ChainOutput* out) {
+  {
+    std::lock_guard<std::mutex> lock(disk_mu_);
+    disk_full_reason_ = std::string(what) + ": " + st.message();
+  }
+  const bool first = !disk_full_.exchange(true);
+  if (first) disk_full_leaves_.fetch_add(1, std::memory_order_relaxed);
+  spdlog::error("chain: {}: {}; leaving mark {}'s chain (this member stays up, out of the "
+                "chain, and rejoins once its disk has {} bytes free)",
+                what, st.ToString(), options_.mark, RejoinFreeBytes());
+  DropOutput(out, Status::NoSpace("member " + options_.self + " left its chain: " +
+                                  st.message()));
+  ChainOutput fenced;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    member_->SetFenced(true, &fenced);
+  }
+  DropOutput(&fenced, Status::NoSpace("member " + options_.self + " left its chain: " +
+                                      st.message()));
+  coordinator_->Deregister();
+}
+
+void Replicator::DropOutput(ChainOutput* out, const Status& why) {
+  for (const ChainOutput::Reply& r : out->replies) Finish(r.request, why);
+  for (uint64_t r : out->reads) Finish(r, Status::Unavailable(why.message()));
+  *out = ChainOutput();
+}
+
+uint64_t Replicator::RejoinFreeBytes() const {
+  struct statvfs vfs;
+  if (statvfs(options_.data_dir.c_str(), &vfs) != 0) return kRejoinFreeBytes;
+  const uint64_t total = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+  return std::min<uint64_t>(kRejoinFreeBytes, total / 10);
+}
+
+bool Replicator::RejoinAfterFullDisk(int64_t now, ChainOutput* out) {
+  if (now - last_space_check_ < 1000) return false;
+  last_space_check_ = now;
+  struct statvfs vfs;
+  if (statvfs(options_.data_dir.c_str(), &vfs) != 0) return false;
+  const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (avail < RejoinFreeBytes()) return false;
+  // Start over from the position the log holds, as a restart does. Unlike
+  // a restart, only the batch that failed to apply is applied again: the
+  // store holds every earlier logged write already, and replaying the whole
+  // log would append all of it to the store once more (on a disk that was
+  // just full, enough to fill it again).
+  const std::string path = options_.data_dir + "/CHAINLOG";
+  ChainLog::State state;
+  std::vector<ChainEntry> entries;
+  std::unique_ptr<ChainLog> log;
+  Status st = ChainLog::Open(path, &state, &entries, &log);
+  if (st.ok() && !unapplied_.empty()) st = ApplyEntries(unapplied_);
+  if (!st.ok()) {
+    spdlog::warn("chain: {} bytes free, but rejoining failed: {}; trying again", avail,
+                 st.ToString());
+    return false;
+  }
+  const ChainPosition position =
+      entries.empty() ? state.position : ChainPosition{entries.back().epoch, entries.back().seq};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    member_ = std::make_unique<partition::ChainMember>(options_.self, options_.chain, position,
+                                                       state.intact);
+    existed_.clear();
+    seq_of_request_.clear();
+    if (ring_ != nullptr) member_->OnConfig(ConfigOf(*ring_), now, out);
+  }
+  log_ = std::move(log);
+  logged_intact_ = intact_ = state.intact;
+  unapplied_.clear();
+  disk_full_.store(false);
+  spdlog::info("chain: the disk has room again ({} bytes free): rejoining mark {} from epoch {} "
+               "seq {}",
+               avail, options_.mark, position.epoch, position.seq);
+  return true;
+}
+
+std::string Replicator::DiskFull() const {
+  if (!disk_full_.load()) return "";
+  std::lock_guard<std::mutex> lock(disk_mu_);
+  return disk_full_reason_;
 }
 
 Status Replicator::ApplyEntries(const std::vector<ChainEntry>& entries) {
@@ -1147,7 +1253,10 @@ Status Replicator::Wipe() {
   intact_ = false;
   // Not intact from here until registered again (the writes logged before
   // are void: the store is being replaced).
-  if (Status st = log_->Reset({{}, false}); !st.ok()) Fatal("resetting the log for a wipe", st);
+  if (Status st = log_->Reset({{}, false}); !st.ok()) {
+    if (!st.IsNoSpace()) Fatal("resetting the log for a wipe", st);
+    return st;  // Process() sees NoSpace: out of the chain until there is room
+  }
   logged_intact_ = false;
   FLATKV_RETURN_IF_ERROR(cache_->Flush());
   uint64_t removed = 0;
@@ -1181,7 +1290,7 @@ void Replicator::Checkpoint() {
   ChainLog::State state;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    state.position = member_.applied();
+    state.position = member_->applied();
   }
   state.intact = intact_;
   if (st.ok()) st = log_->Reset(state);
@@ -1267,31 +1376,31 @@ void Replicator::Expire(int64_t now) {
 
 std::string Replicator::role() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return member_.role();
+  return member_->role();
 }
 
 ChainPosition Replicator::applied() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return member_.applied();
+  return member_->applied();
 }
 
 void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const ChainPosition p = member_.applied();
+    const ChainPosition p = member_->applied();
     (*out)["cluster.chain.applied_epoch"] = p.epoch;
     (*out)["cluster.chain.applied_seq"] = static_cast<int64_t>(p.seq);
-    (*out)["cluster.chain.committed_seq"] = static_cast<int64_t>(member_.committed());
-    (*out)["cluster.chain.pending_writes"] = static_cast<int64_t>(member_.pending_writes());
-    (*out)["cluster.chain.lag_writes"] = static_cast<int64_t>(member_.lag_writes());
-    (*out)["cluster.chain.lag_bytes"] = static_cast<int64_t>(member_.lag_bytes());
-    (*out)["cluster.chain.log_bytes"] = static_cast<int64_t>(member_.log_bytes());
-    (*out)["cluster.chain.refused_messages"] = static_cast<int64_t>(member_.refused_messages());
-    const std::string role = member_.role();
-    if ((role == "tail" || role == "single") && !member_.downstream().empty()) {
+    (*out)["cluster.chain.committed_seq"] = static_cast<int64_t>(member_->committed());
+    (*out)["cluster.chain.pending_writes"] = static_cast<int64_t>(member_->pending_writes());
+    (*out)["cluster.chain.lag_writes"] = static_cast<int64_t>(member_->lag_writes());
+    (*out)["cluster.chain.lag_bytes"] = static_cast<int64_t>(member_->lag_bytes());
+    (*out)["cluster.chain.log_bytes"] = static_cast<int64_t>(member_->log_bytes());
+    (*out)["cluster.chain.refused_messages"] = static_cast<int64_t>(member_->refused_messages());
+    const std::string role = member_->role();
+    if ((role == "tail" || role == "single") && !member_->downstream().empty()) {
       // A joiner catching up from this tail: what it still lacks.
-      (*out)["cluster.chain.joiner." + member_.downstream() + ".lag_writes"] =
-          static_cast<int64_t>(member_.lag_writes());
+      (*out)["cluster.chain.joiner." + member_->downstream() + ".lag_writes"] =
+          static_cast<int64_t>(member_->lag_writes());
     }
   }
   {
@@ -1299,6 +1408,8 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
     loading_.Report("cluster.chain.snapshot_from." + loading_.peer + ".", out);
     sending_.Report("cluster.chain.snapshot_to." + sending_.peer + ".", out);
   }
+  (*out)["cluster.chain.disk_full"] = disk_full_.load() ? 1 : 0;
+  (*out)["cluster.chain.disk_full_leaves"] = disk_full_leaves_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.applied_entries"] = applied_entries_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.apply_batches"] = apply_batches_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.checkpoints"] = checkpoints_.load(std::memory_order_relaxed);

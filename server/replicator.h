@@ -177,6 +177,9 @@ class Replicator {
   partition::ChainPosition applied() const;
   // cluster.chain.* counters for stats() and /metrics.
   void AddStats(std::map<std::string, int64_t>* out) const;
+  // Empty unless this member left its chain for a full disk (it rejoins by
+  // itself once the disk has room): then what failed, for /health.
+  std::string DiskFull() const;
 
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
@@ -231,6 +234,19 @@ class Replicator {
   partition::ChainConfig ConfigOf(const partition::Ring& ring) const;
   Status LoadPage(const rpc::SnapshotPage& page);
   void RunEvents(std::deque<Event>* events, int64_t now);
+  // A write could not be logged or applied for a full disk: fence the
+  // member, answer what "out" would have answered with the error, leave the
+  // chain (deregister) and stay up, out of it (loop thread).
+  void LeaveForFullDisk(const char* what, const Status& st, partition::ChainOutput* out);
+  // Answers the replies and reads of "out" with "why" and drops the rest.
+  void DropOutput(partition::ChainOutput* out, const Status& why);
+  // Once a second while out for a full disk: if the file system has
+  // RejoinFreeBytes() free, rebuilds the member from the chain log (as a
+  // restart does) and lets it join again; true then (loop thread).
+  bool RejoinAfterFullDisk(int64_t now, partition::ChainOutput* out);
+  // min(64 MiB, a tenth of the file system).
+  uint64_t RejoinFreeBytes() const;
+  static constexpr uint64_t kRejoinFreeBytes = 64ull << 20;
 
   const ReplicatorOptions options_;
   engine::Store* const store_;
@@ -246,7 +262,7 @@ class Replicator {
   };
 
   mutable std::mutex mu_;  // the member, pending_, next_request_
-  partition::ChainMember member_;
+  std::unique_ptr<partition::ChainMember> member_;  // replaced by RejoinAfterFullDisk
   // By request number, so in the order they started (and their deadlines).
   std::map<uint64_t, Pending> pending_;
   uint64_t next_request_ = 1;
@@ -301,6 +317,15 @@ class Replicator {
   Progress loading_;  // GUARDED_BY(progress_mu_)
   Progress sending_;  // GUARDED_BY(progress_mu_)
   std::atomic<uint64_t> log_bytes_{0};
+  // Out of the chain for a full disk (LeaveForFullDisk), and why.
+  std::atomic<bool> disk_full_{false};
+  std::atomic<int64_t> disk_full_leaves_{0};
+  mutable std::mutex disk_mu_;
+  std::string disk_full_reason_;  // GUARDED_BY(disk_mu_)
+  int64_t last_space_check_ = 0;  // loop thread only
+  // The batch whose apply failed for a full disk (it is in the log), applied
+  // again at rejoin; loop thread only.
+  std::vector<partition::ChainEntry> unapplied_;
 };
 
 // Visits every live record of "store" in pages of up to "page": integer

@@ -307,17 +307,25 @@ Status WriteBackCache::PutBatch(const std::vector<KeyValueRef>& pairs) {
 
 void WriteBackCache::WaitForRoom() {
   if (dirty_bytes_.load() <= options_.max_dirty_bytes) return;
-  // Back-pressure: wait for the flushers instead of growing.
+  // Back-pressure: wait for the flushers instead of growing. Not while
+  // flushes fail: the writer writes through instead (TryWriteAsync), so a
+  // full disk fails writes at once rather than blocking them for good.
   ++writer_waits_;
   std::unique_lock<std::mutex> f(flush_mu_);
   flush_cv_.notify_all();
-  drained_cv_.wait(f, [&] { return dirty_bytes_.load() <= options_.max_dirty_bytes || stopping_; });
+  drained_cv_.wait(f, [&] {
+    return dirty_bytes_.load() <= options_.max_dirty_bytes || stopping_ ||
+           flush_failing_.load();
+  });
 }
 
 bool WriteBackCache::TryWriteAsync(const Key& key, Dirty* op) {
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> lock(s.mu);
   if (mode_.load() != WriteMode::kAsync) return false;
+  // While flushes fail (a full disk), acknowledge nothing the disk has not
+  // taken: the caller writes through and gets the Store's error.
+  if (flush_failing_.load()) return false;
   op->version = next_version_++;
   ++s.seq;
   s.policy->Erase(key.enc());  // the dirty map holds the newest value
@@ -493,11 +501,28 @@ void WriteBackCache::FlusherLoop(int index) {
       if (!st.ok() && result.ok()) result = st;
     }
     f.lock();
-    if (!result.ok()) {
-      spdlog::error("cache flush: {} (the entries stay dirty and are retried)", result.ToString());
-      flush_error_ = result;
-    }
+    NoteFlush(result);
     drained_cv_.notify_all();
+  }
+}
+
+void WriteBackCache::NoteFlush(const Status& result) {
+  // Logged when flushes start failing, every 10 s while they do, and when
+  // they succeed again, not every flush interval.
+  const auto now = std::chrono::steady_clock::now();
+  if (!result.ok()) {
+    flush_error_ = result;
+    ++flush_failures_;
+    if (!flush_failing_.exchange(true) || now - flush_logged_ >= std::chrono::seconds(10)) {
+      flush_logged_ = now;
+      spdlog::error("cache flush: {} ({} entries stay dirty, readable and retried; async "
+                    "writes are written through meanwhile)",
+                    result.ToString(), dirty_entries_.load());
+    }
+  } else if (flush_failing_.load() && dirty_entries_.load() == 0) {
+    flush_failing_.store(false);
+    flush_error_ = Status::OK();
+    spdlog::info("cache flush: every dirty entry is written again; async writes resume");
   }
 }
 
@@ -559,6 +584,8 @@ CacheStats WriteBackCache::stats() const {
   c.flushes = flushes_.load();
   c.coalesced = coalesced_.load();
   c.writer_waits = writer_waits_.load();
+  c.flush_failures = flush_failures_.load();
+  c.flush_failing = flush_failing_.load();
   return c;
 }
 

@@ -8,6 +8,10 @@
 //          threads write dirty keys within flush_interval_ms, so repeated
 //          updates of one key cost one Store write (coalescing). Past
 //          max_dirty_bytes, writers wait for the flushers.
+//          While flushes fail (a full disk), async writes are written
+//          through like safe ones (so they fail at once, never queue up
+//          unwritable data); the dirty entries stay, readable, retried
+//          every flush interval, until a pass writes them all.
 //
 // Dirty entries live in a per-shard map outside the replacement policy, so
 // eviction never drops one; a flushed entry becomes a clean policy entry.
@@ -24,6 +28,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -62,6 +67,8 @@ struct CacheStats {
   uint64_t flushes = 0;          // Store writes done by flushers
   uint64_t coalesced = 0;        // async writes that replaced a dirty entry
   uint64_t writer_waits = 0;     // async writes that waited for the flushers
+  uint64_t flush_failures = 0;   // flusher passes that failed to write an entry
+  bool flush_failing = false;    // the last pass failed: async writes go through
 };
 
 class WriteBackCache {
@@ -190,6 +197,12 @@ class WriteBackCache {
   bool stopping_ = false;               // GUARDED_BY(flush_mu_)
   std::vector<std::thread> flushers_;
   Status flush_error_;                  // GUARDED_BY(flush_mu_)
+  // A flusher pass failed (a full disk) and no pass has written every
+  // dirty entry since: async writes are written through meanwhile.
+  std::atomic<bool> flush_failing_{false};
+  std::atomic<uint64_t> flush_failures_{0};
+  std::chrono::steady_clock::time_point flush_logged_;  // GUARDED_BY(flush_mu_)
+  void NoteFlush(const Status& result);  // EXCLUSIVE_LOCKS_REQUIRED(flush_mu_)
   bool closed_ = false;                 // GUARDED_BY(flush_mu_)
 };
 

@@ -26,6 +26,7 @@ def check(cond, what):
 
 
 _zookeepers = []
+_small_fs = []
 
 
 def finish(work):
@@ -34,6 +35,8 @@ def finish(work):
     failed."""
     for zk in _zookeepers:
         zk.close()
+    for fs in _small_fs:
+        fs.close()  # before the work directory (its image and mount point) goes
     if failures and os.environ.get("FLATKV_KEEP_WORK"):
         print("work directory kept: " + work)
     else:
@@ -362,3 +365,99 @@ class Member:
 
     def call(self, fn, timeout_ms=10000):
         return call(self.port, fn, timeout_ms)
+
+
+# --- A small real file system (full-disk tests) -----------------------------
+
+class SmallFs:
+    """A loop-mounted ext4 file system of size_mb MiB made by the test at
+    work/<name> (image work/<name>.img): `mkfs.ext4 -m 0` (no blocks kept
+    for root, which the tests run as, so "full" means full), `mount -o
+    loop`. ext4 rather than a size-limited tmpfs because it is what users
+    run: real block allocation, unwritten extents from fallocate, a journal,
+    and delayed allocation, none of which tmpfs has. Unmounted by close(),
+    at exit (servers on it killed first), and by a watchdog child if this
+    process dies without running atexit (ctest's timeout). Raises
+    RuntimeError naming the command and its error if the machine cannot
+    make or mount it (not root, no loop devices): the caller fails the test
+    with that reason."""
+
+    def __init__(self, work, name, size_mb):
+        self.img = os.path.join(work, name + ".img")
+        self.path = os.path.join(work, name)
+        self.fillers = []
+        os.makedirs(self.path)
+        with open(self.img, "wb") as f:
+            f.truncate(size_mb << 20)
+        for cmd in (["mkfs.ext4", "-q", "-F", "-m", "0", "-E",
+                     "lazy_itable_init=0,lazy_journal_init=0", self.img],
+                    ["mount", "-o", "loop", self.img, self.path]):
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            except OSError as e:
+                raise RuntimeError("cannot run %s: %s" % (cmd[0], e))
+            if r.returncode != 0:
+                raise RuntimeError("%s failed (exit %d): %s" % (" ".join(cmd), r.returncode,
+                                                                r.stderr.strip()))
+        r, w = os.pipe()
+        self._watchdog = subprocess.Popen(
+            ["/bin/sh", "-c", 'read _ ; sleep 1; umount "$0" 2>/dev/null || umount -l "$0"',
+             self.path], stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        os.close(r)
+        self._watchdog_pipe = w
+        atexit.register(self.close)
+        _small_fs.append(self)
+
+    def free(self):
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def fill(self, leave):
+        """Allocates a filler file (fallocate: real blocks) so that about
+        "leave" bytes stay free; returns its path."""
+        path = os.path.join(self.path, "filler-%d" % len(self.fillers))
+        self.fillers.append(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            size = max(0, self.free() - leave)
+            if size:
+                os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+        return path
+
+    def fill_all(self):
+        """Allocates every free block (in ever smaller files until even one
+        block fails), so the next allocation gets ENOSPC."""
+        chunk = 1 << 30
+        while chunk >= 4096:
+            path = os.path.join(self.path, "filler-%d" % len(self.fillers))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, chunk)
+                self.fillers.append(path)
+            except OSError:
+                chunk //= 2
+                os.unlink(path)
+            finally:
+                os.close(fd)
+
+    def free_fillers(self):
+        for path in self.fillers:
+            if os.path.exists(path):
+                os.unlink(path)
+        self.fillers = []
+
+    def close(self):
+        if self._watchdog_pipe is None:
+            return
+        _kill_servers()
+        r = subprocess.run(["umount", self.path], capture_output=True)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", self.path], capture_output=True)
+        os.close(self._watchdog_pipe)  # the watchdog finds nothing mounted
+        self._watchdog_pipe = None
+        self._watchdog.wait()
+        if os.path.exists(self.img):
+            os.unlink(self.img)
