@@ -82,7 +82,7 @@ Status PlanRemove(const Ring& ring, int64_t removed, RingChange* out) {
 
 bool Moving(const RingChange& change, int64_t self_mark, int64_t h, bool write, bool released) {
   if (!change.Covers(h)) return false;
-  if (change.source == self_mark) return write || change.state != "copy";
+  if (change.source == self_mark) return write || change.state == "drop";
   if (change.into == self_mark) return !released;
   return false;
 }
@@ -111,6 +111,7 @@ const char* StepName(ChangeStep::Kind kind) {
     case ChangeStep::kCopy: return "copy";
     case ChangeStep::kPersist: return "persist";
     case ChangeStep::kSetState: return "set-state";
+    case ChangeStep::kRelease: return "release";
     case ChangeStep::kDrop: return "drop";
     case ChangeStep::kDeleteMark: return "delete-mark";
     case ChangeStep::kDelete: return "delete";
@@ -164,6 +165,7 @@ ChangeStep ChangeMachine::Next(const Ring& ring, bool head) {
     if (c->state != "copy") {
       // Copied and durable: never copy again (the ring may flip any moment).
       flipped_ = *c;
+      released_ = false;
       dropped_ = false;
       mark_deleted_ = false;
       return AfterFlip(ring);
@@ -255,12 +257,12 @@ ChangeStep ChangeMachine::AfterFlip(const Ring& ring) {
       s.change.state = "drop";
       return s;
     }
-    if (!dropped_) {
+    if (!released_ || !dropped_) {
       if (ring.Find(c.source) == nullptr) {
         return Wait("ring change: source mark " + std::to_string(c.source) +
                     " is not in the ring");
       }
-      return Step(ChangeStep::kDrop, c);
+      return Step(released_ ? ChangeStep::kDrop : ChangeStep::kRelease, c);
     }
     return Step(ChangeStep::kDelete, c);
   }
@@ -299,6 +301,7 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
       }
       if (step.change.state == "flip") {
         flipped_ = step.change;
+        released_ = false;
         dropped_ = false;
         mark_deleted_ = false;
         copy_czxid_ = 0;
@@ -306,6 +309,9 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
       } else if (flipped_) {
         flipped_->state = step.change.state;
       }
+      return;
+    case ChangeStep::kRelease:
+      if (st.ok()) released_ = true;
       return;
     case ChangeStep::kDrop:
       if (st.ok()) dropped_ = true;
@@ -317,6 +323,7 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
       if (!st.ok()) return;
       finished_czxid_ = step.change.czxid;
       flipped_.reset();
+      released_ = false;
       dropped_ = false;
       mark_deleted_ = false;
       copy_czxid_ = 0;
@@ -327,7 +334,7 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
 
 bool ChangeMachine::Released(const RingChange& change) const {
   if (finished_czxid_ != 0 && change.czxid == finished_czxid_) return true;
-  return flipped_ && flipped_->czxid == change.czxid && dropped_;
+  return flipped_ && flipped_->czxid == change.czxid && released_;
 }
 
 }  // namespace flatkv::partition

@@ -12,8 +12,8 @@
 //   of an empty ring registers at once):
 //     create the node (state copy) -> fence S (it refuses writes to the
 //     ranges from now) -> wipe this store -> copy -> persist -> state flip
-//     -> register -> listed in the ring -> state drop -> S drops the ranges
-//     -> delete the node
+//     -> register -> listed in the ring -> state drop -> S confirms it let
+//     the ranges go (release) -> S drops them -> delete the node
 //   remove (mark M leaves; the next mark up, I, inherits its ranges; the
 //   head of I imports, whoever that is when the node is read):
 //     (node created by the admin call, state copy) -> fence M -> copy
@@ -26,10 +26,11 @@
 //
 // Who serves a hash the change covers (Moving, below):
 //   - the source refuses writes in every state (a write there would miss
-//     the copy) and reads from state flip on (the importer may hold newer
-//     writes, or the source may be dropping);
+//     the copy) and reads in state drop (the importer may take writes from
+//     its release on, and the source is dropping); until then nobody takes
+//     a write, so the source's copy is the newest and reads stay served;
 //   - the importing mark refuses reads and writes until its importer knows
-//     the source has seen the flip (its first drop answered: "released"),
+//     the source has seen state drop (the release answered: "released"),
 //     or the node is gone.
 // So at every moment at most one mark serves a hash, given that each
 // member's ring view reads the change node before the members and marks
@@ -92,6 +93,9 @@ struct ChangeStep {
                   // as writes through this mark's chain)
     kPersist,     // add: flush, sync, adopt the import as the chain's position
     kSetState,    // write "change" (its state is the new one) to the node
+    kRelease,     // add: the source's head re-reads the ring and confirms it
+                  // has let the ranges go (a peerDrop of at most one key);
+                  // from then on this member serves them
     kDrop,        // add: the source drops change.ranges (every page of them)
     kDeleteMark,  // remove: delete the removed mark's node
     kDelete,      // delete the change node (done, or rolled back: "reason")
@@ -148,6 +152,7 @@ class ChangeMachine {
   // The change this member moved to state flip (or found so): from then on
   // only finished, whatever a lagging ring view says.
   std::optional<RingChange> flipped_;
+  bool released_ = false;      // add: the source confirmed it let the ranges go
   bool dropped_ = false;       // add: the source dropped the ranges
   bool mark_deleted_ = false;  // remove: the removed mark's node is gone
   int64_t finished_czxid_ = 0;  // the change this member deleted last

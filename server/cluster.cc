@@ -247,6 +247,27 @@ Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring
       FLATKV_RETURN_IF_ERROR(registry_->UpdateChange(change));
       spdlog::info("ring change: state {} ({})", change.state, change.ToJson());
       return Status::OK();
+    case Step::kRelease: {
+      // One peerDrop of at most one key: the source's head re-reads the
+      // ring and answers only once it sees this mark own the ranges.
+      size_t at = 0;
+      FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
+      Target head;
+      FLATKV_RETURN_IF_ERROR(RouteTo(ring, at, /*write=*/true, &head));
+      const auto lo = change.ranges.front().first;
+      const auto hi = change.ranges.front().second;
+      int64_t n = 0;
+      FLATKV_RETURN_IF_ERROR(Forward(head, "peerDrop", true, [&](rpc::FlatKVClient& c) {
+        n = c.peerDrop(head.context, lo, hi, 1);
+      }));
+      {
+        std::lock_guard<std::mutex> lock(gate_mu_);
+        import_.dropped = n;  // DropAtSource adds the rest
+      }
+      spdlog::info("ring change: mark {} let the ranges go; mark {} serves them", change.source,
+                   mark());
+      return Status::OK();
+    }
     case Step::kDrop:
       return DropAtSource(change, ring);
     case Step::kDeleteMark:
@@ -413,8 +434,8 @@ Status Cluster::DropAtSource(const partition::RingChange& change, const partitio
     }
   }
   std::lock_guard<std::mutex> lock(gate_mu_);
-  import_.dropped = dropped;
-  spdlog::info("ring change: mark {} dropped {} moved keys", change.source, dropped);
+  import_.dropped += dropped;
+  spdlog::info("ring change: mark {} dropped {} moved keys", change.source, import_.dropped);
   return Status::OK();
 }
 

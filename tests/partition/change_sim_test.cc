@@ -506,7 +506,11 @@ class Sim {
         Write([&](ZkState& s) { s.change->state = step.change.state; });
         return Status::OK();
       }
+      case ChangeStep::kRelease:
       case ChangeStep::kDrop: {
+        // peerDrop: the source's head re-reads the ring, refuses while its
+        // mark still owns any of the ranges, then drops (kRelease: at most
+        // one key; modelled as none).
         Proc* source = HeadOf(i, step.change.source);
         if (source == nullptr) return Status::Unavailable("source down");
         if (!Refresh(static_cast<size_t>(source - procs_.data()))) return down;
@@ -518,6 +522,7 @@ class Sim {
             }
           }
         }
+        if (step.kind == ChangeStep::kRelease) return Status::OK();
         for (auto it = source->store.begin(); it != source->store.end();) {
           it = step.change.Covers(it->first) ? source->store.erase(it) : std::next(it);
         }
