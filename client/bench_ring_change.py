@@ -61,6 +61,43 @@ ops_during = int(os.environ.get("MEAS_DURING_OPS", "700000"))
 def during():
     if ops_during:
         result["rows"], result["rc"] = run_bench("readheavy", ops_during)
+# A reader and a writer on keys that move, through A's instance (which
+# forwards once the ring flips): the longest spans without a good answer.
+moving = {"stop": False, "read_gap": 0.0, "write_gap": 0.0, "reads": 0, "writes": 0}
+
+
+def probe(kind):
+    c, t = harness.client(a0.port, 10000)
+    last_ok, worst, k = time.monotonic(), 0.0, 0
+    while not moving["stop"]:
+        k = (k + 7919) % N
+        try:
+            if kind == "read":
+                ok = c.get(A + k).found
+            else:
+                c.put(A + k, val)
+                ok = True
+        except Exception:
+            ok = False
+            try:
+                t.close()
+            except Exception:
+                pass
+            c, t = harness.client(a0.port, 10000)
+        now = time.monotonic()
+        if ok:
+            worst = max(worst, now - last_ok)
+            last_ok = now
+            moving[kind + "s"] += 1
+        else:
+            time.sleep(0.001)
+    moving[kind + "_gap"] = max(worst, time.monotonic() - last_ok)
+    t.close()
+
+
+probes = [threading.Thread(target=probe, args=(k,)) for k in ("read", "write")]
+for p in probes:
+    p.start()
 bt = threading.Thread(target=during)
 bt.start()
 time.sleep(0.5 if ops_during else 0)
@@ -69,6 +106,13 @@ m0 = harness.Member(work, server_bin, zk, "m0", M, *common, session_timeout_ms=6
 harness.wait_ring([a0.port, m0.port], {A: ["127.0.0.1:%d" % a0.port], M: ["127.0.0.1:%d" % m0.port]}, 600)
 t_serving = time.monotonic() - t_start
 bt.join()
+time.sleep(0.5)
+moving["stop"] = True
+for p in probes:
+    p.join()
+print("moving keys: longest span without a good read %.3f s (%d reads), without an "
+      "acknowledged write %.3f s (%d writes)" % (moving["read_gap"], moving["reads"],
+                                                   moving["write_gap"], moving["writes"]), flush=True)
 print("DURING", result["rc"], json.dumps(result["rows"]), flush=True)
 print("start to serving (change done): %.1f s" % t_serving, flush=True)
 s = m0.call(lambda c: c.stats())
