@@ -464,7 +464,10 @@ Status Cluster::WipeStore() {
 
 
 Status Cluster::CheckMoving(int64_t hash, bool write) const {
-  const auto ring = registry_->ring();
+  return CheckMoving(registry_->ring().get(), hash, write);
+}
+
+Status Cluster::CheckMoving(const partition::Ring* ring, int64_t hash, bool write) const {
   const partition::RingChange* change = ring ? ring->change() : nullptr;
   if (change == nullptr || !change->Covers(hash)) return Status::OK();
   bool released;
@@ -608,7 +611,7 @@ Status Cluster::Route(int64_t hash, bool write, Target* target) {
   FLATKV_RETURN_IF_ERROR(RouteTo(*ring, ring->OwnerIndex(hash), write, target));
   // Served here: unless a ring change moves it (writes are checked again
   // as they are sequenced).
-  if (target->local) return CheckMoving(hash, /*write=*/false);
+  if (target->local) return CheckMoving(ring.get(), hash, /*write=*/false);
   return Status::OK();
 }
 
@@ -749,7 +752,7 @@ Status Cluster::CheckPeerRange(const rpc::PeerContext& context, int64_t lo, int6
   if (const partition::RingChange* change = ring->change()) {
     for (const auto& r : change->ranges) {
       if (r.second < lo || r.first > hi) continue;
-      FLATKV_RETURN_IF_ERROR(CheckMoving(std::max(lo, r.first), /*write=*/false));
+      FLATKV_RETURN_IF_ERROR(CheckMoving(ring.get(), std::max(lo, r.first), /*write=*/false));
     }
   }
   return Status::OK();

@@ -186,6 +186,8 @@ class Cluster : public ChainCoordinator {
                         const std::string& why);
   void CountForward(const std::string& address);
   Status CheckMoving(int64_t hash, bool write) const;
+  // The same against a ring the caller already holds (one load per call).
+  Status CheckMoving(const partition::Ring* ring, int64_t hash, bool write) const;
   // The ring change machine's thread (machine_): started by Register() and
   // by a ring whose change concerns this member; runs the steps the machine
   // asks for until it has none.

@@ -83,6 +83,13 @@ def start(port, http_port, *extra):
                              "--set", "admin.token=" + TOKEN,
                              # async mode acknowledges up to this much the disk may not take
                              "--set", "cache.max_dirty_bytes=4Mi", *extra, stderr=log)
+    except RuntimeError:
+        # It exited during start-up (seen once, exit 2, not reproduced): say why.
+        log.close()
+        with open(log_path, "rb") as f:
+            sys.stdout.write("server log, last lines:\n" +
+                             b"".join(f.readlines()[-15:]).decode(errors="replace"))
+        raise
     finally:
         log.close()
     harness.wait_port(http_port, proc)
