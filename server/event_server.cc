@@ -839,6 +839,8 @@ struct InlineCall {
 thread_local InlineCall inline_call;
 }  // namespace
 
+bool EventServer::InlineOnIoThread() { return inline_call.active; }
+
 bool EventServer::RedoOnWorker() {
   if (!inline_call.active || !inline_call.can_redo) return false;
   inline_call.redo = true;

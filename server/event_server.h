@@ -146,6 +146,9 @@ class EventServer {
   // not inline on an I/O thread (a worker may block) or there are no
   // workers. Reads only: the call runs twice.
   static bool RedoOnWorker();
+  // Whether the caller is a call running inline on an I/O thread (which
+  // must not wait for long).
+  static bool InlineOnIoThread();
 
   // Binds server.io_threads listening sockets to host:port (port 0: a free
   // port, the same for all) and starts the I/O threads. Returns IOError

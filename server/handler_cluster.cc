@@ -102,9 +102,13 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
       !r.Bytes(&name) || !r.I32(&seqid)) {
     return false;  // malformed or old-style: answered at once, inline
   }
+  // A chain message is answered at once on the I/O thread
+  // (Replicator::OnFrame) unless the loop is behind: then on a worker,
+  // which waits for it.
+  if (replicator_ != nullptr && name == "peerChain") return replicator_->FramesBacklogged();
   // Writes through a chain wait for it (server/replicator.h): on a worker.
   if (replicator_ != nullptr &&
-      (name == "peerChain" || name == "peerSnapshot" || name == "peerPut" ||
+      (name == "peerSnapshot" || name == "peerPut" ||
        name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
        name == "peerSPut" || name == "peerSRemove" || name == "digest" ||
        name == "peerRepair" || name == "peerExport" || name == "peerFence" ||
@@ -438,7 +442,7 @@ void Handler::peerChain(const rpc::PeerContext& ctx, const std::string& from,
       ThrowKvError(Status::NotOwner("this instance is not a member of a chain"));
     }
     ThrowIfError(cluster_->CheckPeerMark(ctx));
-    ThrowIfError(replicator_->OnFrame(from, frame));
+    ThrowIfError(replicator_->OnFrame(from, frame, !EventServer::InlineOnIoThread()));
   });
 }
 

@@ -840,7 +840,7 @@ Status Replicator::BeforeRead(uint64_t hash) {
       options_.peer_timeout_ms, nullptr);
 }
 
-Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame) {
+Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame, bool wait) {
   ChainMessage msg;
   FLATKV_RETURN_IF_ERROR(FromFrame(frame, &msg));
   for (const ChainEntry& e : msg.entries) {
@@ -853,11 +853,14 @@ Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame
                msg.committed);
   Waiter w;
   Event ev;
-  ev.done = &w;
+  if (wait) ev.done = &w;
+  frames_pending_.fetch_add(1, std::memory_order_relaxed);
   ev.run = [this, from, msg = std::move(msg)](int64_t now, ChainOutput* out) {
+    frames_pending_.fetch_sub(1, std::memory_order_relaxed);
     member_->OnMessage(from, msg, now, out);
   };
   Post(std::move(ev));
+  if (!wait) return Status::OK();
   std::unique_lock<std::mutex> lk(mu_);
   w.cv.wait(lk, [&] { return w.done; });
   return w.status;

@@ -168,8 +168,17 @@ class Replicator {
   // it now (maybe after waiting for a catch-up), else Unavailable.
   Status BeforeRead(uint64_t hash);
 
-  // peerChain / peerSnapshot.
-  Status OnFrame(const std::string& from, const rpc::ChainFrame& frame);
+  // peerChain / peerSnapshot. OnFrame checks the frame and queues it for
+  // the loop; with "wait" it returns once the loop has handled it (its
+  // writes applied, what it passes on queued), else at once. The
+  // predecessor's link sends its next frame on the answer, so answering at
+  // once saves a hop through the loop per frame; FramesBacklogged() is the
+  // back-pressure: while true the frame should be handled with "wait"
+  // (Handler::MayBlock() puts such a call on a worker).
+  Status OnFrame(const std::string& from, const rpc::ChainFrame& frame, bool wait = true);
+  bool FramesBacklogged() const {
+    return frames_pending_.load(std::memory_order_relaxed) >= kMaxPendingFrames;
+  }
   Status OnSnapshotPage(const std::string& from, const rpc::SnapshotPage& page, int64_t* token);
 
   // "single", "head", "middle", "tail", "syncing", "fenced" or "none".
@@ -296,6 +305,9 @@ class Replicator {
   std::atomic<int64_t> frames_sent_{0};
   std::atomic<int64_t> frames_failed_{0};
   std::atomic<int64_t> frames_received_{0};
+  // Frames queued by OnFrame that the loop has not run yet.
+  static constexpr int kMaxPendingFrames = 4;
+  std::atomic<int> frames_pending_{0};
   std::atomic<int64_t> snapshots_sent_{0};
   std::atomic<int64_t> snapshot_bytes_sent_{0};
   std::atomic<int64_t> snapshot_bytes_loaded_{0};
