@@ -350,31 +350,35 @@ void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
     out->record_version = config_.version;
   }
   Release(out);
-  if (!parked_.empty()) {
-    std::vector<ParkedRead> still;
-    for (const ParkedRead& r : parked_) {
-      if (r.until > chain_committed_) {
-        still.push_back(r);
-        continue;
-      }
-      uint64_t until = DirtyUntil(r.key);
-      if (until > chain_committed_) {
-        still.push_back({r.request, r.key, until});
-      } else {
-        out->reads.push_back(r.request);
-      }
-    }
-    parked_ = std::move(still);
-  }
   Trim();
 }
 
 void ChainMember::Release(ChainOutput* out) {
-  if (!is_head() || !Recorded() || fenced_ || !Leased()) return;
-  while (!pending_.empty() && (!config_.sync || pending_.front().seq <= chain_committed_)) {
+  if (fenced_ || !Recorded() || !Leased()) return;
+  while (is_head() && !pending_.empty() &&
+         (!config_.sync || pending_.front().seq <= chain_committed_)) {
     out->replies.push_back({pending_.front().request, Status::OK()});
     pending_.pop_front();
   }
+  // Parked reads are served under the rules that parked them (OnRead): by
+  // the tail of a recorded chain holding its lease. One parked under an
+  // earlier chain waits until they hold again (or is refused once this
+  // member is no longer the tail).
+  if (parked_.empty() || !is_tail()) return;
+  std::vector<ParkedRead> still;
+  for (const ParkedRead& r : parked_) {
+    if (r.until > chain_committed_) {
+      still.push_back(r);
+      continue;
+    }
+    uint64_t until = DirtyUntil(r.key);
+    if (until > chain_committed_) {
+      still.push_back({r.request, r.key, until});
+    } else {
+      out->reads.push_back(r.request);
+    }
+  }
+  parked_ = std::move(still);
 }
 
 void ChainMember::FailPending(const Status& status, ChainOutput* out) {

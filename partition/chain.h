@@ -266,7 +266,8 @@ class ChainMember {
   void Commit(uint64_t committed, ChainOutput* out);
   void FailPending(const Status& status, ChainOutput* out);
   // Head: answers the pending writes that may be answered (committed under
-  // sync, applied under async; the chain recorded either way).
+  // sync, applied under async); tail: serves the parked reads whose key's
+  // writes are committed. Only while the chain is recorded and leased.
   void Release(ChainOutput* out);
   bool Recorded() const { return config_.recorded == config_.members; }
   // May answer writes and sync reads: the lease holds, or it is alone.

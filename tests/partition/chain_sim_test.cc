@@ -454,6 +454,11 @@ class Sim {
                     std::to_string(got.write) + " that nobody wrote there");
       }
     }
+    if (trace_) {
+      std::fprintf(stderr, "%6lld READ key %llu at %s seq %llu\n", static_cast<long long>(now_),
+                   static_cast<unsigned long long>(r.key), nodes_[node].address.c_str(),
+                   static_cast<unsigned long long>(got.seq));
+    }
     if (!sync_) return;
     // Linearizable: at least everything acknowledged or read before it began.
     auto f = floor_at_.find(request);

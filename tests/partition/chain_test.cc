@@ -326,3 +326,55 @@ TEST_CASE("a joiner neither registers nor asks anyone before it has read the rin
     CHECK(after.sends[0].msg.kind == ChainMessage::Kind::kSyncRequest);
   }
 }
+
+TEST_CASE("a read parked at a tail with a joiner is served only while the tail holds its lease") {
+  // The tail of a sync chain with a joiner commits only what the joiner
+  // applied, so a read of a key with a newer write waits (parked). If the
+  // tail loses its lease meanwhile (ZooKeeper may have re-formed the chain
+  // without it), the joiner's ack must not release that read: a new chain
+  // may already hold newer writes of the key.
+  Net net;
+  net.Start({"a", "t"}, 7);
+  net.Add("j");
+  ChainOutput out;
+  net.members["j"]->OnConfig(Make(1, 7, {"a", "t"}, {1, 2}), 0, &out);
+  net.members["j"]->StartJoin(0, &out);
+  net.Take("j", out);
+  net.Deliver();
+  REQUIRE(net.members["j"]->wants_registration());
+
+  net.Write("a", 10, 5);
+  std::vector<std::pair<std::string, ChainOutput::Send>> held;  // to the joiner
+  auto deliver = [&](std::vector<uint64_t>* reads) {
+    while (!net.wire.empty()) {
+      auto [from, send] = net.wire.front();
+      net.wire.erase(net.wire.begin());
+      if (send.to == "j" && reads == nullptr) {
+        held.emplace_back(from, send);
+        continue;
+      }
+      ChainOutput o;
+      net.members.at(send.to)->OnMessage(from, send.msg, net.now, &o);
+      if (reads != nullptr) reads->insert(reads->end(), o.reads.begin(), o.reads.end());
+      net.Take(send.to, o);
+    }
+  };
+  deliver(nullptr);
+  REQUIRE(net.applied["t"] == std::vector<uint64_t>({1}));
+  CHECK(net.replies.count(10) == 0);  // the joiner has not applied it
+  ChainOutput read_out;
+  REQUIRE(net.members["t"]->OnRead(20, 5, &read_out) == ChainMember::Read::kWait);
+
+  ChainOutput lease_out;
+  net.members["t"]->SetLease(false, &lease_out);
+  net.Take("t", lease_out);
+  for (auto& h : held) net.wire.push_back(h);
+  std::vector<uint64_t> reads;
+  deliver(&reads);
+  CHECK(net.applied["j"] == std::vector<uint64_t>({1}));
+  CHECK(reads.empty());  // committed now, but the tail has no lease
+
+  ChainOutput renewed;
+  net.members["t"]->SetLease(true, &renewed);
+  CHECK(renewed.reads == std::vector<uint64_t>({20}));
+}
