@@ -1253,6 +1253,15 @@ Status Replicator::ApplyEntries(const std::vector<ChainEntry>& entries) {
 
 Status Replicator::Wipe() {
   wipes_.fetch_add(1, std::memory_order_relaxed);
+  // Snapshot streams this member sends read the store being emptied: a
+  // joiner would load a partial copy and take it for whole. Stopped here
+  // (each ends after the page in flight, without its last page), so their
+  // joiners ask again, elsewhere.
+  if (!senders_.empty()) {
+    spdlog::warn("chain: stopping {} snapshot stream(s): this member empties its store",
+                 senders_.size());
+    senders_.clear();
+  }
   intact_ = false;
   // Not intact from here until registered again (the writes logged before
   // are void: the store is being replaced).

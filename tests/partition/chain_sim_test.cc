@@ -77,6 +77,10 @@ struct Node {
   bool registered = false;
   uint64_t gen = 0;        // session generation: a stale expiry leaves a new one alone
   bool intact = true;      // store not wiped since it last registered
+  // Bumped by a crash and by a wipe: a snapshot stream this member was
+  // sending breaks (its process died, or the shell stopped the streams
+  // of a store it empties: Replicator::Wipe).
+  uint64_t incarnation = 0;
   int64_t paused_until = 0;
   int64_t down_until = 0;  // crashed: restarts then
   std::vector<std::function<void()>> held;  // events that arrived while paused
@@ -308,6 +312,7 @@ class Sim {
     if (out.wipe) {
       n.store.clear();
       n.intact = false;
+      ++n.incarnation;
     }
     for (const ChainEntry& e : out.apply) {
       char kind;
@@ -388,9 +393,12 @@ class Sim {
     int to = IndexOf(s.to);
     ChainPosition at = s.at;
     std::string source = nodes_[from].address;
-    At(now_ + Rand(1, 30), [this, from, to, at, source] {
-      if (!nodes_[from].alive || nodes_[from].paused) return;
-      Deliver(to, [this, from, to, at, source] {
+    const uint64_t incarnation = nodes_[from].incarnation;
+    At(now_ + Rand(1, 30), [this, from, to, at, source, incarnation] {
+      if (!nodes_[from].alive || nodes_[from].paused || nodes_[from].incarnation != incarnation) {
+        return;
+      }
+      Deliver(to, [this, from, to, at, source, incarnation] {
         uint64_t token = 0;
         Do(to, [&](ChainOutput* o) {
           token = nodes_[to].member->OnSnapshotBegin(source, at, now_, o);
@@ -402,8 +410,9 @@ class Sim {
                        static_cast<unsigned long long>(at.seq), accepted ? "begins" : "refused");
         }
         if (!accepted) return;
-        At(now_ + Rand(5, 40), [this, from, to, token] {
-          if (!nodes_[from].alive || nodes_[from].paused) {
+        At(now_ + Rand(5, 40), [this, from, to, token, incarnation] {
+          if (!nodes_[from].alive || nodes_[from].paused ||
+              nodes_[from].incarnation != incarnation) {
             // The stream broke: the joiner's shell notices.
             Deliver(to, [this, to, token] { Do(to, [&](ChainOutput* o) {
               nodes_[to].member->OnSnapshotFailed(token, now_, o); }); });
@@ -550,6 +559,7 @@ class Sim {
         ++crashes_;
         if (trace_) std::fprintf(stderr, "%6lld %s CRASH\n", static_cast<long long>(now_), n.address.c_str());
         n.alive = false;
+        ++n.incarnation;
         n.held.clear();
         n.down_until = now_ + Rand(50, 600);
         At(now_ + kSessionMs, [this, i, gen = n.gen] { Expire(i, gen); });
