@@ -20,9 +20,11 @@
 // Messages to a neighbour go through a PeerLink: a thread with one
 // connection that sends the queued frames in order (peerChain); a frame that
 // cannot be sent is dropped (the member resends what a silent neighbour has
-// not acknowledged). A peerChain call is answered once the message has been
-// handled and its writes applied, so a fast head cannot queue unbounded
-// work at a slow successor.
+// not acknowledged). A peerChain call is answered once the message is
+// checked and queued for the loop (OnFrame without waiting), or, while more
+// than kMaxPendingFrames wait for the loop, once it has been handled and its
+// writes applied, so a fast head cannot queue unbounded work at a slow
+// successor.
 //
 // Snapshots (a joiner whose position the tail's log no longer covers): a
 // thread per joiner streams the store (integer keys in key order, then
