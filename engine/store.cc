@@ -979,8 +979,14 @@ uint64_t Store::LiveBytesEstimate(int64_t lo, int64_t hi, double string_share) c
     const uint64_t total = t->TotalBytes();
     return static_cast<long double>(total - std::min(total, t->DeadBytes()));
   };
+  constexpr uint64_t kBudget = uint64_t{1} << 22;  // slots looked at per table, at most
   for (const TableRef& ref : Tables()) {
-    if (ref.table != nullptr) live += share(ref.segment) * live_of(ref.table);
+    const FlatTable* t = ref.table;
+    if (t == nullptr || share(ref.segment) == 0) continue;
+    const uint64_t keys = t->LiveKeys();
+    if (keys == 0) continue;
+    live += live_of(t) * std::min<long double>(1, static_cast<long double>(
+                                                      t->LiveKeysIn(lo, hi, kBudget)) / keys);
   }
   if (const FlatTable* strings = strings_.load(std::memory_order_acquire)) {
     live += std::clamp(static_cast<long double>(string_share), 0.0L, 1.0L) * live_of(strings);

@@ -236,9 +236,10 @@ class Store {
   // knows are dead (record headers included). For progress reports.
   uint64_t LiveBytesEstimate() const;
   // The same for integer keys in [lo, hi] (each table's live bytes times the
-  // share of its key span the range covers: exact for whole tables, a guess
-  // for a table the range cuts) plus "string_share" of the string keys'
-  // table (their hashes are uniform: the range's share of the hash space).
+  // share of its live keys inside the range, counted from its index; a
+  // closed table, whose index is not mapped, by the share of its key span)
+  // plus "string_share" of the string keys' table (their hashes are
+  // uniform: the range's share of the hash space).
   uint64_t LiveBytesEstimate(int64_t lo, int64_t hi, double string_share) const;
   const EngineOptions& options() const { return options_; }
 
