@@ -125,6 +125,16 @@ acks_at = {}  # base of KEYS_IN -> times of acknowledged writes (monotonic)
 KEYS_OUT = list(range(100, 400))
 
 
+def close_quietly(conn):
+    """Closes a harness.client() pair after a failure (its state is unknown)."""
+    if conn is not None:
+        try:
+            conn[1].close()
+        except Exception:
+            pass
+    return None
+
+
 def writer(index):
     r = random.Random(index)
     # Each writer owns its keys, so the newest acknowledged version of a key
@@ -152,15 +162,9 @@ def writer(index):
                 errors[e.code] = errors.get(e.code, 0) + 1
             time.sleep(0.01)
         except Exception:
-            if conn is not None:
-                try:
-                    conn[1].close()
-                except Exception:
-                    pass
-            conn = None
+            conn = close_quietly(conn)
             time.sleep(0.02)
-    if conn is not None:
-        conn[1].close()
+    close_quietly(conn)
 
 
 threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(4)]
@@ -313,15 +317,9 @@ def mixed_writer():
                 mixed["uncertain"].add(s)
             elif kind == 1:
                 mixed["tokens_unsure"] = True
-            if conn is not None:
-                try:
-                    conn[1].close()
-                except Exception:
-                    pass
-            conn = None
+            conn = close_quietly(conn)
             time.sleep(0.02)
-    if conn is not None:
-        conn[1].close()
+    close_quietly(conn)
 
 
 mw = threading.Thread(target=mixed_writer, daemon=True)

@@ -531,6 +531,17 @@ class Sim {
     p.machine->Done(step, st);
   }
 
+  // The head of the change's source as member i sees it, after its ring
+  // re-read (the peer calls that refresh first: fence, track, drop).
+  Status RefreshedSource(size_t i, const ChangeStep& step, Proc** source) {
+    *source = HeadOf(i, step.change.source);
+    if (*source == nullptr) return Status::Unavailable("source down");
+    if (!Refresh(static_cast<size_t>(*source - procs_.data()))) {
+      return Status::Unavailable("ZooKeeper down");
+    }
+    return Status::OK();
+  }
+
   Status Run(size_t i, const ChangeStep& step) {
     Proc& p = procs_[i];
     const Status down = Status::Unavailable("ZooKeeper down");
@@ -562,9 +573,8 @@ class Sim {
         return Status::OK();
       }
       case ChangeStep::kFence: {
-        Proc* source = HeadOf(i, step.change.source);
-        if (source == nullptr) return Status::Unavailable("source down");
-        if (!Refresh(static_cast<size_t>(source - procs_.data()))) return down;
+        Proc* source = nullptr;
+        FLATKV_RETURN_IF_ERROR(RefreshedSource(i, step, &source));
         const RingChange* c = source->view->change();
         if (c == nullptr || c->state != "copy" || c->source != source->mark) {
           return Status::InvalidArgument("no change copies from the source");
@@ -576,9 +586,8 @@ class Sim {
         // peerTrack: the source's head re-reads the ring, checks the change
         // is in precopy, starts the record on its sequencer, then answers
         // once every write sequenced before is committed.
-        Proc* source = HeadOf(i, step.change.source);
-        if (source == nullptr) return Status::Unavailable("source down");
-        if (!Refresh(static_cast<size_t>(source - procs_.data()))) return down;
+        Proc* source = nullptr;
+        FLATKV_RETURN_IF_ERROR(RefreshedSource(i, step, &source));
         const RingChange* c = source->view->change();
         if (c == nullptr || c->state != "precopy" || c->czxid != step.change.czxid ||
             c->source != source->mark) {
@@ -658,9 +667,8 @@ class Sim {
         // peerDrop: the source's head re-reads the ring, refuses while its
         // mark still owns any of the ranges, then drops (kRelease: at most
         // one key; modelled as none).
-        Proc* source = HeadOf(i, step.change.source);
-        if (source == nullptr) return Status::Unavailable("source down");
-        if (!Refresh(static_cast<size_t>(source - procs_.data()))) return down;
+        Proc* source = nullptr;
+        FLATKV_RETURN_IF_ERROR(RefreshedSource(i, step, &source));
         for (const auto& [lo, hi] : step.change.ranges) {
           for (const auto& r : source->view->KeyOrder()) {
             if (r.hi < lo || r.lo > hi) continue;
