@@ -59,7 +59,7 @@ static Status RemovePlan(const Ring& ring, int64_t removed, RingChange* out,
   change.mark = removed;
   change.source = removed;
   change.into = (*into)->mark;
-  change.state = "copy";
+  change.state = "precopy";
   for (const HashRange& r : ring.KeyOrder()) {
     if (r.partition == at) change.ranges.emplace_back(r.lo, r.hi);
   }
@@ -91,7 +91,8 @@ bool Moving(const RingChange& change, int64_t self_mark, int64_t h, bool write, 
 
 bool MustLeave(const Ring& ring, int64_t self_mark) {
   const RingChange* c = ring.change();
-  if (c != nullptr && c->kind == "remove" && c->mark == self_mark && c->state != "copy") {
+  if (c != nullptr && c->kind == "remove" && c->mark == self_mark && c->state != "copy" &&
+      c->state != "precopy") {
     return true;
   }
   const Partition* own = ring.Find(self_mark);
@@ -224,8 +225,14 @@ ChangeStep ChangeMachine::Copy(const Ring& ring, const RingChange& seen, bool he
   static constexpr ChangeStep::Kind kAdd[] = {ChangeStep::kFence, ChangeStep::kWipe,
                                               ChangeStep::kCopy, ChangeStep::kPersist,
                                               ChangeStep::kSetState};
-  static constexpr ChangeStep::Kind kRemove[] = {ChangeStep::kFence, ChangeStep::kCopy,
-                                                 ChangeStep::kSetState};
+  // A remove copies through this mark's chain; its wipe removes only what
+  // an earlier attempt copied into the ranges (the mark keeps its own keys).
+  static constexpr ChangeStep::Kind kRemovePre[] = {ChangeStep::kTrack, ChangeStep::kWipe,
+                                                    ChangeStep::kCopy, ChangeStep::kSetState};
+  static constexpr ChangeStep::Kind kRemoveDelta[] = {ChangeStep::kFence, ChangeStep::kDelta,
+                                                      ChangeStep::kSetState};
+  static constexpr ChangeStep::Kind kRemove[] = {ChangeStep::kFence, ChangeStep::kWipe,
+                                                 ChangeStep::kCopy, ChangeStep::kSetState};
   if (phase_ == 0) {
     // The change was planned on its creator's view, which may have lagged
     // behind a change that finished just before. This view read the node
@@ -253,10 +260,14 @@ ChangeStep ChangeMachine::Copy(const Ring& ring, const RingChange& seen, bool he
       return Wait("the removed mark " + std::to_string(change.source) + " is not in the ring");
     }
     if (!head) {
+      // Another member may import meanwhile: this one's pre-copy is stale.
+      precopied_ = 0;
       return Wait("only the head of mark " + std::to_string(mark_) +
                   " imports a removed mark's keys");
     }
-    steps = kRemove;
+    steps = change.state == "precopy" ? kRemovePre
+            : delta(change.czxid)     ? kRemoveDelta
+                                      : kRemove;
   }
   ChangeStep s = Step(steps[phase_], change);
   if (s.kind == ChangeStep::kSetState) s.change.state = change.state == "precopy" ? "copy" : "flip";

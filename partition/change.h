@@ -22,9 +22,12 @@
 //     the node
 //   remove (mark M leaves; the next mark up, I, inherits its ranges; the
 //   head of I imports, whoever that is when the node is read):
-//     (node created by the admin call, state copy) -> fence M -> copy
-//     through I's chain -> state flip (M's members leave) -> M's member
-//     nodes gone -> delete M's mark node -> delete the change node
+//     (node created by the admin call, state precopy) -> track at M's
+//     head -> remove what an earlier attempt copied into the ranges here
+//     (wipe) -> copy through I's chain (while writes flow) -> state copy
+//     -> fence M -> the delta through I's chain (or wipe and copy
+//     everything) -> state flip (M's members leave) -> M's member nodes
+//     gone -> delete M's mark node -> delete the change node
 //
 // A failed step starts the pass over from the node's state in ZooKeeper
 // (precopy: track and copy again; copy: fence, then the delta again, or
@@ -34,7 +37,9 @@
 // what its store holds of the pre-copy, so it wipes and copies everything
 // under the fence (the slow but always safe path; a crash is rare, and
 // re-tracking would need the pre-copy's token to survive the crash).
-// A remove has no precopy: its node is created in state copy.
+// The same holds for a remove's importer, and for a member that takes a
+// remove's import over (the head of I changed) or registers again: it has
+// no pre-copy of its own, so it copies everything under the fence.
 //
 // Who serves a hash the change covers (Moving, below):
 //   - the source refuses writes from state copy on (in precopy its head
@@ -73,7 +78,7 @@ std::vector<HashRange> RangesTakenBy(const Ring& ring, int64_t mark);
 // taking RangesTakenBy(ring, mark). Ranges empty if there is nothing to take.
 RingChange PlanAdd(const Ring& ring, int64_t mark, const std::string& importer);
 
-// The change (kind remove, state copy) that moves mark "removed"'s ranges to
+// The change (kind remove, state precopy) that moves mark "removed"'s ranges to
 // the next mark up, imported by that mark's head. InvalidArgument for a mark
 // not in the ring or the only one; Unavailable if the inheriting mark has
 // no serving member.
@@ -136,6 +141,9 @@ class ChangeMachine {
     join_ = true;
     registered_ = false;
     asked_ = Asked::kNone;
+    // Registering again (a session expired): another member may have
+    // imported meanwhile, so a pre-copy this process made is stale.
+    precopied_ = 0;
   }
 
   // The next step, from the newest ring view. "head": this member heads its

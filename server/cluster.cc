@@ -253,7 +253,7 @@ Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring
     case Step::kDelta:
       return CopyDelta(change, ring);
     case Step::kWipe:
-      return WipeStore();
+      return change.kind == "remove" ? WipeRanges(change, ring) : WipeStore();
     case Step::kCopy:
       return CopyRanges(change, ring);
     case Step::kPersist: {
@@ -386,18 +386,27 @@ Status Cluster::CopyDelta(const partition::RingChange& change, const partition::
       return Status::NotFound("no continuous record at the source's head: " + page.reason);
     }
     recorded = page.recorded;
-    std::vector<engine::KeyValueRef> batch;
-    for (const rpc::KvPair& kv : page.pairs) {
-      batch.push_back({kv.key, kv.value});
-      bytes += kv.value.size() + 8;
+    if (change.kind == "remove") {
+      // Through this mark's chain, as the copy went.
+      FLATKV_RETURN_IF_ERROR(ImportThroughChain(&page.pairs, &page.spairs, page.removed,
+                                                page.sremoved, ring.settings().hash_bound,
+                                                &bytes));
+    } else {
+      std::vector<engine::KeyValueRef> batch;
+      for (const rpc::KvPair& kv : page.pairs) {
+        batch.push_back({kv.key, kv.value});
+        bytes += kv.value.size() + 8;
+      }
+      if (!batch.empty()) FLATKV_RETURN_IF_ERROR(cache_->PutBatch(batch));
+      for (int64_t k : page.removed) FLATKV_RETURN_IF_ERROR(cache_->Remove(k, nullptr));
+      for (const rpc::StringKvPair& kv : page.spairs) {
+        FLATKV_RETURN_IF_ERROR(cache_->SPut(kv.key, kv.value));
+        bytes += kv.key.size() + kv.value.size();
+      }
+      for (const std::string& k : page.sremoved) {
+        FLATKV_RETURN_IF_ERROR(cache_->SRemove(k, nullptr));
+      }
     }
-    if (!batch.empty()) FLATKV_RETURN_IF_ERROR(cache_->PutBatch(batch));
-    for (int64_t k : page.removed) FLATKV_RETURN_IF_ERROR(cache_->Remove(k, nullptr));
-    for (const rpc::StringKvPair& kv : page.spairs) {
-      FLATKV_RETURN_IF_ERROR(cache_->SPut(kv.key, kv.value));
-      bytes += kv.key.size() + kv.value.size();
-    }
-    for (const std::string& k : page.sremoved) FLATKV_RETURN_IF_ERROR(cache_->SRemove(k, nullptr));
     keys += page.pairs.size() + page.removed.size() + page.spairs.size() + page.sremoved.size();
     done = page.done;
     cursor = page.cursor;
@@ -481,28 +490,7 @@ Status Cluster::CopyRanges(const partition::RingChange& change, const partition:
       }
     } else if (n > 0) {
       // Through this mark's chain: every member of it gets the keys.
-      std::vector<rpc::ChainOp> ops;
-      std::vector<uint64_t> hashes;
-      for (rpc::KvPair& kv : p.pairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::PUT;
-        op.__set_key(kv.key);
-        bytes += kv.value.size() + 8;
-        op.__set_value(std::move(kv.value));
-        hashes.push_back(static_cast<uint64_t>(kv.key));
-        ops.push_back(std::move(op));
-      }
-      for (rpc::StringKvPair& kv : p.spairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::SPUT;
-        hashes.push_back(static_cast<uint64_t>(partition::Ring::HashString(kv.key, bound)));
-        bytes += kv.key.size() + kv.value.size();
-        op.__set_skey(std::move(kv.key));
-        op.__set_value(std::move(kv.value));
-        ops.push_back(std::move(op));
-      }
-      FLATKV_RETURN_IF_ERROR(
-          replicator_->Write(std::move(ops), std::move(hashes), nullptr, /*import=*/true));
+      FLATKV_RETURN_IF_ERROR(ImportThroughChain(&p.pairs, &p.spairs, {}, {}, bound, &bytes));
     }
     uint64_t total;
     {
@@ -570,6 +558,36 @@ Status Cluster::DropAtSource(const partition::RingChange& change, const partitio
   std::lock_guard<std::mutex> lock(gate_mu_);
   import_.dropped += dropped;
   spdlog::info("ring change: mark {} dropped {} moved keys", change.source, import_.dropped);
+  return Status::OK();
+}
+
+Status Cluster::ImportThroughChain(std::vector<rpc::KvPair>* pairs,
+                                   std::vector<rpc::StringKvPair>* spairs,
+                                   const std::vector<int64_t>& removed,
+                                   const std::vector<std::string>& sremoved, int64_t hash_bound,
+                                   uint64_t* bytes) {
+  std::vector<rpc::ChainOp> ops;
+  std::vector<uint64_t> hashes;
+  ImportOps(pairs, spairs, removed, sremoved, hash_bound, &ops, &hashes, bytes);
+  if (ops.empty()) return Status::OK();
+  return replicator_->Write(std::move(ops), std::move(hashes), nullptr, /*import=*/true);
+}
+
+Status Cluster::WipeRanges(const partition::RingChange& change, const partition::Ring& ring) {
+  FLATKV_RETURN_IF_ERROR(cache_->Flush());
+  int64_t removed = 0;
+  for (const auto& range : change.ranges) {
+    for (int64_t before = -1; before != removed;) {
+      before = removed;
+      FLATKV_RETURN_IF_ERROR(DropRange(*store_, replicator_.get(), ring.settings().hash_bound,
+                                       range.first, range.second, 20000, &removed));
+      FLATKV_RETURN_IF_ERROR(cache_->Flush());
+    }
+  }
+  if (removed > 0) {
+    spdlog::info("ring change: removed {} keys an earlier attempt copied into the ranges first",
+                 removed);
+  }
   return Status::OK();
 }
 

@@ -212,6 +212,15 @@ class Cluster : public ChainCoordinator {
   Status SourceHead(const partition::RingChange& change, const partition::Ring& ring,
                     Target* head);
   Status WipeStore();
+  // kWipe of a remove: removes through this mark's chain what an earlier
+  // attempt copied into the change's ranges (this mark keeps its own keys).
+  Status WipeRanges(const partition::RingChange& change, const partition::Ring& ring);
+  // A remove's copy or delta: puts and removes through this mark's chain.
+  Status ImportThroughChain(std::vector<rpc::KvPair>* pairs,
+                            std::vector<rpc::StringKvPair>* spairs,
+                            const std::vector<int64_t>& removed,
+                            const std::vector<std::string>& sremoved, int64_t hash_bound,
+                            uint64_t* bytes);
   // Index of "mark" in ring.partitions(), or Unavailable naming "what".
   static Status IndexOf(const partition::Ring& ring, int64_t mark, const char* what,
                         size_t* index);

@@ -747,36 +747,8 @@ int64_t Handler::peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, i
     }
     replicator_->StopTracking();  // the change is past its copy: the record is done with
     ThrowIfError(cache_->Flush());
-    std::string cursor;
-    for (bool done = false; !done && dropped < limit;) {
-      rpc::ExportPage page;
-      const size_t want = static_cast<size_t>(std::min<int64_t>(512, limit - dropped));
-      ThrowIfError(ExportRange(*store_, ring->settings().hash_bound, lo, hi, cursor, want, &page));
-      std::vector<rpc::ChainOp> ops;
-      std::vector<uint64_t> hashes;
-      for (const rpc::KvPair& p : page.pairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::REMOVE;
-        op.__set_key(p.key);
-        ops.push_back(std::move(op));
-        hashes.push_back(static_cast<uint64_t>(p.key));
-      }
-      for (const rpc::StringKvPair& p : page.spairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::SREMOVE;
-        op.__set_skey(p.key);
-        hashes.push_back(static_cast<uint64_t>(StringHash(p.key)));
-        ops.push_back(std::move(op));
-      }
-      if (!ops.empty()) {
-        dropped += static_cast<int64_t>(ops.size());
-        // The ring change's own write: not refused as a moving range's.
-        ThrowIfError(replicator_->Write(std::move(ops), std::move(hashes), nullptr,
-                                        /*import=*/true));
-      }
-      done = page.done;
-      cursor = page.cursor;
-    }
+    ThrowIfError(DropRange(*store_, replicator_, ring->settings().hash_bound, lo, hi, limit,
+                           &dropped));
   });
   return dropped;
 }

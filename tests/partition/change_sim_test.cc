@@ -373,7 +373,8 @@ class Sim {
     if (procs_[i].mark == 2000) return now_ >= b_starts_;
     if (procs_[i].mark == 1000) {
       const auto& c = Zk().change;
-      return Zk().marks.count(1000) != 0 && !(c && c->kind == "remove" && c->state != "copy");
+      return Zk().marks.count(1000) != 0 &&
+             !(c && c->kind == "remove" && c->state != "copy" && c->state != "precopy");
     }
     return true;
   }
@@ -627,7 +628,15 @@ class Sim {
         return Status::OK();
       }
       case ChangeStep::kWipe:
-        p.store.clear();
+        if (step.change.kind == "remove") {
+          // Only what an earlier attempt copied into the ranges: the
+          // inheriting mark keeps its own keys.
+          for (auto it = p.store.begin(); it != p.store.end();) {
+            it = step.change.Covers(it->first) ? p.store.erase(it) : std::next(it);
+          }
+        } else {
+          p.store.clear();
+        }
         return Status::OK();
       case ChangeStep::kCopy: {
         if (!p.cursor_started) {
