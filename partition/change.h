@@ -138,12 +138,14 @@ class ChangeMachine {
   // This member was asked to register (serving starts, or again after its
   // session expired): an add gate runs until it has.
   void Join() {
+    // Registering again (its session expired): another member may have
+    // imported meanwhile, so a pre-copy this process made is stale. (A new
+    // mark's importer is asked again and again before it registers: its
+    // pre-copy stays.)
+    if (registered_) precopied_ = 0;
     join_ = true;
     registered_ = false;
     asked_ = Asked::kNone;
-    // Registering again (a session expired): another member may have
-    // imported meanwhile, so a pre-copy this process made is stale.
-    precopied_ = 0;
   }
 
   // The next step, from the newest ring view. "head": this member heads its
