@@ -455,8 +455,12 @@ static Status ExportPages(Cluster* cluster, const Cluster::Target& target,
 Status Cluster::CopyRanges(const partition::RingChange& change, const partition::Ring& ring) {
   size_t at = 0;
   FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
+  // The source's read member, which holds every write the fence (or the
+  // track) committed: the tail under sync; under async only the head is
+  // sure to (a commit there is the head's own apply; another member may lag).
   Target reader;
-  FLATKV_RETURN_IF_ERROR(RouteTo(ring, at, /*write=*/false, &reader));
+  FLATKV_RETURN_IF_ERROR(
+      RouteTo(ring, at, /*write=*/ring.settings().replication != "sync", &reader));
   std::vector<partition::HashRange> ranges;
   for (const auto& range : change.ranges) ranges.push_back({range.first, range.second, at});
   {
