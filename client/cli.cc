@@ -443,6 +443,8 @@ class Cli {
   int Info(const Operands& ops);
   int PrintRing(const Operands& ops);
   void PrintJoiners(const partition::Partition& p) const;
+  // The importer's progress (its stats), under the ring change line.
+  void PrintImport(const partition::RingChange& c) const;
   int SuggestMark(const Operands& ops);
   std::shared_ptr<const partition::Ring> LoadRing(Status* st);
 
@@ -941,6 +943,7 @@ int Cli::PrintRing(const Operands&) {
                   static_cast<long long>(c->mark), static_cast<long long>(c->into), moving.c_str(),
                   c->importer.c_str(), c->state.c_str());
     }
+    PrintImport(*c);
   }
   return kExitOk;
 }
@@ -1032,6 +1035,32 @@ int Cli::SuggestMark(const Operands&) {
 
 // A member catching up from the tail of "p" is not in the ring yet: the
 // tail's stats name it, with its snapshot's progress and its lag.
+void Cli::PrintImport(const partition::RingChange& c) const {
+  std::string host;
+  int port = 0;
+  if (!partition::ParseHostPort(c.importer, "importer", &host, &port).ok()) return;
+  ClientOptions o = flags_.client;
+  o.host = host;
+  o.port = port;
+  Client client(o);
+  std::map<std::string, int64_t> stats;
+  if (!client.Stats(&stats).ok() || stats.count("cluster.import.bytes") == 0) return;
+  const double mb = static_cast<double>(stats["cluster.import.bytes"]) / 1e6;
+  const double total = static_cast<double>(stats["cluster.import.total_bytes"]) / 1e6;
+  const char* what = c.state == "precopy" ? "pre-copy (writes flow, the source records them)"
+                     : stats["cluster.import.full_copy_fenced"] != 0 ? "full copy (fenced)"
+                                                                     : "copy";
+  std::printf("    import %s: %lld%% (%.1f of ~%.1f MB, %lld keys, %.1f MB/s)",
+              what, static_cast<long long>(stats["cluster.import.percent"]), mb, total,
+              static_cast<long long>(stats["cluster.import.keys"]),
+              static_cast<double>(stats["cluster.import.bytes_per_sec"]) / 1e6);
+  if (stats["cluster.import.delta_keys"] > 0) {
+    std::printf(", then %lld keys written meanwhile",
+                static_cast<long long>(stats["cluster.import.delta_keys"]));
+  }
+  std::printf("\n");
+}
+
 void Cli::PrintJoiners(const partition::Partition& p) const {
   const partition::Member* tail = p.tail();
   if (tail == nullptr) return;

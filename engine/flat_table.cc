@@ -577,6 +577,39 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
   return Write(fs, lk, file, key, RecordType::kAppend, EncodeAppendParts(parts), value);
 }
 
+uint64_t FlatTable::LiveKeys() const {
+  const FlatTable* newer = successor();
+  return newer != nullptr && successor_done_.load(std::memory_order_acquire)
+             ? newer->index_->LiveSlots()
+             : index_->LiveSlots();
+}
+
+uint64_t FlatTable::LiveKeysIn(int64_t from, int64_t stop, uint64_t budget) const {
+  const int64_t last = static_cast<int64_t>(static_cast<uint64_t>(kmin()) + slots() - 1);
+  from = std::max(from, kmin());
+  stop = std::min(stop, last);
+  if (from > stop) return 0;
+  const uint64_t first = static_cast<uint64_t>(from) - static_cast<uint64_t>(kmin());
+  const uint64_t end = static_cast<uint64_t>(stop) - static_cast<uint64_t>(kmin()) + 1;
+  const FlatTable* newer = successor();
+  const FlatIndex* index = newer != nullptr && successor_done_.load(std::memory_order_acquire)
+                               ? newer->index_.get()
+                               : index_.get();
+  uint64_t live = 0, slot = first, work = 0;
+  while (slot < end && work < budget) {
+    ++work;
+    if (const uint64_t span = EmptySpan(slot); span > 0) {
+      slot = slot - slot % span + span;
+      continue;
+    }
+    if (index->Load(slot) != 0) ++live;
+    ++slot;
+  }
+  slot = std::min(slot, end);
+  if (slot == end || slot == first) return live;
+  return static_cast<uint64_t>(static_cast<long double>(live) * (end - first) / (slot - first));
+}
+
 uint64_t FlatTable::EmptySpan(uint64_t slot) const {
   const FlatTable* newer = successor();
   if (newer == nullptr) return index_->EmptySpan(slot);

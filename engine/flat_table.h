@@ -130,6 +130,12 @@ class FlatTable {
   // referenced (overwritten or removed values, tombstones, merged parts).
   uint64_t TotalBytes() const;
   uint64_t DeadBytes() const { return dead_bytes_.load(std::memory_order_relaxed); }
+  // Live keys in the whole table, and (an estimate, for progress reports)
+  // in [from, stop] clamped to the table: counted from the index alone (no
+  // record read; empty regions skipped), extrapolated from the first
+  // "budget" slots looked at when the range is larger.
+  uint64_t LiveKeys() const;
+  uint64_t LiveKeysIn(int64_t from, int64_t stop, uint64_t budget) const;
 
   // Makes "next" (an empty or partly filled table over the same range) this
   // table's successor. From then on every write takes this table's per-file

@@ -959,6 +959,41 @@ uint64_t Store::LiveBytesEstimate() const {
   return live;
 }
 
+uint64_t Store::LiveBytesEstimate(int64_t lo, int64_t hi, double string_share) const {
+  // The share of segment "seg"'s key span inside [lo, hi].
+  auto share = [&](uint64_t seg) -> long double {
+    const int64_t first = SegmentFirstKey(seg);
+    const int64_t last = SegmentLastKey(seg);
+    const int64_t a = std::max(lo, first);
+    const int64_t b = std::min(hi, last);
+    if (a > b) return 0;
+    return (static_cast<long double>(b) - a + 1) / (static_cast<long double>(last) - first + 1);
+  };
+  long double live = 0;
+  {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    for (const auto& [seg, bytes] : closed_live_) live += share(seg) * bytes;
+  }
+  Guard guard(this);
+  auto live_of = [](const FlatTable* t) {
+    const uint64_t total = t->TotalBytes();
+    return static_cast<long double>(total - std::min(total, t->DeadBytes()));
+  };
+  constexpr uint64_t kBudget = uint64_t{1} << 22;  // slots looked at per table, at most
+  for (const TableRef& ref : Tables()) {
+    const FlatTable* t = ref.table;
+    if (t == nullptr || share(ref.segment) == 0) continue;
+    const uint64_t keys = t->LiveKeys();
+    if (keys == 0) continue;
+    live += live_of(t) * std::min<long double>(1, static_cast<long double>(
+                                                      t->LiveKeysIn(lo, hi, kBudget)) / keys);
+  }
+  if (const FlatTable* strings = strings_.load(std::memory_order_acquire)) {
+    live += std::clamp(static_cast<long double>(string_share), 0.0L, 1.0L) * live_of(strings);
+  }
+  return static_cast<uint64_t>(live);
+}
+
 Status Store::NoteWrite(Status st) const {
   if (st.ok()) {
     // Cleared only by a write that appended (a remove of an absent key

@@ -235,6 +235,12 @@ class Store {
   // Bytes of live records, estimated: each table's log bytes less those it
   // knows are dead (record headers included). For progress reports.
   uint64_t LiveBytesEstimate() const;
+  // The same for integer keys in [lo, hi] (each table's live bytes times the
+  // share of its live keys inside the range, counted from its index; a
+  // closed table, whose index is not mapped, by the share of its key span)
+  // plus "string_share" of the string keys' table (their hashes are
+  // uniform: the range's share of the hash space).
+  uint64_t LiveBytesEstimate(int64_t lo, int64_t hi, double string_share) const;
   const EngineOptions& options() const { return options_; }
 
   Store(const Store&) = delete;
@@ -344,7 +350,7 @@ class Store {
   // Replaced arrays are kept until Close() (they are tiny and rare).
   std::atomic<const TableArray*> table_array_{nullptr};
 
-  std::mutex tables_mu_;  // serializes segment creation, reopening, closing and Close()
+  mutable std::mutex tables_mu_;  // serializes segment creation, reopening, closing and Close()
   // Every segment; nullptr while its table is closed (or in closing_).
   std::map<uint64_t, std::unique_ptr<FlatTable>> tables_;  // GUARDED_BY(tables_mu_)
   std::vector<std::unique_ptr<const TableArray>> arrays_;  // GUARDED_BY(tables_mu_)

@@ -225,6 +225,9 @@ class ChainMember {
   // while this holds: a registration that comes too late is withdrawn.
   bool wants_registration() const { return joining_ && register_sent_; }
   ChainPosition applied() const { return applied_; }
+  // As head: the epoch of its term (its registration's czxid), which every
+  // new head term changes.
+  int64_t head_epoch() const { return epoch_; }
   uint64_t committed() const { return committed_; }
   size_t pending_writes() const { return pending_.size(); }
   // A new mark's first member imported its store from another mark's

@@ -32,7 +32,7 @@ RingChange PlanAdd(const Ring& ring, int64_t mark, const std::string& importer) 
   change.mark = mark;
   change.into = mark;
   change.importer = importer;
-  change.state = "copy";
+  change.state = "precopy";
   const std::vector<HashRange> ranges = RangesTakenBy(ring, mark);
   if (!ranges.empty()) change.source = ring.partitions()[ranges.front().partition].mark;
   for (const HashRange& r : ranges) change.ranges.emplace_back(r.lo, r.hi);
@@ -59,7 +59,7 @@ static Status RemovePlan(const Ring& ring, int64_t removed, RingChange* out,
   change.mark = removed;
   change.source = removed;
   change.into = (*into)->mark;
-  change.state = "copy";
+  change.state = "precopy";
   for (const HashRange& r : ring.KeyOrder()) {
     if (r.partition == at) change.ranges.emplace_back(r.lo, r.hi);
   }
@@ -82,14 +82,17 @@ Status PlanRemove(const Ring& ring, int64_t removed, RingChange* out) {
 
 bool Moving(const RingChange& change, int64_t self_mark, int64_t h, bool write, bool released) {
   if (!change.Covers(h)) return false;
-  if (change.source == self_mark) return write || change.state == "drop";
+  if (change.source == self_mark) {
+    return write ? change.state != "precopy" : change.state == "drop";
+  }
   if (change.into == self_mark) return !released;
   return false;
 }
 
 bool MustLeave(const Ring& ring, int64_t self_mark) {
   const RingChange* c = ring.change();
-  if (c != nullptr && c->kind == "remove" && c->mark == self_mark && c->state != "copy") {
+  if (c != nullptr && c->kind == "remove" && c->mark == self_mark && c->state != "copy" &&
+      c->state != "precopy") {
     return true;
   }
   const Partition* own = ring.Find(self_mark);
@@ -106,7 +109,9 @@ const char* StepName(ChangeStep::Kind kind) {
     case ChangeStep::kWait: return "wait";
     case ChangeStep::kRegister: return "register";
     case ChangeStep::kCreate: return "create";
+    case ChangeStep::kTrack: return "track";
     case ChangeStep::kFence: return "fence";
+    case ChangeStep::kDelta: return "delta";
     case ChangeStep::kWipe: return "wipe";
     case ChangeStep::kCopy: return "copy";
     case ChangeStep::kPersist: return "persist";
@@ -162,7 +167,7 @@ ChangeStep ChangeMachine::Next(const Ring& ring, bool head) {
                       (c->importer == self_ || head);
   if (add || remove) {
     created_ = false;
-    if (c->state != "copy") {
+    if (c->state != "copy" && c->state != "precopy") {
       // Copied and durable: never copy again (the ring may flip any moment).
       flipped_ = *c;
       released_ = false;
@@ -200,16 +205,34 @@ ChangeStep ChangeMachine::Next(const Ring& ring, bool head) {
   return Step(ChangeStep::kCreate, PlanAdd(ring, mark_, self_));
 }
 
-ChangeStep ChangeMachine::Copy(const Ring& ring, const RingChange& change, bool head) {
-  if (copy_czxid_ != change.czxid) {
+ChangeStep ChangeMachine::Copy(const Ring& ring, const RingChange& seen, bool head) {
+  // This member wrote state copy itself: a view still showing precopy lags.
+  RingChange change = seen;
+  if (change.state == "precopy" && precopied_ == change.czxid) change.state = "copy";
+  if (copy_czxid_ != change.czxid || copy_state_ != change.state) {
+    if (copy_czxid_ != change.czxid) full_ = false;
     copy_czxid_ = change.czxid;
+    copy_state_ = change.state;
     phase_ = 0;
   }
+  // precopy: writes still flow; the record covers every write the copy may miss.
+  static constexpr ChangeStep::Kind kPre[] = {ChangeStep::kTrack, ChangeStep::kWipe,
+                                              ChangeStep::kCopy, ChangeStep::kSetState};
+  // copy after this process's pre-copy: only the recorded keys.
+  static constexpr ChangeStep::Kind kDelta[] = {ChangeStep::kFence, ChangeStep::kDelta,
+                                                ChangeStep::kPersist, ChangeStep::kSetState};
+  // copy otherwise (a restart, a record not continuous): everything, fenced.
   static constexpr ChangeStep::Kind kAdd[] = {ChangeStep::kFence, ChangeStep::kWipe,
                                               ChangeStep::kCopy, ChangeStep::kPersist,
                                               ChangeStep::kSetState};
-  static constexpr ChangeStep::Kind kRemove[] = {ChangeStep::kFence, ChangeStep::kCopy,
-                                                 ChangeStep::kSetState};
+  // A remove copies through this mark's chain; its wipe removes only what
+  // an earlier attempt copied into the ranges (the mark keeps its own keys).
+  static constexpr ChangeStep::Kind kRemovePre[] = {ChangeStep::kTrack, ChangeStep::kWipe,
+                                                    ChangeStep::kCopy, ChangeStep::kSetState};
+  static constexpr ChangeStep::Kind kRemoveDelta[] = {ChangeStep::kFence, ChangeStep::kDelta,
+                                                      ChangeStep::kSetState};
+  static constexpr ChangeStep::Kind kRemove[] = {ChangeStep::kFence, ChangeStep::kWipe,
+                                                 ChangeStep::kCopy, ChangeStep::kSetState};
   if (phase_ == 0) {
     // The change was planned on its creator's view, which may have lagged
     // behind a change that finished just before. This view read the node
@@ -229,19 +252,25 @@ ChangeStep ChangeMachine::Copy(const Ring& ring, const RingChange& change, bool 
       return s;
     }
   }
-  const ChangeStep::Kind* steps = kAdd;
+  const ChangeStep::Kind* steps = change.state == "precopy" ? kPre
+                                  : delta(change.czxid)     ? kDelta
+                                                            : kAdd;
   if (change.kind == "remove") {
     if (ring.Find(change.source) == nullptr) {
       return Wait("the removed mark " + std::to_string(change.source) + " is not in the ring");
     }
     if (!head) {
+      // Another member may import meanwhile: this one's pre-copy is stale.
+      precopied_ = 0;
       return Wait("only the head of mark " + std::to_string(mark_) +
                   " imports a removed mark's keys");
     }
-    steps = kRemove;
+    steps = change.state == "precopy" ? kRemovePre
+            : delta(change.czxid)     ? kRemoveDelta
+                                      : kRemove;
   }
   ChangeStep s = Step(steps[phase_], change);
-  if (s.kind == ChangeStep::kSetState) s.change.state = "flip";
+  if (s.kind == ChangeStep::kSetState) s.change.state = change.state == "precopy" ? "copy" : "flip";
   return s;
 }
 
@@ -286,17 +315,33 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
     case ChangeStep::kCreate:
       created_ = st.ok();
       return;
+    case ChangeStep::kTrack:
     case ChangeStep::kFence:
     case ChangeStep::kWipe:
     case ChangeStep::kCopy:
     case ChangeStep::kPersist:
-      // A failure starts the pass over: fence, (wipe,) copy again.
+      // A failure starts the pass over: (track,) fence, (wipe,) copy again.
+      phase_ = st.ok() ? phase_ + 1 : 0;
+      return;
+    case ChangeStep::kDelta:
+      if (st.IsNotFound()) {
+        // No continuous record: wipe and copy everything, still fenced
+        // (kAdd's step after the fence).
+        full_ = true;
+        phase_ = 1;
+        return;
+      }
       phase_ = st.ok() ? phase_ + 1 : 0;
       return;
     case ChangeStep::kSetState:
       if (!st.ok()) {
         // Not written, or written and not yet seen: the next view says.
-        if (step.change.state == "flip") phase_ = 0;
+        if (step.change.state == "flip" || step.change.state == "copy") phase_ = 0;
+        return;
+      }
+      if (step.change.state == "copy") {
+        precopied_ = step.change.czxid;
+        full_ = false;
         return;
       }
       if (step.change.state == "flip") {
@@ -305,6 +350,8 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
         dropped_ = false;
         mark_deleted_ = false;
         copy_czxid_ = 0;
+        copy_state_.clear();
+        precopied_ = 0;
         phase_ = 0;
       } else if (flipped_) {
         flipped_->state = step.change.state;
@@ -327,6 +374,8 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
       dropped_ = false;
       mark_deleted_ = false;
       copy_czxid_ = 0;
+      copy_state_.clear();
+      precopied_ = 0;
       phase_ = 0;
       return;
   }

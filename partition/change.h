@@ -10,23 +10,41 @@
 //
 //   add (a new mark N takes [pred(N), N-1] from its owner S; a first mark
 //   of an empty ring registers at once):
-//     create the node (state copy) -> fence S (it refuses writes to the
-//     ranges from now) -> wipe this store -> copy -> persist -> state flip
-//     -> register -> listed in the ring -> state drop -> S confirms it let
-//     the ranges go (release) -> S drops them -> delete the node
+//     create the node (state precopy: S still takes writes to the ranges)
+//     -> S's head starts recording the keys written there, once all it
+//     sequenced before is committed (track) -> wipe this store -> copy
+//     (while writes flow) -> state copy -> fence S (it refuses writes to
+//     the ranges from now) -> copy the recorded keys (delta; a record that
+//     is not continuous, because S's head changed or restarted or the
+//     record overflowed: wipe and copy everything, still fenced) -> persist
+//     -> state flip -> register -> listed in the ring -> state drop -> S
+//     confirms it let the ranges go (release) -> S drops them -> delete
+//     the node
 //   remove (mark M leaves; the next mark up, I, inherits its ranges; the
 //   head of I imports, whoever that is when the node is read):
-//     (node created by the admin call, state copy) -> fence M -> copy
-//     through I's chain -> state flip (M's members leave) -> M's member
-//     nodes gone -> delete M's mark node -> delete the change node
+//     (node created by the admin call, state precopy) -> track at M's
+//     head -> remove what an earlier attempt copied into the ranges here
+//     (wipe) -> copy through I's chain (while writes flow) -> state copy
+//     -> fence M -> the delta through I's chain (or wipe and copy
+//     everything) -> state flip (M's members leave) -> M's member nodes
+//     gone -> delete M's mark node -> delete the change node
 //
 // A failed step starts the pass over from the node's state in ZooKeeper
-// (copy: fence and copy again; flip or later: never copy again). A crash
-// loses only the machine's memory; the node's state says where to resume.
+// (precopy: track and copy again; copy: fence, then the delta again, or
+// everything again if the record was not continuous; flip or later: never
+// copy again). A crash loses only the machine's memory; the node's state
+// says where to resume: a restarted importer in state copy does not know
+// what its store holds of the pre-copy, so it wipes and copies everything
+// under the fence (the slow but always safe path; a crash is rare, and
+// re-tracking would need the pre-copy's token to survive the crash).
+// The same holds for a remove's importer, and for a member that takes a
+// remove's import over (the head of I changed) or registers again: it has
+// no pre-copy of its own, so it copies everything under the fence.
 //
 // Who serves a hash the change covers (Moving, below):
-//   - the source refuses writes in every state (a write there would miss
-//     the copy) and reads in state drop (the importer may take writes from
+//   - the source refuses writes from state copy on (in precopy its head
+//     records them, and the delta after the fence copies them; from copy
+//     on a write there would miss the copy) and reads in state drop (the importer may take writes from
 //     its release on, and the source is dropping); until then nobody takes
 //     a write, so the source's copy is the newest and reads stay served;
 //   - the importing mark refuses reads and writes until its importer knows
@@ -56,11 +74,11 @@ namespace flatkv::partition {
 // in ring.partitions(). Empty if the ring has no marks or already has it.
 std::vector<HashRange> RangesTakenBy(const Ring& ring, int64_t mark);
 
-// The change (kind add, state copy) for "importer" of the new mark "mark"
+// The change (kind add, state precopy) for "importer" of the new mark "mark"
 // taking RangesTakenBy(ring, mark). Ranges empty if there is nothing to take.
 RingChange PlanAdd(const Ring& ring, int64_t mark, const std::string& importer);
 
-// The change (kind remove, state copy) that moves mark "removed"'s ranges to
+// The change (kind remove, state precopy) that moves mark "removed"'s ranges to
 // the next mark up, imported by that mark's head. InvalidArgument for a mark
 // not in the ring or the only one; Unavailable if the inheriting mark has
 // no serving member.
@@ -87,7 +105,13 @@ struct ChangeStep {
                   // an import past its flip); otherwise only while the mark
                   // node exists (a removed mark never comes back by a restart)
     kCreate,      // create the change node "change"
+    kTrack,       // add, precopy: the source's head starts recording the keys
+                  // written to the ranges and answers (a token) once every write
+                  // it sequenced before is committed
     kFence,       // the source's head stops writes to the ranges, commits the rest
+    kDelta,       // add, copy after a pre-copy: copy the keys the source's head
+                  // recorded (removing those it no longer holds); NotFound: it
+                  // has no continuous record for this change (then wipe and copy)
     kWipe,        // add: empty this store (an earlier attempt may have left a copy)
     kCopy,        // copy change.ranges from the source (into this store; remove:
                   // as writes through this mark's chain)
@@ -114,6 +138,11 @@ class ChangeMachine {
   // This member was asked to register (serving starts, or again after its
   // session expired): an add gate runs until it has.
   void Join() {
+    // Registering again (its session expired): another member may have
+    // imported meanwhile, so a pre-copy this process made is stale. (A new
+    // mark's importer is asked again and again before it registers: its
+    // pre-copy stays.)
+    if (registered_) precopied_ = 0;
     join_ = true;
     registered_ = false;
     asked_ = Asked::kNone;
@@ -130,6 +159,9 @@ class ChangeMachine {
   bool Released(const RingChange& change) const;
   // A change of this member's runs (for stats).
   bool importing() const { return flipped_.has_value() || copy_czxid_ != 0; }
+  // The copy in state copy of the change this member pre-copied is of the
+  // recorded keys only (false: everything, or no such change).
+  bool delta(int64_t czxid) const { return precopied_ == czxid && !full_; }
 
  private:
   ChangeStep Copy(const Ring& ring, const RingChange& change, bool head);
@@ -146,9 +178,15 @@ class ChangeMachine {
   enum class Asked { kNone, kPlain, kCreate };
   Asked asked_ = Asked::kNone;  // the registration last asked for
   bool created_ = false;           // add: this member created the node just now
-  // The copy pass in progress: the change's czxid and how far it got.
+  // The copy pass in progress: the change's czxid and state, how far it got.
   int64_t copy_czxid_ = 0;
+  std::string copy_state_;
   int phase_ = 0;
+  // The change this process pre-copied and moved to state copy itself (its
+  // store holds the pre-copy, the source's head its record); full_: the
+  // record turned out not continuous, so everything is copied again.
+  int64_t precopied_ = 0;
+  bool full_ = false;
   // The change this member moved to state flip (or found so): from then on
   // only finished, whatever a lagging ring view says.
   std::optional<RingChange> flipped_;

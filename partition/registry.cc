@@ -1132,7 +1132,8 @@ Status Registry::Impl::ChangeNow(const Request& request) {
       if (rc != ZOK) break;
       if (request.change_op == Request::ChangeOp::kAbort) {
         RingChange now;
-        if (RingChange::FromJson(data, &now).ok() && now.state != "copy") {
+        if (RingChange::FromJson(data, &now).ok() && now.state != "copy" &&
+            now.state != "precopy") {
           return Status::InvalidArgument("the ring change is past its copy (state " + now.state +
                                          "): it cannot be rolled back; it finishes by itself "
                                          "once its importer runs");

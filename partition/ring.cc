@@ -230,8 +230,9 @@ Status RingChange::FromJson(std::string_view json, RingChange* out) {
       have[3] = true;
     } else if (key == "state" && !have[4]) {
       if (!ReadString(s, &result.state) ||
-          (result.state != "copy" && result.state != "flip" && result.state != "drop")) {
-        return std::string("state must be \"copy\", \"flip\" or \"drop\"");
+          (result.state != "precopy" && result.state != "copy" && result.state != "flip" &&
+           result.state != "drop")) {
+        return std::string("state must be \"precopy\", \"copy\", \"flip\" or \"drop\"");
       }
       have[4] = true;
     } else if (key == "ranges" && !have[5]) {

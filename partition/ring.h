@@ -103,9 +103,12 @@ struct RecordedChain {
 // "add": an instance of the new mark "mark" (= "into") takes the hash ranges
 // (inclusive) over from mark "source". "remove": mark "mark" (= "source")
 // leaves the ring and the mark that inherits its ranges, "into", takes them
-// over; "importer" is the head of "into". The source refuses writes to the
-// ranges while the node exists. state "copy": the importer copies them (a
-// restarted importer copies again); "flip": its copy is complete and
+// over; "importer" is the head of "into". state "precopy" (add only): the
+// source still takes writes to the ranges and its head records the keys
+// written there (peerTrack) while the importer copies everything; from
+// state "copy" on the source refuses writes to the ranges: the importer
+// copies only the recorded keys (peerDelta), or everything again when the
+// record is not continuous (a restarted importer copies everything); "flip": its copy is complete and
 // durable (never copied again), the ring flips (add: the importer
 // registers; remove: the source's members deregister and exit, its mark
 // node goes); "drop" (add): the source drops its copies; then the node is

@@ -20,6 +20,15 @@ namespace {
 
 constexpr size_t kMaxIdlePerPeer = 64;
 
+// An import's progress in percent: of the source's estimate, at most 99
+// until the copy is complete (the estimate counts record headers and
+// pro-rates tables the range cuts), 100 once it is.
+int64_t ImportPercent(uint64_t bytes, uint64_t total, bool copied) {
+  if (copied) return 100;
+  if (total == 0) return 0;
+  return static_cast<int64_t>(std::min<uint64_t>(99, bytes * 100 / total));
+}
+
 }  // namespace
 
 bool SameToken(const std::string& a, const std::string& b) {
@@ -87,6 +96,7 @@ Status Cluster::StartReplication(const Config& config, engine::Store* store,
   o.peer_timeout_ms = options_.peer_timeout_ms;
   o.peer_token = options_.peer_token;
   o.resync_bytes_per_sec = static_cast<uint64_t>(options_.resync_mb_per_sec) << 20;
+  o.track_max_keys = static_cast<uint64_t>(options_.track_max_keys);
   o.chain.backlog_bytes = static_cast<uint64_t>(options_.backlog_bytes);
   FLATKV_RETURN_IF_ERROR(Replicator::Start(std::move(o), store, cache, this, &replicator_));
   hooks_->replicator.store(replicator_.get());
@@ -231,10 +241,19 @@ Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring
       spdlog::info("ring change: mark {} imports {} from mark {}", mark(), change.ToJson(),
                    change.source);
       return Status::OK();
-    case Step::kFence:
+    case Step::kTrack:
+      return TrackSource(change, ring);
+    case Step::kFence: {
+      {
+        std::lock_guard<std::mutex> lock(gate_mu_);
+        if (fenced_ms_ == 0 && change.kind == "add") fenced_ms_ = NowMillis();
+      }
       return FenceSource(change, ring);
+    }
+    case Step::kDelta:
+      return CopyDelta(change, ring);
     case Step::kWipe:
-      return WipeStore();
+      return change.kind == "remove" ? WipeRanges(change, ring) : WipeStore();
     case Step::kCopy:
       return CopyRanges(change, ring);
     case Step::kPersist: {
@@ -243,10 +262,16 @@ Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring
       FLATKV_RETURN_IF_ERROR(store_->Sync());
       return replicator_->AdoptImport(change.czxid);
     }
-    case Step::kSetState:
+    case Step::kSetState: {
+      const int64_t at = NowMillis();
       FLATKV_RETURN_IF_ERROR(registry_->UpdateChange(change));
       spdlog::info("ring change: state {} ({})", change.state, change.ToJson());
+      if (change.state == "copy") {
+        std::lock_guard<std::mutex> lock(gate_mu_);
+        fenced_ms_ = at;  // the source refuses writes from about now
+      }
       return Status::OK();
+    }
     case Step::kRelease: {
       // One peerDrop of at most one key: the source's head re-reads the
       // ring and answers only once it sees this mark own the ranges.
@@ -260,12 +285,18 @@ Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring
       FLATKV_RETURN_IF_ERROR(Forward(head, "peerDrop", true, [&](rpc::FlatKVClient& c) {
         n = c.peerDrop(head.context, lo, hi, 1);
       }));
+      int64_t window = -1;
       {
         std::lock_guard<std::mutex> lock(gate_mu_);
         import_.dropped = n;  // DropAtSource adds the rest
+        if (fenced_ms_ != 0) window = fence_window_ms_ = NowMillis() - fenced_ms_;
+        fenced_ms_ = 0;
       }
-      spdlog::info("ring change: mark {} let the ranges go; mark {} serves them", change.source,
-                   mark());
+      spdlog::info("ring change: mark {} let the ranges go; mark {} serves them{}", change.source,
+                   mark(),
+                   window < 0 ? std::string()
+                              : fmt::format(" (writes to them were refused for {:.2f} s)",
+                                            static_cast<double>(window) / 1000.0));
       return Status::OK();
     }
     case Step::kDrop:
@@ -277,6 +308,7 @@ Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring
       {
         std::lock_guard<std::mutex> lock(gate_mu_);
         import_.running = false;
+        fenced_ms_ = 0;
       }
       if (!step.reason.empty()) {
         spdlog::warn("ring change rolled back: {} was {}", change.ToJson(), step.reason);
@@ -292,13 +324,103 @@ Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring
   return Status::OK();
 }
 
-Status Cluster::FenceSource(const partition::RingChange& change, const partition::Ring& ring) {
+Status Cluster::SourceHead(const partition::RingChange& change, const partition::Ring& ring,
+                           Target* head) {
   size_t at = 0;
   FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
+  return RouteTo(ring, at, /*write=*/true, head);
+}
+
+Status Cluster::FenceSource(const partition::RingChange& change, const partition::Ring& ring) {
   Target head;
-  FLATKV_RETURN_IF_ERROR(RouteTo(ring, at, /*write=*/true, &head));
+  FLATKV_RETURN_IF_ERROR(SourceHead(change, ring, &head));
   return Forward(head, "peerFence", true,
                  [&](rpc::FlatKVClient& c) { c.peerFence(head.context); });
+}
+
+Status Cluster::TrackSource(const partition::RingChange& change, const partition::Ring& ring) {
+  Target head;
+  FLATKV_RETURN_IF_ERROR(SourceHead(change, ring, &head));
+  rpc::TrackToken token;
+  FLATKV_RETURN_IF_ERROR(Forward(head, "peerTrack", true, [&](rpc::FlatKVClient& c) {
+    c.peerTrack(token, head.context, change.czxid);
+  }));
+  spdlog::info("ring change: mark {}'s head {} records writes to the ranges; pre-copying while "
+               "they flow",
+               change.source, token.head);
+  std::lock_guard<std::mutex> lock(gate_mu_);
+  track_token_ = std::move(token);
+  import_.full = false;
+  fence_window_ms_ = -1;
+  return Status::OK();
+}
+
+Status Cluster::CopyDelta(const partition::RingChange& change, const partition::Ring& ring) {
+  if (replicator_ == nullptr || store_ == nullptr) {
+    return Status::Unavailable("a ring change needs chain replication (a ring member's store)");
+  }
+  rpc::TrackToken token;
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    token = track_token_;
+  }
+  if (token.czxid != change.czxid) return Status::NotFound("no record was started for this change");
+  Target head;
+  FLATKV_RETURN_IF_ERROR(SourceHead(change, ring, &head));
+  const int64_t started = NowMillis();
+  std::string cursor;
+  uint64_t keys = 0, bytes = 0;
+  int64_t recorded = 0;
+  for (bool done = false; !done;) {
+    if (GateStopped()) return Status::Unavailable("stopping");
+    rpc::DeltaPage page;
+    FLATKV_RETURN_IF_ERROR(Forward(head, "peerDelta", true, [&](rpc::FlatKVClient& c) {
+      c.peerDelta(page, head.context, token, cursor, 512);
+    }));
+    if (!page.continuous) {
+      spdlog::warn("ring change: mark {}'s head {} has no continuous record of the writes during "
+                   "the pre-copy ({}): copying everything again, writes to the ranges refused",
+                   change.source, head.address, page.reason);
+      std::lock_guard<std::mutex> lock(gate_mu_);
+      import_.full = true;
+      return Status::NotFound("no continuous record at the source's head: " + page.reason);
+    }
+    recorded = page.recorded;
+    if (change.kind == "remove") {
+      // Through this mark's chain, as the copy went.
+      FLATKV_RETURN_IF_ERROR(ImportThroughChain(&page.pairs, &page.spairs, page.removed,
+                                                page.sremoved, ring.settings().hash_bound,
+                                                &bytes));
+    } else {
+      std::vector<engine::KeyValueRef> batch;
+      for (const rpc::KvPair& kv : page.pairs) {
+        batch.push_back({kv.key, kv.value});
+        bytes += kv.value.size() + 8;
+      }
+      if (!batch.empty()) FLATKV_RETURN_IF_ERROR(cache_->PutBatch(batch));
+      for (int64_t k : page.removed) FLATKV_RETURN_IF_ERROR(cache_->Remove(k, nullptr));
+      for (const rpc::StringKvPair& kv : page.spairs) {
+        FLATKV_RETURN_IF_ERROR(cache_->SPut(kv.key, kv.value));
+        bytes += kv.key.size() + kv.value.size();
+      }
+      for (const std::string& k : page.sremoved) {
+        FLATKV_RETURN_IF_ERROR(cache_->SRemove(k, nullptr));
+      }
+    }
+    keys += page.pairs.size() + page.removed.size() + page.spairs.size() + page.sremoved.size();
+    done = page.done;
+    cursor = page.cursor;
+  }
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    import_.delta_keys = keys;
+    import_.full = false;
+  }
+  spdlog::info("ring change: copied the {} keys ({:.1f} MB) written during the pre-copy from "
+               "mark {} in {:.3f} s (record of {} keys)",
+               keys, static_cast<double>(bytes) / 1e6, change.source,
+               static_cast<double>(NowMillis() - started) / 1000.0, recorded);
+  return Status::OK();
 }
 
 static Status ExportPages(Cluster* cluster, const Cluster::Target& target,
@@ -333,13 +455,19 @@ static Status ExportPages(Cluster* cluster, const Cluster::Target& target,
 Status Cluster::CopyRanges(const partition::RingChange& change, const partition::Ring& ring) {
   size_t at = 0;
   FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
+  // The source's read member, which holds every write the fence (or the
+  // track) committed: the tail under sync; under async only the head is
+  // sure to (a commit there is the head's own apply; another member may lag).
   Target reader;
-  FLATKV_RETURN_IF_ERROR(RouteTo(ring, at, /*write=*/false, &reader));
+  FLATKV_RETURN_IF_ERROR(
+      RouteTo(ring, at, /*write=*/ring.settings().replication != "sync", &reader));
   std::vector<partition::HashRange> ranges;
   for (const auto& range : change.ranges) ranges.push_back({range.first, range.second, at});
   {
     std::lock_guard<std::mutex> lock(gate_mu_);
+    const bool full = import_.full;  // CopyDelta found no record: this is the full copy
     import_ = ImportProgress();
+    import_.full = full;
     import_.running = true;
     import_.start_ms = NowMillis();
   }
@@ -347,6 +475,7 @@ Status Cluster::CopyRanges(const partition::RingChange& change, const partition:
   const int64_t bound = ring.settings().hash_bound;
   const uint64_t rate = static_cast<uint64_t>(options_.migrate_mb_per_sec) << 20;
   const int64_t started = NowMillis();
+  uint64_t next_log = 64 << 20;  // a progress line every 10% (at least 64 MB)
   Status copied = ExportPages(this, reader, ranges, 512, [&](rpc::ExportPage& p) {
     if (GateStopped()) return Status::Unavailable("stopping");
     uint64_t bytes = 0;
@@ -365,35 +494,32 @@ Status Cluster::CopyRanges(const partition::RingChange& change, const partition:
       }
     } else if (n > 0) {
       // Through this mark's chain: every member of it gets the keys.
-      std::vector<rpc::ChainOp> ops;
-      std::vector<uint64_t> hashes;
-      for (rpc::KvPair& kv : p.pairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::PUT;
-        op.__set_key(kv.key);
-        bytes += kv.value.size() + 8;
-        op.__set_value(std::move(kv.value));
-        hashes.push_back(static_cast<uint64_t>(kv.key));
-        ops.push_back(std::move(op));
-      }
-      for (rpc::StringKvPair& kv : p.spairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::SPUT;
-        hashes.push_back(static_cast<uint64_t>(partition::Ring::HashString(kv.key, bound)));
-        bytes += kv.key.size() + kv.value.size();
-        op.__set_skey(std::move(kv.key));
-        op.__set_value(std::move(kv.value));
-        ops.push_back(std::move(op));
-      }
-      FLATKV_RETURN_IF_ERROR(
-          replicator_->Write(std::move(ops), std::move(hashes), nullptr, /*import=*/true));
+      FLATKV_RETURN_IF_ERROR(ImportThroughChain(&p.pairs, &p.spairs, {}, {}, bound, &bytes));
     }
     uint64_t total;
     {
       std::lock_guard<std::mutex> lock(gate_mu_);
       import_.keys += n;
       import_.bytes += bytes;
+      if (p.__isset.totalBytes && p.totalBytes > 0) {
+        import_.total += static_cast<uint64_t>(p.totalBytes);  // each range's first page
+      }
       total = import_.bytes;
+    }
+    if (total >= next_log) {
+      ImportProgress now;
+      {
+        std::lock_guard<std::mutex> lock(gate_mu_);
+        now = import_;
+      }
+      const double secs = static_cast<double>(std::max<int64_t>(1, NowMillis() - started)) / 1e3;
+      spdlog::info("ring change: copying from mark {}: {} keys, {:.1f} of ~{:.1f} MB ({}%), "
+                   "{:.1f} MB/s",
+                   change.source, now.keys, static_cast<double>(now.bytes) / 1e6,
+                   static_cast<double>(now.total) / 1e6,
+                   ImportPercent(now.bytes, now.total, false),
+                   static_cast<double>(now.bytes) / 1e6 / secs);
+      next_log = total + std::max<uint64_t>(64 << 20, now.total / 10);
     }
     if (rate > 0) {  // cluster.migrate_mb_per_sec
       const int64_t due = static_cast<int64_t>(total * 1000 / rate);
@@ -436,6 +562,36 @@ Status Cluster::DropAtSource(const partition::RingChange& change, const partitio
   std::lock_guard<std::mutex> lock(gate_mu_);
   import_.dropped += dropped;
   spdlog::info("ring change: mark {} dropped {} moved keys", change.source, import_.dropped);
+  return Status::OK();
+}
+
+Status Cluster::ImportThroughChain(std::vector<rpc::KvPair>* pairs,
+                                   std::vector<rpc::StringKvPair>* spairs,
+                                   const std::vector<int64_t>& removed,
+                                   const std::vector<std::string>& sremoved, int64_t hash_bound,
+                                   uint64_t* bytes) {
+  std::vector<rpc::ChainOp> ops;
+  std::vector<uint64_t> hashes;
+  ImportOps(pairs, spairs, removed, sremoved, hash_bound, &ops, &hashes, bytes);
+  if (ops.empty()) return Status::OK();
+  return replicator_->Write(std::move(ops), std::move(hashes), nullptr, /*import=*/true);
+}
+
+Status Cluster::WipeRanges(const partition::RingChange& change, const partition::Ring& ring) {
+  FLATKV_RETURN_IF_ERROR(cache_->Flush());
+  int64_t removed = 0;
+  for (const auto& range : change.ranges) {
+    for (int64_t before = -1; before != removed;) {
+      before = removed;
+      FLATKV_RETURN_IF_ERROR(DropRange(*store_, replicator_.get(), ring.settings().hash_bound,
+                                       range.first, range.second, 20000, &removed));
+      FLATKV_RETURN_IF_ERROR(cache_->Flush());
+    }
+  }
+  if (removed > 0) {
+    spdlog::info("ring change: removed {} keys an earlier attempt copied into the ranges first",
+                 removed);
+  }
   return Status::OK();
 }
 
@@ -815,6 +971,12 @@ void Cluster::AddStats(std::map<std::string, int64_t>* out) const {
       (*out)["cluster.import.copied"] = import_.copied_ms != 0 ? 1 : 0;
       (*out)["cluster.import.running"] = import_.running ? 1 : 0;
       (*out)["cluster.import.dropped_at_source"] = import_.dropped;
+      (*out)["cluster.import.total_bytes"] = static_cast<int64_t>(import_.total);
+      (*out)["cluster.import.percent"] = ImportPercent(import_.bytes, import_.total,
+                                                       import_.copied_ms != 0);
+      (*out)["cluster.import.delta_keys"] = static_cast<int64_t>(import_.delta_keys);
+      (*out)["cluster.import.full_copy_fenced"] = import_.full ? 1 : 0;
+      if (fence_window_ms_ >= 0) (*out)["cluster.import.fence_ms"] = fence_window_ms_;
     }
   }
   (*out)["cluster.members_seen"] = r.members_seen;

@@ -202,7 +202,25 @@ class Cluster : public ChainCoordinator {
   Status DropAtSource(const partition::RingChange& change, const partition::Ring& ring);
   // kFence: the source's head stops writes to the ranges.
   Status FenceSource(const partition::RingChange& change, const partition::Ring& ring);
+  // kTrack: the source's head starts recording writes to the ranges
+  // (track_token_ names the record).
+  Status TrackSource(const partition::RingChange& change, const partition::Ring& ring);
+  // kDelta: the recorded keys from the source's head into this store;
+  // NotFound if it has no continuous record (the machine copies everything).
+  Status CopyDelta(const partition::RingChange& change, const partition::Ring& ring);
+  // The head of the change's source mark, as the target of a peer call.
+  Status SourceHead(const partition::RingChange& change, const partition::Ring& ring,
+                    Target* head);
   Status WipeStore();
+  // kWipe of a remove: removes through this mark's chain what an earlier
+  // attempt copied into the change's ranges (this mark keeps its own keys).
+  Status WipeRanges(const partition::RingChange& change, const partition::Ring& ring);
+  // A remove's copy or delta: puts and removes through this mark's chain.
+  Status ImportThroughChain(std::vector<rpc::KvPair>* pairs,
+                            std::vector<rpc::StringKvPair>* spairs,
+                            const std::vector<int64_t>& removed,
+                            const std::vector<std::string>& sremoved, int64_t hash_bound,
+                            uint64_t* bytes);
   // Index of "mark" in ring.partitions(), or Unavailable naming "what".
   static Status IndexOf(const partition::Ring& ring, int64_t mark, const char* what,
                         size_t* index);
@@ -246,9 +264,17 @@ class Cluster : public ChainCoordinator {
     int64_t copied_ms = 0;
     uint64_t keys = 0;
     uint64_t bytes = 0;
+    uint64_t total = 0;  // the source's estimate of the ranges' bytes (0: none)
     int64_t dropped = 0;
+    uint64_t delta_keys = 0;  // copied after the fence from the source's record
+    bool full = false;        // the copy after the fence was of everything
   };
   ImportProgress import_;
+  // The writes-refused window as this importer saw it: from the fence (its
+  // state copy written, or its first fence) to the release.
+  int64_t fenced_ms_ = 0;     // 0: not fenced by this process
+  int64_t fence_window_ms_ = -1;
+  rpc::TrackToken track_token_;  // kTrack's answer (change thread only)
   bool leaving_ = false;  // this member's mark was removed
   engine::Store* store_ = nullptr;                     // set by StartReplication
   engine::cache::WriteBackCache* cache_ = nullptr;

@@ -271,6 +271,12 @@ const std::vector<Key>& Schema() {
        "0 = none",
        Int<int64_t>([](Config* c) { return &c->cluster.migrate_mb_per_sec; }, 0, 1000000,
                     "cluster.migrate_mb_per_sec")},
+      {"cluster.track_max_keys", "1000000",
+       "keys a source's head records while a new mark pre-copies its range (writes still "
+       "flowing); past it the record is dropped and the import copies everything again with "
+       "writes to the range refused",
+       Int<int64_t>([](Config* c) { return &c->cluster.track_max_keys; }, 1, kI64Max,
+                    "cluster.track_max_keys")},
   };
   return keys;
 }

@@ -48,6 +48,7 @@ struct ClusterOptions {
   int64_t backlog_bytes = 64 << 20;        // replicated writes kept for catch-up
   int64_t resync_mb_per_sec = 0;           // full-copy rate limit; 0 = none
   int64_t migrate_mb_per_sec = 0;          // a new mark's import rate limit; 0 = none
+  int64_t track_max_keys = 1000000;        // keys a source's head records during a pre-copy
 
   bool enabled() const { return !zookeeper.empty(); }
 };

@@ -44,7 +44,7 @@ class Handler : public rpc::FlatKVIf {
     kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
     kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kPeerChain, kPeerSnapshot,
     kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kRemoveMark, kAbortChange,
-    kBackup, kBackupStatus, kMethods
+    kBackup, kBackupStatus, kPeerTrack, kPeerDelta, kMethods
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
@@ -80,6 +80,10 @@ class Handler : public rpc::FlatKVIf {
   void peerScanLog(rpc::LogScanResult& result, const rpc::PeerContext& ctx,
                    const std::string& cursor, int32_t limit) override;
   void peerFence(const rpc::PeerContext& ctx) override;
+  void peerTrack(rpc::TrackToken& result, const rpc::PeerContext& ctx, int64_t czxid) override;
+  void peerDelta(rpc::DeltaPage& result, const rpc::PeerContext& ctx,
+                 const rpc::TrackToken& token, const std::string& cursor,
+                 int32_t limit) override;
   void removeMark(const std::string& token, int64_t mark) override;
   void abortChange(const std::string& token) override;
   int64_t peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, int32_t limit) override;

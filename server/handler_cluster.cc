@@ -112,7 +112,7 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
        name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
        name == "peerSPut" || name == "peerSRemove" || name == "digest" ||
        name == "peerRepair" || name == "peerExport" || name == "peerFence" ||
-       name == "peerDrop")) {
+       name == "peerDrop" || name == "peerTrack" || name == "peerDelta")) {
     return true;
   }
   // Calls that never forward: served here whatever the ring says.
@@ -597,6 +597,14 @@ void Handler::peerExport(rpc::ExportPage& result, const rpc::PeerContext& ctx, i
     const auto ring = cluster_->ring();
     const int64_t bound = ring ? ring->settings().hash_bound : config_.cluster.hash_bound;
     ThrowIfError(ExportRange(*store_, bound, lo, hi, cursor, static_cast<size_t>(limit), &result));
+    if (cursor.empty()) {
+      // For the importer's percent: the range's share of this store.
+      // String hashes lie in [0, bound).
+      const double from = static_cast<double>(std::max<int64_t>(lo, 0));
+      const double to = static_cast<double>(std::min<int64_t>(hi, bound - 1));
+      const double strings = to < from ? 0.0 : (to - from + 1) / static_cast<double>(bound);
+      result.__set_totalBytes(static_cast<int64_t>(store_->LiveBytesEstimate(lo, hi, strings)));
+    }
   });
 }
 
@@ -647,6 +655,81 @@ void Handler::peerFence(const rpc::PeerContext& ctx) {
   });
 }
 
+void Handler::peerTrack(rpc::TrackToken& result, const rpc::PeerContext& ctx, int64_t czxid) {
+  Run(kPeerTrack, [&] {
+    CheckHeadOf(ctx, "peerTrack");
+    cluster_->Refresh();
+    const auto ring = cluster_->ring();
+    const partition::RingChange* change = ring ? ring->change() : nullptr;
+    if (change == nullptr || change->state != "precopy" || change->czxid != czxid ||
+        change->source != cluster_->mark()) {
+      ThrowKvError(Status::InvalidArgument(
+          "peerTrack: no ring change in state precopy (czxid " + std::to_string(czxid) +
+          ") copies keys from mark " + std::to_string(cluster_->mark())));
+    }
+    ThrowIfError(replicator_->StartTracking(*change, ring->settings().hash_bound, &result));
+    spdlog::info("ring change: recording writes to {} for the importer {} (pre-copy)",
+                 change->ToJson(), change->importer);
+  });
+}
+
+void Handler::peerDelta(rpc::DeltaPage& result, const rpc::PeerContext& ctx,
+                        const rpc::TrackToken& token, const std::string& cursor, int32_t limit) {
+  Run(kPeerDelta, [&] {
+    if (limit <= 0) {
+      throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "peerDelta: limit must be positive");
+    }
+    CheckHeadOf(ctx, "peerDelta");
+    std::vector<int64_t> keys;
+    std::vector<std::string> skeys;
+    result.done = true;
+    replicator_->Tracked(token, cursor, static_cast<size_t>(limit), &keys, &skeys, &result.done,
+                         &result.cursor, &result.recorded, &result.reason);
+    result.continuous = result.reason.empty();
+    if (!result.continuous) return;
+    // After the fence nothing is written to these keys: this head's values
+    // are the newest (every write it sequenced is committed). A page ends
+    // early past 8 MiB of values (the frame limits).
+    constexpr uint64_t kPageBytes = 8 << 20;
+    uint64_t bytes = 0;
+    std::string last;  // resumes after the last key this page holds
+    auto full = [&] {
+      if (bytes < kPageBytes || last.empty()) return false;
+      result.done = false;
+      result.cursor = last;
+      return true;
+    };
+    for (int64_t k : keys) {
+      if (full()) return;
+      last = Replicator::TrackedCursorAfter(k);
+      rpc::KvPair p;
+      Status st = cache_->Get(k, &p.value);
+      if (st.IsNotFound()) {
+        result.removed.push_back(k);
+        continue;
+      }
+      ThrowIfError(st);
+      p.key = k;
+      bytes += p.value.size() + 8;
+      result.pairs.push_back(std::move(p));
+    }
+    for (std::string& k : skeys) {
+      if (full()) return;
+      last = Replicator::TrackedCursorAfter(k);
+      rpc::StringKvPair p;
+      Status st = cache_->SGet(k, &p.value);
+      if (st.IsNotFound()) {
+        result.sremoved.push_back(std::move(k));
+        continue;
+      }
+      ThrowIfError(st);
+      bytes += k.size() + p.value.size();
+      p.key = std::move(k);
+      result.spairs.push_back(std::move(p));
+    }
+  });
+}
+
 int64_t Handler::peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, int32_t limit) {
   int64_t dropped = 0;
   Run(kPeerDrop, [&] {
@@ -666,37 +749,10 @@ int64_t Handler::peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, i
             std::to_string(std::max(lo, r.lo)) + ", " + std::to_string(std::min(hi, r.hi)) + "]"));
       }
     }
+    replicator_->StopTracking();  // the change is past its copy: the record is done with
     ThrowIfError(cache_->Flush());
-    std::string cursor;
-    for (bool done = false; !done && dropped < limit;) {
-      rpc::ExportPage page;
-      const size_t want = static_cast<size_t>(std::min<int64_t>(512, limit - dropped));
-      ThrowIfError(ExportRange(*store_, ring->settings().hash_bound, lo, hi, cursor, want, &page));
-      std::vector<rpc::ChainOp> ops;
-      std::vector<uint64_t> hashes;
-      for (const rpc::KvPair& p : page.pairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::REMOVE;
-        op.__set_key(p.key);
-        ops.push_back(std::move(op));
-        hashes.push_back(static_cast<uint64_t>(p.key));
-      }
-      for (const rpc::StringKvPair& p : page.spairs) {
-        rpc::ChainOp op;
-        op.kind = rpc::ChainOpKind::SREMOVE;
-        op.__set_skey(p.key);
-        hashes.push_back(static_cast<uint64_t>(StringHash(p.key)));
-        ops.push_back(std::move(op));
-      }
-      if (!ops.empty()) {
-        dropped += static_cast<int64_t>(ops.size());
-        // The ring change's own write: not refused as a moving range's.
-        ThrowIfError(replicator_->Write(std::move(ops), std::move(hashes), nullptr,
-                                        /*import=*/true));
-      }
-      done = page.done;
-      cursor = page.cursor;
-    }
+    ThrowIfError(DropRange(*store_, replicator_, ring->settings().hash_bound, lo, hi, limit,
+                           &dropped));
   });
   return dropped;
 }

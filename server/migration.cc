@@ -87,4 +87,71 @@ Status ExportRange(const engine::Store& store, int64_t hash_bound, int64_t lo, i
   return Status::OK();
 }
 
+Status DropRange(const engine::Store& store, Replicator* replicator, int64_t hash_bound,
+                 int64_t lo, int64_t hi, int64_t limit, int64_t* dropped) {
+  std::string cursor;
+  int64_t n = 0;
+  for (bool done = false; !done && n < limit;) {
+    rpc::ExportPage page;
+    const size_t want = static_cast<size_t>(std::min<int64_t>(512, limit - n));
+    FLATKV_RETURN_IF_ERROR(ExportRange(store, hash_bound, lo, hi, cursor, want, &page));
+    std::vector<int64_t> keys;
+    std::vector<std::string> skeys;
+    for (const rpc::KvPair& p : page.pairs) keys.push_back(p.key);
+    for (rpc::StringKvPair& p : page.spairs) skeys.push_back(std::move(p.key));
+    std::vector<rpc::ChainOp> ops;
+    std::vector<uint64_t> hashes;
+    uint64_t bytes = 0;
+    ImportOps(nullptr, nullptr, keys, skeys, hash_bound, &ops, &hashes, &bytes);
+    if (!ops.empty()) {
+      n += static_cast<int64_t>(ops.size());
+      FLATKV_RETURN_IF_ERROR(
+          replicator->Write(std::move(ops), std::move(hashes), nullptr, /*import=*/true));
+    }
+    done = page.done;
+    cursor = page.cursor;
+  }
+  *dropped += n;
+  return Status::OK();
+}
+
+void ImportOps(std::vector<rpc::KvPair>* pairs, std::vector<rpc::StringKvPair>* spairs,
+               const std::vector<int64_t>& removed, const std::vector<std::string>& sremoved,
+               int64_t hash_bound, std::vector<rpc::ChainOp>* ops, std::vector<uint64_t>* hashes,
+               uint64_t* bytes) {
+  auto add = [&](rpc::ChainOpKind::type kind, uint64_t hash, rpc::ChainOp op) {
+    op.kind = kind;
+    ops->push_back(std::move(op));
+    hashes->push_back(hash);
+  };
+  for (size_t i = 0; pairs != nullptr && i < pairs->size(); ++i) {
+    rpc::KvPair& kv = (*pairs)[i];
+    rpc::ChainOp op;
+    op.__set_key(kv.key);
+    *bytes += kv.value.size() + 8;
+    op.__set_value(std::move(kv.value));
+    add(rpc::ChainOpKind::PUT, static_cast<uint64_t>(kv.key), std::move(op));
+  }
+  for (size_t i = 0; spairs != nullptr && i < spairs->size(); ++i) {
+    rpc::StringKvPair& kv = (*spairs)[i];
+    rpc::ChainOp op;
+    const auto hash = static_cast<uint64_t>(partition::Ring::HashString(kv.key, hash_bound));
+    *bytes += kv.key.size() + kv.value.size();
+    op.__set_skey(std::move(kv.key));
+    op.__set_value(std::move(kv.value));
+    add(rpc::ChainOpKind::SPUT, hash, std::move(op));
+  }
+  for (int64_t k : removed) {
+    rpc::ChainOp op;
+    op.__set_key(k);
+    add(rpc::ChainOpKind::REMOVE, static_cast<uint64_t>(k), std::move(op));
+  }
+  for (const std::string& k : sremoved) {
+    rpc::ChainOp op;
+    op.__set_skey(k);
+    add(rpc::ChainOpKind::SREMOVE,
+        static_cast<uint64_t>(partition::Ring::HashString(k, hash_bound)), std::move(op));
+  }
+}
+
 }  // namespace flatkv::server

@@ -12,9 +12,11 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <random>
 
 #include <spdlog/spdlog.h>
 #include <thrift/protocol/TBinaryProtocol.h>
@@ -651,6 +653,9 @@ void Replicator::WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t>
             return;
           }
         }
+        // (A ring change's own writes are not recorded: at a source they
+        // are the drop, after the record was read.)
+        if (!import) Track(keys, op);
         member_->OnWrite(request, std::move(keys), std::move(op), now, out);
       },
       std::move(done));
@@ -695,7 +700,9 @@ void Replicator::AppendAsync(int64_t key, std::string suffix, uint64_t max_value
         op.kind = rpc::ChainOpKind::PUT;
         op.__set_key(key);
         op.__set_value(std::move(value));
-        member_->OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now, out);
+        std::string encoded = EncodeChainOps({op});
+        Track({static_cast<uint64_t>(key)}, encoded);
+        member_->OnWrite(request, {static_cast<uint64_t>(key)}, std::move(encoded), now, out);
       },
       std::move(done));
 }
@@ -725,6 +732,133 @@ Status Replicator::AdoptImport(int64_t epoch) {
   w.cv.wait(lk, [&] { return w.done; });
   return w.status;
 }
+
+int64_t Replicator::DrawNonce() {
+  std::random_device rd;
+  return static_cast<int64_t>((static_cast<uint64_t>(rd()) << 32) ^ rd());
+}
+
+Status Replicator::StartTracking(const partition::RingChange& change, int64_t hash_bound,
+                                 rpc::TrackToken* token) {
+  token->head = options_.self;
+  token->nonce = nonce_;
+  token->czxid = change.czxid;
+  return Wait(
+      [&](WriteDone done) {
+        Sequence(
+            false, "track",
+            [this, change, hash_bound](uint64_t request, int64_t now, ChainOutput* out) {
+              const std::string role = member_->role();
+              if (role != "head" && role != "single") {
+                out->replies.push_back({request, Status::NotOwner(
+                                                     "peerTrack: member " + options_.self +
+                                                     " is " + role + ", not the head")});
+                return;
+              }
+              tracker_ = Tracker();
+              tracker_.on = true;
+              tracker_.czxid = change.czxid;
+              tracker_.epoch = member_->head_epoch();
+              tracker_.change = change;
+              tracker_.hash_bound = hash_bound;
+              // The barrier: an empty write, committed after everything before it.
+              member_->OnWrite(request, {}, EncodeChainOps({}), now, out);
+            },
+            std::move(done));
+      },
+      nullptr);
+}
+
+void Replicator::Track(const std::vector<uint64_t>& hashes, const std::string& op) {
+  Tracker& t = tracker_;
+  if (!t.on || !t.overflow.empty()) return;
+  if (std::none_of(hashes.begin(), hashes.end(),
+                   [&](uint64_t h) { return t.change.Covers(static_cast<int64_t>(h)); })) {
+    return;
+  }
+  tracked_writes_.fetch_add(1, std::memory_order_relaxed);
+  // Decoded only for a write into the ranges while tracking (string keys
+  // are known by their hash alone in "hashes").
+  std::vector<rpc::ChainOp> ops;
+  if (Status st = DecodeChainOps(op, &ops); !st.ok()) {
+    t.overflow = "a write could not be read back: " + st.ToString();
+  }
+  for (const rpc::ChainOp& o : ops) {
+    if (o.kind == rpc::ChainOpKind::SPUT || o.kind == rpc::ChainOpKind::SREMOVE) {
+      if (!t.change.Covers(partition::Ring::HashString(o.skey, t.hash_bound))) continue;
+      if (t.skeys.insert(o.skey).second) t.skey_bytes += o.skey.size();
+    } else if (t.change.Covers(o.key)) {
+      t.keys.insert(o.key);
+    }
+  }
+  constexpr uint64_t kMaxSkeyBytes = 64 << 20;
+  if (t.keys.size() + t.skeys.size() > options_.track_max_keys || t.skey_bytes > kMaxSkeyBytes) {
+    t.overflow = "the record overflowed at " + std::to_string(t.keys.size() + t.skeys.size()) +
+                 " keys (cluster.track_max_keys " + std::to_string(options_.track_max_keys) + ")";
+  }
+  if (!t.overflow.empty()) {
+    track_overflows_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("ring change {}: {}; the import copies everything again, fenced", t.czxid,
+                 t.overflow);
+    t.keys.clear();
+    t.skeys.clear();
+    t.skey_bytes = 0;
+  }
+}
+
+void Replicator::Tracked(const rpc::TrackToken& token, const std::string& cursor, size_t limit,
+                         std::vector<int64_t>* keys, std::vector<std::string>* skeys, bool* done,
+                         std::string* next, int64_t* recorded, std::string* reason) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Tracker& t = tracker_;
+  const std::string role = member_->role();
+  if (token.head != options_.self || token.nonce != nonce_) {
+    *reason = "no record here for " + token.head + " (another member or process recorded it)";
+  } else if (!t.on || t.czxid != token.czxid) {
+    *reason = "no record here for ring change " + std::to_string(token.czxid);
+  } else if ((role != "head" && role != "single") || member_->head_epoch() != t.epoch) {
+    *reason = "member " + options_.self + " stopped heading the chain since the record began";
+  } else if (!t.overflow.empty()) {
+    *reason = t.overflow;
+  }
+  if (!reason->empty()) return;
+  *recorded = static_cast<int64_t>(t.keys.size() + t.skeys.size());
+  // Cursor: empty, 'i' + the last integer key (8 bytes), or 's' + the last string key.
+  auto ki = t.keys.begin();
+  auto si = t.skeys.begin();
+  if (!cursor.empty() && cursor[0] == 'i' && cursor.size() == 1 + sizeof(int64_t)) {
+    int64_t last = 0;
+    std::memcpy(&last, cursor.data() + 1, sizeof(last));
+    ki = t.keys.upper_bound(last);
+  } else if (!cursor.empty() && cursor[0] == 's') {
+    ki = t.keys.end();
+    si = t.skeys.upper_bound(cursor.substr(1));
+  }
+  for (; ki != t.keys.end() && keys->size() < limit; ++ki) keys->push_back(*ki);
+  if (ki != t.keys.end()) {
+    *done = false;
+    *next = TrackedCursorAfter(keys->back());
+    return;
+  }
+  for (; si != t.skeys.end() && keys->size() + skeys->size() < limit; ++si) skeys->push_back(*si);
+  *done = si == t.skeys.end();
+  if (*done) return;
+  // (No string key fits: the page filled with the last integer keys.)
+  *next = skeys->empty() ? TrackedCursorAfter(keys->back()) : TrackedCursorAfter(skeys->back());
+}
+
+void Replicator::StopTracking() {
+  std::lock_guard<std::mutex> lock(mu_);
+  tracker_ = Tracker();
+}
+
+std::string Replicator::TrackedCursorAfter(int64_t key) {
+  std::string c(1 + sizeof(key), 'i');
+  std::memcpy(c.data() + 1, &key, sizeof(key));
+  return c;
+}
+
+std::string Replicator::TrackedCursorAfter(const std::string& skey) { return "s" + skey; }
 
 std::string Replicator::head() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -792,7 +926,9 @@ Status Replicator::Repair(int64_t key, const std::function<Status(rpc::GetResult
                 op.kind = state->value.found ? rpc::ChainOpKind::PUT : rpc::ChainOpKind::REMOVE;
                 op.__set_key(key);
                 if (state->value.found) op.__set_value(state->value.value);
-                member_->OnWrite(request, {static_cast<uint64_t>(key)}, EncodeChainOps({op}), now,
+                std::string encoded = EncodeChainOps({op});
+                Track({static_cast<uint64_t>(key)}, encoded);
+                member_->OnWrite(request, {static_cast<uint64_t>(key)}, std::move(encoded), now,
                                 out);
               },
               std::move(done));
@@ -1401,6 +1537,13 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
     std::lock_guard<std::mutex> lock(mu_);
     const ChainPosition p = member_->applied();
     (*out)["cluster.chain.applied_epoch"] = p.epoch;
+    if (tracker_.on) {
+      (*out)["cluster.track.keys"] =
+          static_cast<int64_t>(tracker_.keys.size() + tracker_.skeys.size());
+      (*out)["cluster.track.overflowed"] = tracker_.overflow.empty() ? 0 : 1;
+    }
+    (*out)["cluster.track.writes"] = tracked_writes_.load(std::memory_order_relaxed);
+    (*out)["cluster.track.overflows"] = track_overflows_.load(std::memory_order_relaxed);
     (*out)["cluster.chain.applied_seq"] = static_cast<int64_t>(p.seq);
     (*out)["cluster.chain.committed_seq"] = static_cast<int64_t>(member_->committed());
     (*out)["cluster.chain.pending_writes"] = static_cast<int64_t>(member_->pending_writes());

@@ -54,6 +54,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,6 +102,7 @@ struct ReplicatorOptions {
   int peer_timeout_ms = 2000;
   std::string peer_token;
   uint64_t resync_bytes_per_sec = 0;  // cluster.resync_mb_per_sec; 0 = unlimited
+  uint64_t track_max_keys = 1000000;  // cluster.track_max_keys
   int tick_ms = 50;
   partition::ChainOptions chain;
 };
@@ -164,6 +166,30 @@ class Replicator {
   // intact, made durable with the store (a checkpoint). InvalidArgument if
   // it is in a chain or applied writes already.
   Status AdoptImport(int64_t epoch);
+  // A ring change's pre-copy (issue 11; peerTrack), at the head: from the
+  // moment this write is sequenced, every write sequenced here to a key in
+  // change.ranges (integer keys by key, string keys by hash with
+  // "hash_bound") is recorded; answers (*token) once every write sequenced
+  // before is committed, as an empty write. Replaces an earlier record.
+  // NotOwner if this member is not the head. The record holds at most
+  // track_max_keys keys (string keys also at most 64 MiB of key bytes):
+  // past that it overflows (counted and logged) and Tracked() says so.
+  Status StartTracking(const partition::RingChange& change, int64_t hash_bound,
+                       rpc::TrackToken* token);
+  // The recorded keys after "cursor" (empty: from the start), at most
+  // "limit": integer keys in order, then string keys. *reason is set (and
+  // nothing else) if there is no continuous record for "token": another
+  // head's, another process's or another change's token, a head term that
+  // changed since (this member stopped heading the chain meanwhile), or an
+  // overflow. Read it after peerFence: then nothing is recorded any more.
+  void Tracked(const rpc::TrackToken& token, const std::string& cursor, size_t limit,
+               std::vector<int64_t>* keys, std::vector<std::string>* skeys, bool* done,
+               std::string* next, int64_t* recorded, std::string* reason) const;
+  // Forgets the record (the change is past its copy: peerDrop).
+  void StopTracking();
+  // Tracked()'s cursor resuming after an integer key or a string key.
+  static std::string TrackedCursorAfter(int64_t key);
+  static std::string TrackedCursorAfter(const std::string& skey);
   // Head of the chain: this member's address; else the head's ("" if none).
   std::string head() const;
   // Before a read of the key with hash "hash" from this member: OK to serve
@@ -301,7 +327,28 @@ class Replicator {
   bool intact_ = false;
   bool checkpoint_due_ = false;  // a snapshot was loaded: make it durable
 
+  // The pre-copy's record (StartTracking), GUARDED_BY(mu_): written on the
+  // loop thread as writes are sequenced (Track), read by peerDelta.
+  struct Tracker {
+    bool on = false;
+    int64_t czxid = 0;
+    int64_t epoch = 0;  // the head term it started in
+    partition::RingChange change;
+    int64_t hash_bound = 0;
+    std::set<int64_t> keys;
+    std::set<std::string> skeys;
+    uint64_t skey_bytes = 0;
+    std::string overflow;  // why the record is incomplete; empty if it is not
+  };
+  Tracker tracker_;
+  static int64_t DrawNonce();
+  const int64_t nonce_ = DrawNonce();  // names this process in a TrackToken
+  // Records the keys of a write being sequenced (mu_ held) if tracking.
+  void Track(const std::vector<uint64_t>& hashes, const std::string& op);
+
   // Counters.
+  std::atomic<int64_t> tracked_writes_{0};
+  std::atomic<int64_t> track_overflows_{0};
   std::atomic<int64_t> applied_entries_{0};
   std::atomic<int64_t> apply_batches_{0};
   std::atomic<int64_t> frames_sent_{0};

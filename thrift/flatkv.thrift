@@ -177,6 +177,28 @@ struct ExportPage {
   2: required list<StringKvPair> spairs,
   3: required bool done,       // nothing follows
   4: required binary cursor,   // pass back to resume; empty starts
+  // On the first page (empty cursor): the exporter's estimate of the
+  // range's live bytes (for progress in percent).
+  5: optional i64 totalBytes,
+}
+// peerTrack's answer: names one record at one head (its address, a number
+// drawn when its process started, the change's czxid).
+struct TrackToken {
+  1: required string head,
+  2: required i64 nonce,
+  3: required i64 czxid,
+}
+// One page of peerDelta: the recorded keys with what the head holds now.
+struct DeltaPage {
+  1: required bool continuous,     // false: no record for this token (reason says why)
+  2: required string reason,
+  3: required list<KvPair> pairs,          // recorded integer keys present
+  4: required list<i64> removed,           // recorded integer keys absent
+  5: required list<StringKvPair> spairs,   // recorded string keys present
+  6: required list<binary> sremoved,       // recorded string keys absent
+  7: required bool done,
+  8: required binary cursor,       // pass back to resume; empty starts
+  9: required i64 recorded,        // keys in the whole record
 }
 // flatkv admin digest: what a member holds, order-independent.
 struct Digest {
@@ -296,6 +318,16 @@ service FlatKV {
   // removes up to "limit" keys this mark still holds there, through its
   // chain, and returns how many (0: none left).
   i64 peerDrop(1: required PeerContext peer, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
+  // A ring change in state precopy (czxid), served by the head of
+  // peer.mark: from now on this head records the keys written to the
+  // change's ranges (writes still flow), and answers once every write it
+  // sequenced before is committed. A second call replaces the record.
+  TrackToken peerTrack(1: required PeerContext peer, 2: required i64 czxid) throws (1: KvError err),
+  // After peerFence: the keys recorded since peerTrack gave "token", with
+  // their values here now (absent: removed), in pages of at most "limit"
+  // keys. continuous = false if this head has no complete record for it
+  // (another head or process, or the record overflowed): copy everything.
+  DeltaPage peerDelta(1: required PeerContext peer, 2: required TrackToken token, 3: required binary cursor, 4: required i32 limit) throws (1: KvError err),
   // Admin (any ring member): removes "mark" from the ring: its keys move to
   // the next mark up, then its members stop serving and exit. Returns once
   // the change is recorded (.cluster/change); it runs in the background.

@@ -676,3 +676,34 @@ TEST_CASE("Store closes and reopens tables under concurrent readers and writers"
     CHECK((v == std::to_string(k) || v == std::string("w").append(std::to_string(k))));
   }
 }
+
+// The importer's percent rests on this estimate (a ring change's total): it
+// must follow where the keys are, not how wide the range is.
+TEST_CASE("Store estimates the live bytes of a key range from the index",
+          "[engine][store]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.key_min = 0;
+  o.key_max = int64_t{1} << 30;
+  o.segment_keys = uint64_t{1} << 24;  // one segment spans every range below
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  // 2000 keys of 1000 bytes at [1000, 3000), 6000 more at [5,000,000, 5,006,000).
+  for (int64_t k = 1000; k < 3000; ++k) REQUIRE(store->Put(k, ValueFor(k, 1000)).ok());
+  for (int64_t k = 5000000; k < 5006000; ++k) REQUIRE(store->Put(k, ValueFor(k, 1000)).ok());
+  const double all = static_cast<double>(store->LiveBytesEstimate());
+  // A narrow range holding a quarter of the keys, and a wide one holding
+  // three quarters; an empty one.
+  const double narrow = static_cast<double>(store->LiveBytesEstimate(0, 4000, 0.0));
+  const double wide = static_cast<double>(store->LiveBytesEstimate(4000, 10000000, 0.0));
+  INFO("all " << all << ", narrow " << narrow << ", wide " << wide);
+  CHECK(narrow > 0.2 * all);
+  CHECK(narrow < 0.3 * all);
+  CHECK(wide > 0.7 * all);
+  CHECK(wide < 0.8 * all);
+  CHECK(store->LiveBytesEstimate(20000000, 30000000, 0.0) == 0);
+  // A removed key no longer counts.
+  for (int64_t k = 1000; k < 3000; ++k) REQUIRE(store->Remove(k).ok());
+  CHECK(static_cast<double>(store->LiveBytesEstimate(0, 4000, 0.0)) < 0.01 * all);
+}
