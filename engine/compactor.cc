@@ -367,8 +367,7 @@ Status Store::CompactPinned(uint64_t segment) {
   }
   SynchronizeReaders();
   const std::string old_dir = retired->dir();
-  st = retired->Close();
-  if (!st.ok()) spdlog::warn("closing the compacted table {}: {}", old_dir, st.ToString());
+  retired->Discard();  // deleted below: nothing to sync
   retired.reset();
   if (gen == 0) {
     RemoveGenerationZero(home);
@@ -530,7 +529,7 @@ Status Store::Abandon(uint64_t segment, FlatTable* old, Room* room, const Status
   if (dropped != nullptr) {
     SynchronizeReaders();  // operations that loaded the successor pointer
     const std::string dir = dropped->dir();
-    (void)dropped->Close();  // deleted below: a failure to sync it is moot
+    dropped->Discard();  // deleted below
     dropped.reset();
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
@@ -600,7 +599,9 @@ void Store::CompactorLoop() {
       if (!st.ok()) {
         if (!stopping_.load()) spdlog::error("compacting {}: {}", HomeDir(seg), st.ToString());
         result = st;
-        if (stopping_.load()) break;
+        // A full disk ends the round: the next tables would only be refused
+        // (or read for nothing), and its error is the one to report.
+        if (stopping_.load() || st.IsNoSpace()) break;
       }
     }
     lock.lock();

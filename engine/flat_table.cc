@@ -774,6 +774,20 @@ Status FlatTable::Checkpoint() {
   return index_->WriteHeader(false, ends);
 }
 
+void FlatTable::Discard() {
+  std::lock_guard<std::mutex> lock(header_mu_);
+  if (closed_) return;
+  closed_ = true;
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    FileState& fs = files_[f];
+    std::unique_lock<std::mutex> lk(fs.mu);
+    fs.cv.wait(lk, [&] { return !fs.syncing; });
+    if (fs.owner == nullptr) continue;
+    fs.owner->Discard();
+    counters_->data_files_open.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
 Status FlatTable::Close() {
   std::lock_guard<std::mutex> lock(header_mu_);
   if (closed_) return Status::OK();

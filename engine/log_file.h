@@ -60,6 +60,8 @@ class LogFile {
   Status Truncate(uint64_t end);
 
   // Unmaps, truncates to the logical end and closes. Idempotent.
+  // Closes without truncating or syncing: for a file about to be deleted.
+  void Discard();
   Status Close();
 
   uint64_t end() const { return end_.load(std::memory_order_acquire); }
