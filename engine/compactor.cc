@@ -352,6 +352,7 @@ Status Store::CompactPinned(uint64_t segment) {
   FLATKV_RETURN_IF_ERROR(WriteCurrent(home, gen + 1));
   old->FinishCompaction();
   std::unique_ptr<FlatTable> retired;
+  std::vector<std::unique_ptr<const TableArray>> old_arrays;
   {
     std::lock_guard<std::mutex> lock(tables_mu_);
     std::unique_ptr<FlatTable>& owner = OwnerLocked(segment);
@@ -363,9 +364,11 @@ Status Store::CompactPinned(uint64_t segment) {
       strings_.store(owner.get(), std::memory_order_release);
     } else {
       PublishTablesLocked();
+      old_arrays = RetireArraysLocked();
     }
   }
   SynchronizeReaders();
+  old_arrays.clear();  // every reader of them has drained
   const std::string old_dir = retired->dir();
   retired->Discard();  // deleted below: nothing to sync
   retired.reset();

@@ -201,6 +201,15 @@ void Store::PublishTablesLocked() {
   arrays_.push_back(std::move(array));
 }
 
+std::vector<std::unique_ptr<const Store::TableArray>> Store::RetireArraysLocked() {
+  std::vector<std::unique_ptr<const TableArray>> old;
+  if (arrays_.size() <= 1) return old;
+  old.reserve(arrays_.size() - 1);
+  for (size_t i = 0; i + 1 < arrays_.size(); ++i) old.push_back(std::move(arrays_[i]));
+  arrays_.erase(arrays_.begin(), arrays_.end() - 1);
+  return old;
+}
+
 const Store::TableArray& Store::Tables() const {
   static const TableArray kEmpty;
   const TableArray* a = table_array_.load(std::memory_order_acquire);
@@ -318,6 +327,7 @@ void Store::CloseIdle() const {
   std::unique_lock<std::mutex> one(self->close_idle_mu_, std::try_to_lock);
   if (!one.owns_lock()) return;  // another thread is closing tables already
   std::vector<uint64_t> victims;
+  std::vector<std::unique_ptr<const TableArray>> retired;
   {
     std::lock_guard<std::mutex> lock(self->tables_mu_);
     if (closed_.load()) return;
@@ -340,8 +350,10 @@ void Store::CloseIdle() const {
     if (it != self->tables_.end()) self->clock_hand_ = it->first;
     if (victims.empty()) return;
     self->PublishTablesLocked();
+    retired = self->RetireArraysLocked();
   }
   SynchronizeReaders();  // nobody holds a pointer to the victims any more
+  retired.clear();       // nor to the arrays published before this one
   std::lock_guard<std::mutex> lock(self->tables_mu_);
   for (uint64_t seg : victims) {
     auto it = self->idle_closing_.find(seg);
@@ -1008,6 +1020,7 @@ std::string Store::DiskFull() const {
 }
 
 EngineStats Store::GetStats() const {
+  Guard guard(this);  // Tables(): arrays are freed once their readers drain
   EngineStats s;
   s.no_space_errors = counters_->no_space_errors.load();
   s.disk_full = counters_->disk_full.load() ? 1 : 0;
