@@ -86,6 +86,7 @@ Status CheckRoom(const std::string& home, uint64_t live) {
 // allocated (fallocate) and never written, removed to give them back.
 constexpr const char* kRoomFile = "compaction.room";
 constexpr uint64_t kRoomStep = 256u << 10;
+constexpr uint64_t kRoomInitial = 2 * kRoomStep;
 
 
 // Generation 0 lives in the home itself: its files are everything but
@@ -324,14 +325,19 @@ Status Store::CompactPinned(uint64_t segment) {
   // midway (another program, or these writes) then stops the compaction
   // while the old table can still take them back.
   Room room(next->dir() + "/" + kRoomFile);
-  Status st = room.Grow(kRoomStep);
+  Status st = room.Grow(kRoomInitial);
   auto progress = [&](uint64_t bytes) {
     if (const uint64_t at = test_fail_after_.load(); at > 0 && copy_bytes_ >= at) {
       st = Status::NoSpace(next->dir() + ": TEST_FailCompactionAfter: No space left on device");
       return false;
     }
-    if (old->ForwardedBytes() + kRoomStep / 2 > room.size()) {
-      st = room.Grow(old->ForwardedBytes() + kRoomStep);
+    // The write-back needs what the writes took, plus page rounding in each
+    // data file and index pages: a quarter more and a step besides. (A
+    // program that grabs every block freed meanwhile can still take the
+    // room before the write-back gets it: then the compaction is kept.)
+    const uint64_t need = old->ForwardedBytes() + old->ForwardedBytes() / 4 + kRoomStep;
+    if (need > room.size()) {
+      st = room.Grow(need + kRoomStep);
       if (!st.ok()) return false;
     }
     return CompactionProgress(bytes);
@@ -508,12 +514,32 @@ void Store::WaitForCompactor(uint64_t bytes) {
 // restart, or the old table could not take the writes back) stays pending
 // and is resumed later, holding every write.
 Status Store::Abandon(uint64_t segment, FlatTable* old, Room* room, const Status& why) {
+  const uint64_t room_bytes = room->size();
+  const uint64_t forwarded = old->ForwardedBytes();
   room->Remove();  // its blocks are what the old table takes the writes back into
+  // ext4 lets freed blocks be allocated again only once the journal has
+  // committed the free (the disk_full test met NoSpace right after the
+  // room went): syncfs commits it. A write-back that still meets NoSpace
+  // is tried again a little later (what it wrote so far is harmless: the
+  // same values as the successor's).
+  if (int fd = ::open(HomeDir(segment).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); fd >= 0) {
+    (void)::syncfs(fd);
+    ::close(fd);
+  }
   Status undo = old->AbortCompaction();
+  for (int retry = 0; retry < 5 && undo.IsNoSpace(); ++retry) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    undo = old->AbortCompaction();
+  }
   if (!undo.ok()) {
-    spdlog::error("{}: compaction stopped ({}) and could not be undone: {}; its new generation "
-                  "is kept (it holds every write) and resumed later",
-                  HomeDir(segment), why.ToString(), undo.ToString());
+    struct statvfs vfs;
+    const uint64_t avail = statvfs(HomeDir(segment).c_str(), &vfs) == 0
+                               ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize
+                               : 0;
+    spdlog::error("{}: compaction stopped ({}) and could not be undone: {} (writes to move back: "
+                  "{} bytes; room given back: {}; free now: {}); its new generation is kept (it "
+                  "holds every write) and resumed later",
+                  HomeDir(segment), why.ToString(), undo.ToString(), forwarded, room_bytes, avail);
     return why;
   }
   // The writes moved back are durable here before their other copy goes.

@@ -901,10 +901,21 @@ Status FlatTable::AbortCompaction() {
         const auto key = static_cast<int64_t>(static_cast<uint64_t>(kmin()) + slot);
         std::string value;
         Status st = next->Get(key, &value);
+        const uint64_t cur = CurrentSlotLocked(fs, slot);
+        if (st.ok() && cur != 0) {
+          // Already here (written back by an attempt that then ran out of
+          // space, or the successor only took a copy): writing it again
+          // would spend the room a retry needs.
+          std::string here;
+          if (ReadValue(fs.log.load(std::memory_order_acquire), key, cur, &here).ok() &&
+              here == value) {
+            continue;
+          }
+        }
         if (st.ok()) {
           st = Write(fs, locks[f], f, key, RecordType::kValue, {}, value, Durability::kNoWait);
         } else if (st.IsNotFound()) {
-          st = CurrentSlotLocked(fs, slot) == 0
+          st = cur == 0
                    ? Status::OK()
                    : Write(fs, locks[f], f, key, RecordType::kTombstone, {}, {},
                            Durability::kNoWait);

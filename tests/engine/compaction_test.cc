@@ -483,6 +483,19 @@ ChurnResult Churn(const EngineOptions& o, double seconds) {
   return r;
 }
 
+// The figures of a churn, printed by the tests (they are the README's).
+std::string Describe(const ChurnResult& r) {
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                "worst %.2fx (%llu bytes on disk, %llu live), %zu samples, %llu compactions, "
+                "%llu stalled writes",
+                r.worst, static_cast<unsigned long long>(r.worst_disk),
+                static_cast<unsigned long long>(r.worst_live), r.samples,
+                static_cast<unsigned long long>(r.compacted),
+                static_cast<unsigned long long>(r.stalls));
+  return text;
+}
+
 EngineOptions ChurnOptions(const std::string& path) {
   EngineOptions o = Options(path);
   o.segment_keys = 2048;
@@ -498,13 +511,8 @@ TEST_CASE("Under steady overwrites the disk stays within twice the live data",
           "[engine][compaction][disk]") {
   flatkv::test::TempDir dir;
   const ChurnResult r = Churn(ChurnOptions(dir / "s"), 6.0);
-  INFO("worst " << r.worst << "x: " << r.worst_disk << " bytes on disk, " << r.worst_live
-                << " live; " << r.samples << " samples, " << r.compacted << " compactions, "
-                << r.stalls << " stalled writes");
-  std::printf("disk churn: worst %.2fx (%llu on disk, %llu live), %llu compactions, %llu stalled writes\n",
-              r.worst, static_cast<unsigned long long>(r.worst_disk),
-              static_cast<unsigned long long>(r.worst_live), static_cast<unsigned long long>(r.compacted),
-              static_cast<unsigned long long>(r.stalls));
+  INFO(Describe(r));
+  std::printf("disk churn: %s\n", Describe(r).c_str());
   CHECK(r.compacted >= 2);
   CHECK(r.worst <= 2.0);
 }
@@ -515,13 +523,8 @@ TEST_CASE("Writes wait for a compactor that falls behind, so the disk stays boun
   EngineOptions o = ChurnOptions(dir / "s");
   o.compaction_mb_per_sec = 4;  // far slower than four writers flat out
   const ChurnResult r = Churn(o, 6.0);
-  INFO("worst " << r.worst << "x: " << r.worst_disk << " bytes on disk, " << r.worst_live
-                << " live; " << r.samples << " samples, " << r.compacted << " compactions, "
-                << r.stalls << " stalled writes");
-  std::printf("slow compactor: worst %.2fx (%llu on disk, %llu live), %llu compactions, %llu stalled writes\n",
-              r.worst, static_cast<unsigned long long>(r.worst_disk),
-              static_cast<unsigned long long>(r.worst_live), static_cast<unsigned long long>(r.compacted),
-              static_cast<unsigned long long>(r.stalls));
+  INFO(Describe(r));
+  std::printf("slow compactor: %s\n", Describe(r).c_str());
   CHECK(r.stalls > 0);
   CHECK(r.worst <= 2.2);
 }
