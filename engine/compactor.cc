@@ -148,8 +148,21 @@ Store::Guard::Guard(const Store* store) : store_(store) {
   static std::atomic<size_t> next_slot{0};
   thread_local const size_t my_slot = next_slot.fetch_add(1) % kReaderSlots;
   slot_ = my_slot;
-  parity_ = static_cast<int>(store->epoch_.load() & 1);
-  store->reader_slots_[slot_].count[parity_].fetch_add(1);
+  // Count in the parity of an epoch that is still current after the count
+  // went up. Reading the epoch and then counting is not enough: a flip in
+  // between may have checked this parity before the count rose, and a
+  // second flip would then wait for the other parity only, and free a table
+  // (or table array) this operation goes on to use (ThreadSanitizer:
+  // heap-use-after-free in FlatTable::EnsureWritable and in a freed
+  // TableArray, store_test "Every kind of operation runs beside table
+  // closes, reopens and compactions").
+  for (;;) {
+    const uint64_t epoch = store->epoch_.load();
+    parity_ = static_cast<int>(epoch & 1);
+    store->reader_slots_[slot_].count[parity_].fetch_add(1);
+    if (store->epoch_.load() == epoch) break;
+    store->reader_slots_[slot_].count[parity_].fetch_sub(1, std::memory_order_release);
+  }
 }
 
 Store::Guard::~Guard() {
