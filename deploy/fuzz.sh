@@ -29,11 +29,11 @@ shift || true
 # Runs per target in --smoke: ~60% of what 15 s gave on the 2-core VM.
 declare -A smoke_runs=([record_fuzz]=36000 [flat_index_fuzz]=90000 [bucket_fuzz]=290000
   [generation_fuzz]=6600 [config_fuzz]=29000 [ring_fuzz]=350000 [server_fuzz]=6700
-  [peer_fuzz]=108000 [http_fuzz]=44000)
+  [peer_fuzz]=108000 [http_fuzz]=44000 [chain_fuzz]=40000)
 targets=("$@")
 if ((${#targets[@]} == 0)); then
   targets=(record_fuzz flat_index_fuzz bucket_fuzz generation_fuzz config_fuzz ring_fuzz
-           server_fuzz peer_fuzz http_fuzz)
+           server_fuzz peer_fuzz http_fuzz chain_fuzz)
 fi
 
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

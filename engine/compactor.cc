@@ -82,6 +82,13 @@ Status CheckRoom(const std::string& home, uint64_t live) {
                          std::to_string(avail) + " (disk full); the table is kept as it is");
 }
 
+// The undo reserve of a compaction (CompactPinned): a file whose blocks are
+// allocated (fallocate) and never written, removed to give them back.
+constexpr const char* kRoomFile = "compaction.room";
+constexpr uint64_t kRoomStep = 256u << 10;
+constexpr uint64_t kRoomInitial = 2 * kRoomStep;
+
+
 // Generation 0 lives in the home itself: its files are everything but
 // CURRENT and the generation directories.
 void RemoveGenerationZero(const std::string& home) {
@@ -98,6 +105,42 @@ void RemoveGenerationZero(const std::string& home) {
 
 }  // namespace
 
+class Room {
+ public:
+  explicit Room(std::string path) : path_(std::move(path)) {}
+  ~Room() { Remove(); }
+  uint64_t size() const { return size_; }
+  // Reserves at least "bytes" (rounded up to a kRoomStep): NoSpace naming
+  // the disk if it cannot.
+  Status Grow(uint64_t bytes) {
+    const uint64_t want = (bytes + kRoomStep - 1) / kRoomStep * kRoomStep;
+    if (want <= size_) return Status::OK();
+    if (fd_ < 0) fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return Status::FromErrno("creating " + path_, errno);
+    const int err = posix_fallocate(fd_, 0, static_cast<off_t>(want));
+    if (err != 0) {
+      return Status::FromErrno("reserving " + std::to_string(want) + " bytes in " + path_ +
+                                   " (room to undo the compaction)", err);
+    }
+    size_ = want;
+    return Status::OK();
+  }
+  void Remove() {
+    if (fd_ < 0) return;
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(path_.c_str());
+    size_ = 0;
+  }
+  Room(const Room&) = delete;
+  Room& operator=(const Room&) = delete;
+
+ private:
+  const std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
 // ---------------------------------------------------------------------------
 // Readers and reclamation
 
@@ -105,8 +148,21 @@ Store::Guard::Guard(const Store* store) : store_(store) {
   static std::atomic<size_t> next_slot{0};
   thread_local const size_t my_slot = next_slot.fetch_add(1) % kReaderSlots;
   slot_ = my_slot;
-  parity_ = static_cast<int>(store->epoch_.load() & 1);
-  store->reader_slots_[slot_].count[parity_].fetch_add(1);
+  // Count in the parity of an epoch that is still current after the count
+  // went up. Reading the epoch and then counting is not enough: a flip in
+  // between may have checked this parity before the count rose, and a
+  // second flip would then wait for the other parity only, and free a table
+  // (or table array) this operation goes on to use (ThreadSanitizer:
+  // heap-use-after-free in FlatTable::EnsureWritable and in a freed
+  // TableArray, store_test "Every kind of operation runs beside table
+  // closes, reopens and compactions").
+  for (;;) {
+    const uint64_t epoch = store->epoch_.load();
+    parity_ = static_cast<int>(epoch & 1);
+    store->reader_slots_[slot_].count[parity_].fetch_add(1);
+    if (store->epoch_.load() == epoch) break;
+    store->reader_slots_[slot_].count[parity_].fetch_sub(1, std::memory_order_release);
+  }
 }
 
 Store::Guard::~Guard() {
@@ -175,6 +231,10 @@ Status Store::OpenHome(uint64_t segment, const TableParams& params, bool create,
     }
   }
   if (live > 0) RemoveGenerationZero(home);
+  // An undo reserve left by a crash mid-compaction (CompactPinned) holds
+  // blocks for nothing now; the one of a resumed compaction is made anew.
+  std::filesystem::remove(home + "/" + GenName(live) + "/" + kRoomFile, ec);
+  if (pending > 0) std::filesystem::remove(home + "/" + GenName(pending) + "/" + kRoomFile, ec);
 
   TableParams p = params;
   p.dir = live == 0 ? home : home + "/" + GenName(live);
@@ -199,6 +259,7 @@ Status Store::OpenHome(uint64_t segment, const TableParams& params, bool create,
 bool Store::CompactionProgress(uint64_t bytes) {
   copy_bytes_ += bytes;
   round_bytes_done_.fetch_add(bytes, std::memory_order_relaxed);
+  RefreshAllowance();  // writes go on meanwhile and spend the allowance
   if (options_.compaction_mb_per_sec > 0) {
     // Sleep until the bytes read so far fit the budget.
     const double due = static_cast<double>(copy_bytes_) / (options_.compaction_mb_per_sec * 1e6);
@@ -268,20 +329,49 @@ Status Store::CompactPinned(uint64_t segment) {
       it = pending_.emplace(segment, std::move(created)).first;
     }
     next = it->second.get();
-    old->BeginCompaction(next, &ends, BucketTransform(segment));
+    old->BeginCompaction(next, &ends, BucketTransform(segment), /*track=*/true);
   }
   const uint64_t before = old->TotalBytes();
-  for (int f = 0; f < static_cast<int>(ends.size()); ++f) {
-    FLATKV_RETURN_IF_ERROR(
-        old->CopyLive(f, ends[f], [this](uint64_t bytes) { return CompactionProgress(bytes); }));
+  // Room to undo: a file of reserved blocks at least as large as what the
+  // writes forwarded to the new generation hold, given back just before
+  // AbortCompaction writes them into the old table. A disk filling up
+  // midway (another program, or these writes) then stops the compaction
+  // while the old table can still take them back.
+  Room room(next->dir() + "/" + kRoomFile);
+  Status st = room.Grow(kRoomInitial);
+  auto progress = [&](uint64_t bytes) {
+    if (const uint64_t at = test_fail_after_.load(); at > 0 && copy_bytes_ >= at) {
+      st = Status::NoSpace(next->dir() + ": TEST_FailCompactionAfter: No space left on device");
+      return false;
+    }
+    // The write-back needs what the writes took, plus page rounding in each
+    // data file and index pages: a quarter more and a step besides. (A
+    // program that grabs every block freed meanwhile can still take the
+    // room before the write-back gets it: then the compaction is kept.)
+    const uint64_t need = old->ForwardedBytes() + old->ForwardedBytes() / 4 + kRoomStep;
+    if (need > room.size()) {
+      st = room.Grow(need + kRoomStep);
+      if (!st.ok()) return false;
+    }
+    return CompactionProgress(bytes);
+  };
+  for (int f = 0; st.ok() && f < static_cast<int>(ends.size()); ++f) {
+    Status copied = old->CopyLive(f, ends[f], progress);
+    if (st.ok()) st = copied;  // else the room's error stopped it
   }
   // The new generation must be durable before CURRENT names it.
-  FLATKV_RETURN_IF_ERROR(next->Sync());
-  FLATKV_RETURN_IF_ERROR(next->Checkpoint());
-  FLATKV_RETURN_IF_ERROR(SyncDirectory(next->dir()));
+  if (st.ok()) st = next->Sync();
+  if (st.ok()) st = next->Checkpoint();
+  if (st.ok()) st = SyncDirectory(next->dir());
+  if (!st.ok()) {
+    if (stopping_.load()) return st;  // Close(): resumed at the next open
+    return Abandon(segment, old, &room, st);
+  }
+  room.Remove();
   FLATKV_RETURN_IF_ERROR(WriteCurrent(home, gen + 1));
   old->FinishCompaction();
   std::unique_ptr<FlatTable> retired;
+  std::vector<std::unique_ptr<const TableArray>> old_arrays;
   {
     std::lock_guard<std::mutex> lock(tables_mu_);
     std::unique_ptr<FlatTable>& owner = OwnerLocked(segment);
@@ -293,12 +383,13 @@ Status Store::CompactPinned(uint64_t segment) {
       strings_.store(owner.get(), std::memory_order_release);
     } else {
       PublishTablesLocked();
+      old_arrays = RetireArraysLocked();
     }
   }
   SynchronizeReaders();
+  old_arrays.clear();  // every reader of them has drained
   const std::string old_dir = retired->dir();
-  Status st = retired->Close();
-  if (!st.ok()) spdlog::warn("closing the compacted table {}: {}", old_dir, st.ToString());
+  retired->Discard();  // deleted below: nothing to sync
   retired.reset();
   if (gen == 0) {
     RemoveGenerationZero(home);
@@ -316,43 +407,224 @@ Status Store::CompactPinned(uint64_t segment) {
   return Status::OK();
 }
 
+// The automatic policy. Two rules choose a table, and of the tables they
+// allow the one with the most dead bytes goes first (it gives back the most
+// space per byte copied):
+//  - a table whose dead bytes pass compaction_garbage_ratio of its log
+//    bytes (at least compaction_min_bytes of them);
+//  - any table with dead bytes while the log bytes of all open tables pass
+//    compaction_disk_ratio times their live bytes. This is the rule that
+//    bounds the disk: the first alone lets every table reach 1 / (1 - ratio)
+//    times its live data (2x at 0.5) before its compaction adds a copy of
+//    the live part, and tables that cross it while the compactor is busy
+//    elsewhere wait their turn.
+// One table per pick, then the figures are read again: a list made at the
+// start of a round goes stale while writes go on. An unfinished compaction
+// (found on open, or stopped by an error) is resumed first.
+//
+// The write allowance: writes spend it (WaitForCompactor), each pick renews
+// it to (compaction_disk_ratio + kStallMargin) x live - log bytes, counting
+// the writes a successor took but not the compaction's copies (those are
+// one table's live bytes at most, and go away at the switch; counting them
+// would stall every write of a one-table store near the end of each of its
+// compactions). A compactor that keeps up never lets it run out.
+uint64_t Store::PickAutomatic() {
+  struct Figures {
+    uint64_t seg, bytes, dead;
+  };
+  std::vector<Figures> figures;
+  uint64_t log = 0, live = 0, taken = 0;
+  uint64_t resume = kNoSegment;
+  {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    auto consider = [&](uint64_t seg, const FlatTable* t) {
+      if (t == nullptr) return;  // closed by the open-table budget: only on request
+      if (auto it = pending_.find(seg); it != pending_.end()) {
+        resume = seg;
+        const FlatTable* next = it->second.get();
+        taken += next->AllocatedBytes() - std::min(next->AllocatedBytes(), next->CopiedBytes());
+      }
+      const uint64_t bytes = t->TotalBytes();
+      const uint64_t dead = std::min(bytes, t->DeadBytes());
+      log += t->AllocatedBytes();  // the disk's view: space reserved ahead counts
+      live += bytes - dead;
+      figures.push_back({seg, bytes, dead});
+    };
+    for (const auto& [seg, t] : tables_) consider(seg, t.get());
+    if (strings_owner_ != nullptr) consider(kStringsSegment, strings_owner_.get());
+  }
+  // compaction_garbage_ratio 0 turns automatic compaction off altogether.
+  const double disk_ratio =
+      options_.compaction_garbage_ratio > 0 ? options_.compaction_disk_ratio : 0.0;
+  const bool over = disk_ratio > 0 && log >= options_.compaction_min_bytes &&
+                    static_cast<double>(log) > disk_ratio * static_cast<double>(live);
+  if (disk_ratio > 0) {
+    const double cap = std::max((disk_ratio + kStallMargin) * static_cast<double>(live),
+                                static_cast<double>(options_.compaction_min_bytes));
+    SetAllowance(static_cast<int64_t>(cap) - static_cast<int64_t>(log + taken));
+  } else {
+    SetAllowance(kNoLimit);
+  }
+  if (resume != kNoSegment) return resume;
+  uint64_t pick = kNoSegment, most = 0;
+  for (const Figures& f : figures) {
+    const bool garbage = options_.compaction_garbage_ratio > 0 &&
+                         f.bytes >= options_.compaction_min_bytes &&
+                         static_cast<double>(f.dead) >=
+                             options_.compaction_garbage_ratio * static_cast<double>(f.bytes);
+    if ((garbage || (over && f.dead > 0)) && f.dead > most) {
+      pick = f.seg;
+      most = f.dead;
+    }
+  }
+  return pick;
+}
+
+void Store::SetAllowance(int64_t bytes) {
+  renewed_at_ = std::chrono::steady_clock::now();
+  renew_asked_.store(false);
+  {
+    std::lock_guard<std::mutex> lock(stall_mu_);
+    allowance_.store(bytes);
+  }
+  if (bytes > 0) stall_cv_.notify_all();
+}
+
+void Store::RefreshAllowance() {
+  if (!renew_asked_.load(std::memory_order_relaxed) &&
+      std::chrono::steady_clock::now() - renewed_at_ < std::chrono::milliseconds(50)) {
+    return;
+  }
+  (void)PickAutomatic();  // for the allowance; the pick waits for this compaction
+}
+
+void Store::WaitForCompactor(uint64_t bytes) {
+  const auto n = static_cast<int64_t>(std::min<uint64_t>(bytes, kNoLimit));
+  if (allowance_.fetch_sub(n, std::memory_order_relaxed) - n >= 0) return;
+  // Spent: ask the compactor to renew it (it may be idle, waiting on
+  // compact_cv_) and wait for a renewal that leaves some, or kMaxStall.
+  const auto start = std::chrono::steady_clock::now();
+  renew_asked_.store(true);
+  {
+    std::lock_guard<std::mutex> lock(compact_mu_);
+  }
+  compact_cv_.notify_all();
+  {
+    std::unique_lock<std::mutex> lock(stall_mu_);
+    stall_cv_.wait_for(lock, kMaxStall, [this] { return allowance_.load() > 0 || closed_.load(); });
+  }
+  counters_->write_stalls.fetch_add(1, std::memory_order_relaxed);
+  counters_->write_stall_us.fetch_add(
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::steady_clock::now() - start)
+                                .count()),
+      std::memory_order_relaxed);
+}
+
+// A compaction that failed midway (its copy, or making the new generation
+// durable): undo it, so the old table stays the only one and the half-made
+// generation goes; a compaction that cannot be undone (resumed after a
+// restart, or the old table could not take the writes back) stays pending
+// and is resumed later, holding every write.
+Status Store::Abandon(uint64_t segment, FlatTable* old, Room* room, const Status& why) {
+  const uint64_t room_bytes = room->size();
+  const uint64_t forwarded = old->ForwardedBytes();
+  room->Remove();  // its blocks are what the old table takes the writes back into
+  // ext4 lets freed blocks be allocated again only once the journal has
+  // committed the free (the disk_full test met NoSpace right after the
+  // room went): syncfs commits it. A write-back that still meets NoSpace
+  // is tried again a little later (what it wrote so far is harmless: the
+  // same values as the successor's).
+  if (int fd = ::open(HomeDir(segment).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); fd >= 0) {
+    (void)::syncfs(fd);
+    ::close(fd);
+  }
+  Status undo = old->AbortCompaction();
+  for (int retry = 0; retry < 5 && undo.IsNoSpace(); ++retry) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    undo = old->AbortCompaction();
+  }
+  if (!undo.ok()) {
+    struct statvfs vfs;
+    const uint64_t avail = statvfs(HomeDir(segment).c_str(), &vfs) == 0
+                               ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize
+                               : 0;
+    spdlog::error("{}: compaction stopped ({}) and could not be undone: {} (writes to move back: "
+                  "{} bytes; room given back: {}; free now: {}); its new generation is kept (it "
+                  "holds every write) and resumed later",
+                  HomeDir(segment), why.ToString(), undo.ToString(), forwarded, room_bytes, avail);
+    return why;
+  }
+  // The writes moved back are durable here before their other copy goes.
+  Status st = old->Sync();
+  if (st.ok()) st = old->Checkpoint();
+  if (!st.ok()) spdlog::warn("{}: syncing after undoing a compaction: {}", old->dir(), st.ToString());
+  std::unique_ptr<FlatTable> dropped;
+  {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    auto it = pending_.find(segment);
+    if (it != pending_.end()) {
+      dropped = std::move(it->second);
+      pending_.erase(it);
+    }
+  }
+  if (dropped != nullptr) {
+    SynchronizeReaders();  // operations that loaded the successor pointer
+    const std::string dir = dropped->dir();
+    dropped->Discard();  // deleted below
+    dropped.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    (void)SyncDirectory(HomeDir(segment));
+  }
+  spdlog::warn("{}: compaction stopped midway ({}); undone: the table is kept as it was and "
+               "its new generation removed", HomeDir(segment), why.ToString());
+  const std::string what = why.IsNoSpace() ? " (disk full)" : "";
+  const std::string msg = HomeDir(segment) + ": compaction stopped midway" + what + ": " +
+                          why.message() + "; undone, the table is kept as it was";
+  return why.IsNoSpace() ? Status::NoSpace(msg) : Status::IOError(msg);
+}
+
 void Store::CompactorLoop() {
   std::unique_lock<std::mutex> lock(compact_mu_);
+  bool busy = false;  // the last automatic pick found a table: look again at once
   while (!stopping_.load()) {
-    compact_cv_.wait_for(lock, std::chrono::seconds(1), [this] {
-      return stopping_.load() || rounds_requested_ > rounds_done_;
-    });
+    if (!busy) {
+      compact_cv_.wait_for(lock, std::chrono::milliseconds(250), [this] {
+        return stopping_.load() || rounds_requested_ > rounds_done_ || renew_asked_.load();
+      });
+    }
+    busy = false;
     if (stopping_.load()) break;
     const uint64_t round = rounds_requested_;
     const bool requested = round > rounds_done_;
     // After a round that ran out of space, only a request (or the backoff
     // passing) starts another: a full disk must not make the compactor
-    // re-read a table every second.
-    if (!requested && std::chrono::steady_clock::now() < no_space_backoff_) continue;
+    // re-read a table every second. Writers do not wait meanwhile either.
+    if (!requested && std::chrono::steady_clock::now() < no_space_backoff_) {
+      SetAllowance(kNoLimit);
+      continue;
+    }
     lock.unlock();
-    // What to compact: everything on request; otherwise unfinished
-    // compactions and tables whose garbage passed the ratio.
+    // What to compact: everything on request; otherwise what the automatic
+    // policy picks, one table at a time.
     std::vector<uint64_t> targets;
     uint64_t total = 0;
-    {
+    if (requested) {
       std::lock_guard<std::mutex> tables_lock(tables_mu_);
-      auto consider = [&](uint64_t seg, const FlatTable* t) {
-        if (t == nullptr) {  // closed by the open-table budget: only on request
-          if (requested) targets.push_back(seg);
-          return;
-        }
-        const uint64_t bytes = t->TotalBytes();
-        const bool garbage = options_.compaction_garbage_ratio > 0 &&
-                             bytes >= options_.compaction_min_bytes &&
-                             static_cast<double>(t->DeadBytes()) >=
-                                 options_.compaction_garbage_ratio * static_cast<double>(bytes);
-        if (requested || garbage || pending_.count(seg) > 0) {
-          targets.push_back(seg);
-          total += bytes;
-        }
-      };
-      for (const auto& [seg, t] : tables_) consider(seg, t.get());
-      if (strings_owner_ != nullptr) consider(kStringsSegment, strings_owner_.get());
+      for (const auto& [seg, t] : tables_) {
+        targets.push_back(seg);
+        if (t != nullptr) total += t->TotalBytes();
+      }
+      if (strings_owner_ != nullptr) {
+        targets.push_back(kStringsSegment);
+        total += strings_owner_->TotalBytes();
+      }
+    } else if (const uint64_t pick = PickAutomatic(); pick != kNoSegment) {
+      targets.push_back(pick);
+      std::lock_guard<std::mutex> tables_lock(tables_mu_);
+      const FlatTable* t = OwnerLocked(pick).get();
+      total = t != nullptr ? t->TotalBytes() : 0;
     }
     lock.lock();
     if (targets.empty() && !requested) continue;
@@ -369,12 +641,15 @@ void Store::CompactorLoop() {
       if (!st.ok()) {
         if (!stopping_.load()) spdlog::error("compacting {}: {}", HomeDir(seg), st.ToString());
         result = st;
-        if (stopping_.load()) break;
+        // A full disk ends the round: the next tables would only be refused
+        // (or read for nothing), and its error is the one to report.
+        if (stopping_.load() || st.IsNoSpace()) break;
       }
     }
     lock.lock();
     if (result.IsNoSpace()) {
       no_space_backoff_ = std::chrono::steady_clock::now() + kNoSpaceBackoff;
+      SetAllowance(kNoLimit);
     }
     compaction_.running = false;
     round_bytes_done_.store(compaction_.bytes_total);
@@ -382,9 +657,12 @@ void Store::CompactorLoop() {
     if (requested) {
       rounds_done_ = round;
       round_status_ = result;
+    } else {
+      busy = result.ok();
     }
     compact_cv_.notify_all();
   }
+  SetAllowance(kNoLimit);  // nobody renews it any more
 }
 
 Status Store::Compact() {

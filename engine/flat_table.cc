@@ -239,11 +239,17 @@ Status FlatTable::Put(int64_t key, std::string_view value) {
   FileState& fs = files_[file];
   std::unique_lock<std::mutex> lk(fs.mu);
   // Compacting: this file's mutex orders the write against the copier.
-  if (FlatTable* next = successor()) return next->Put(key, value);
+  if (FlatTable* next = successor()) {
+    NoteForwardedLocked(file, slot);
+    return next->Put(key, value);
+  }
   lk.unlock();
   FLATKV_RETURN_IF_ERROR(EnsureWritable());
   lk.lock();
-  if (FlatTable* next = successor()) return next->Put(key, value);
+  if (FlatTable* next = successor()) {
+    NoteForwardedLocked(file, slot);
+    return next->Put(key, value);
+  }
   return Write(fs, lk, file, key, RecordType::kValue, {}, value);
 }
 
@@ -282,6 +288,8 @@ Status FlatTable::PutFileBatch(int file, const std::vector<KeyValueRef>& pairs,
     // soak caught a multiPut's value lost that way, seen only by scans: the
     // cache still held the new value).
     for (size_t i = 0; i < n; ++i) {
+      NoteForwardedLocked(file, static_cast<uint64_t>(pairs[items[i]].key) -
+                                    static_cast<uint64_t>(kmin()));
       FLATKV_RETURN_IF_ERROR(next->Put(pairs[items[i]].key, pairs[items[i]].value));
     }
     return Status::OK();
@@ -306,7 +314,10 @@ Status FlatTable::PutCopy(int64_t key, std::string_view value) {
   const int file = static_cast<int>(slot % params_.index.data_files);
   FileState& fs = files_[file];
   std::unique_lock<std::mutex> lk(fs.mu);
-  return Write(fs, lk, file, key, RecordType::kValue, {}, value, Durability::kNoWait);
+  FLATKV_RETURN_IF_ERROR(
+      Write(fs, lk, file, key, RecordType::kValue, {}, value, Durability::kNoWait));
+  copied_bytes_.fetch_add(RecordSize(value.size()), std::memory_order_relaxed);
+  return Status::OK();
 }
 
 Status FlatTable::Remove(int64_t key, bool* existed) {
@@ -326,7 +337,10 @@ Status FlatTable::Remove(int64_t key, bool* existed) {
   const bool here = CurrentSlotLocked(fs, slot) != 0;
   if (here) FLATKV_RETURN_IF_ERROR(Write(fs, lk, file, key, RecordType::kTombstone, {}, {}));
   bool there = false;
-  if (next != nullptr) FLATKV_RETURN_IF_ERROR(next->Remove(key, &there));
+  if (next != nullptr) {
+    NoteForwardedLocked(file, slot);
+    FLATKV_RETURN_IF_ERROR(next->Remove(key, &there));
+  }
   if (existed != nullptr) *existed = here || there;
   return Status::OK();
 }
@@ -488,6 +502,7 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
   if (FlatTable* next = successor()) {
     if (successor_done_.load(std::memory_order_acquire) || next->Contains(key) ||
         CurrentSlotLocked(fs, slot) == 0) {
+      NoteForwardedLocked(file, slot);
       return next->Append(key, value, info);
     }
     // The value is still only here: move it over whole (as the copier
@@ -502,6 +517,7 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
     }
     whole.append(value.data(), value.size());
     if (info != nullptr) *info = {whole.size(), whole.size()};
+    NoteForwardedLocked(file, slot);
     return next->Put(key, whole);
   }
   const uint64_t cur = CurrentSlotLocked(fs, slot);
@@ -791,6 +807,20 @@ Status FlatTable::Checkpoint() {
   return index_->WriteHeader(false, ends);
 }
 
+void FlatTable::Discard() {
+  std::lock_guard<std::mutex> lock(header_mu_);
+  if (closed_) return;
+  closed_ = true;
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    FileState& fs = files_[f];
+    std::unique_lock<std::mutex> lk(fs.mu);
+    fs.cv.wait(lk, [&] { return !fs.syncing; });
+    if (fs.owner == nullptr) continue;
+    fs.owner->Discard();
+    counters_->data_files_open.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
 Status FlatTable::Close() {
   std::lock_guard<std::mutex> lock(header_mu_);
   if (closed_) return Status::OK();
@@ -826,14 +856,34 @@ uint64_t FlatTable::TotalBytes() const {
   return total;
 }
 
+uint64_t FlatTable::AllocatedBytes() const {
+  uint64_t total = 0;
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    const LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log != nullptr) total += std::max(log->allocated(), log->end());
+  }
+  return total;
+}
+
 void FlatTable::BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends,
-                                std::function<bool(std::string*)> transform) {
+                                std::function<bool(std::string*)> transform, bool track) {
   const int n = params_.index.data_files;
   // Taking every file mutex means no write is half-way into this table when
   // the successor appears: each later write sees it under its file mutex.
   {
     std::vector<std::unique_lock<std::mutex>> locks;
     for (int f = 0; f < n; ++f) locks.emplace_back(files_[f].mu);
+    if (successor_.load(std::memory_order_relaxed) == nullptr) {
+      // A fresh successor: it holds no write yet, so noting every write
+      // forwarded from now on lets AbortCompaction move them all back. A
+      // successor set before (resumed after a restart) keeps what it had.
+      forwarded_.reset();
+      if (track) {
+        const uint64_t per_file = (slots() + static_cast<uint64_t>(n) - 1) / static_cast<uint64_t>(n);
+        forwarded_.reset(new std::vector<uint64_t>[n]);
+        for (int f = 0; f < n; ++f) forwarded_[f].assign((per_file + 63) / 64, 0);
+      }
+    }
     transform_ = std::move(transform);  // read only under a file mutex
     successor_.store(next, std::memory_order_release);
     ends->assign(n, 0);
@@ -852,6 +902,67 @@ void FlatTable::BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends,
     const uint64_t target = fs.queued;
     fs.cv.wait(lk, [&] { return fs.dequeued >= target || !fs.error.ok(); });
   }
+}
+
+void FlatTable::NoteForwardedLocked(int file, uint64_t slot) {
+  if (forwarded_ == nullptr) return;
+  const uint64_t i = slot / static_cast<uint64_t>(params_.index.data_files);
+  forwarded_[file][i / 64] |= uint64_t{1} << (i % 64);
+}
+
+Status FlatTable::AbortCompaction() {
+  FlatTable* next = successor();
+  if (next == nullptr) return Status::OK();
+  const int n = params_.index.data_files;
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (int f = 0; f < n; ++f) locks.emplace_back(files_[f].mu);
+  if (forwarded_ == nullptr || successor_done_.load()) {
+    return Status::Busy(params_.dir + ": the compaction cannot be undone (its new generation " +
+                        "holds writes from before a restart); it is kept and resumed later");
+  }
+  // Every key a write reached the successor for takes its value there (or
+  // its absence) back here. Copies the successor took need nothing: the
+  // value they copied is still here. Readers meanwhile try the successor
+  // first, which holds the same values.
+  for (int f = 0; f < n; ++f) {
+    FileState& fs = files_[f];
+    const std::vector<uint64_t>& bits = forwarded_[f];
+    for (size_t w = 0; w < bits.size(); ++w) {
+      for (uint64_t word = bits[w]; word != 0; word &= word - 1) {
+        const uint64_t i = w * 64 + static_cast<uint64_t>(__builtin_ctzll(word));
+        const uint64_t slot = i * static_cast<uint64_t>(n) + static_cast<uint64_t>(f);
+        const auto key = static_cast<int64_t>(static_cast<uint64_t>(kmin()) + slot);
+        std::string value;
+        Status st = next->Get(key, &value);
+        const uint64_t cur = CurrentSlotLocked(fs, slot);
+        if (st.ok() && cur != 0) {
+          // Already here (written back by an attempt that then ran out of
+          // space, or the successor only took a copy): writing it again
+          // would spend the room a retry needs.
+          std::string here;
+          if (ReadValue(fs.log.load(std::memory_order_acquire), key, cur, &here).ok() &&
+              here == value) {
+            continue;
+          }
+        }
+        if (st.ok()) {
+          st = Write(fs, locks[f], f, key, RecordType::kValue, {}, value, Durability::kNoWait);
+        } else if (st.IsNotFound()) {
+          st = cur == 0
+                   ? Status::OK()
+                   : Write(fs, locks[f], f, key, RecordType::kTombstone, {}, {},
+                           Durability::kNoWait);
+        }
+        // The successor stays, holding every write: nothing is lost, and
+        // the compaction is resumed (or undone) later.
+        if (!st.ok()) return st;
+      }
+    }
+  }
+  transform_ = nullptr;
+  forwarded_.reset();
+  successor_.store(nullptr, std::memory_order_release);
+  return Status::OK();
 }
 
 Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress) {

@@ -21,6 +21,7 @@
 //    reader never sees a write that is not yet durable.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -59,6 +60,9 @@ struct EngineCounters {
   std::atomic<uint64_t> appended_when_full{0};  // bytes_appended when it was set
   std::atomic<uint64_t> no_space_at_us{0};      // NowMicros() of the last NoSpace
   std::atomic<uint64_t> no_space_logged_us{0};  // and of the last one logged
+  // Writes that waited for the compactor (Store::WaitForCompactor).
+  std::atomic<uint64_t> write_stalls{0};
+  std::atomic<uint64_t> write_stall_us{0};
   std::mutex no_space_mu;
   std::string no_space_reason;  // GUARDED_BY(no_space_mu)
 };
@@ -124,11 +128,18 @@ class FlatTable {
   Status Sync();
   Status Checkpoint();
   Status Close();
+  // Closes without syncing or marking the index clean: for a table whose
+  // files are deleted next (a compaction's retired or undone generation),
+  // which Close() would fdatasync for nothing (17 syncs per compaction).
+  void Discard();
 
   // ---- Online compaction (driven by Store; see compactor.cc) ----
   // Log bytes in the data files, and an estimate of those no longer
   // referenced (overwritten or removed values, tombstones, merged parts).
   uint64_t TotalBytes() const;
+  // What the data files hold on disk: TotalBytes() plus the space each
+  // reserved ahead of its end (LogFile::Reserve).
+  uint64_t AllocatedBytes() const;
   uint64_t DeadBytes() const { return dead_bytes_.load(std::memory_order_relaxed); }
   // Live keys in the whole table, and (an estimate, for progress reports)
   // in [from, stop] clamped to the table: counted from the index alone (no
@@ -136,6 +147,9 @@ class FlatTable {
   // "budget" slots looked at when the range is larger.
   uint64_t LiveKeys() const;
   uint64_t LiveKeysIn(int64_t from, int64_t stop, uint64_t budget) const;
+  // Log bytes a compaction copied into this table (PutCopy) since it opened:
+  // TotalBytes() - CopiedBytes() of a successor are the writes it took.
+  uint64_t CopiedBytes() const { return copied_bytes_.load(std::memory_order_relaxed); }
 
   // Makes "next" (an empty or partly filled table over the same range) this
   // table's successor. From then on every write takes this table's per-file
@@ -143,8 +157,26 @@ class FlatTable {
   // first. Stores in *ends the end of each data file: the part to copy.
   // "transform" (optional) rewrites each value moved to the successor, or
   // returns false to drop the key: the string table compacts buckets so.
+  // With "track", every write forwarded to a fresh successor is noted, so
+  // AbortCompaction can undo the compaction.
   void BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends,
-                       std::function<bool(std::string*)> transform = nullptr);
+                       std::function<bool(std::string*)> transform = nullptr, bool track = false);
+  // Undoes BeginCompaction (a copy that failed midway, e.g. for a full
+  // disk): under every file mutex, writes each value a write forwarded to
+  // the successor back into this table (kNoWait: the successor holds them
+  // durably until the caller has synced this table and only then deletes
+  // it), then detaches the successor. The caller syncs this table, waits for
+  // readers of the successor to drain and closes it. Busy if the compaction
+  // was not tracked (a successor resumed after a restart); the error of a
+  // failed write otherwise: the successor then stays attached and holds
+  // every write, so nothing is lost.
+  Status AbortCompaction();
+  // Log bytes the writes forwarded to the successor added there, an upper
+  // bound on what AbortCompaction writes (tombstones included).
+  uint64_t ForwardedBytes() const {
+    const FlatTable* next = successor();
+    return next == nullptr ? 0 : next->TotalBytes() - std::min(next->TotalBytes(), next->CopiedBytes());
+  }
   // Copies each record of data file "file" in [0, end) that is still live
   // here and absent from the successor, merging appended parts into one
   // record. Calls "progress" with the bytes read after each record; stops
@@ -257,9 +289,14 @@ class FlatTable {
   std::mutex header_mu_;                 // orders header writes (dirty mark, checkpoint, close)
   std::atomic<bool> dirty_marked_{false};
   std::atomic<uint64_t> dead_bytes_{0};
+  std::atomic<uint64_t> copied_bytes_{0};
   std::atomic<FlatTable*> successor_{nullptr};  // set under every file mutex
   std::atomic<bool> successor_done_{false};
   std::function<bool(std::string*)> transform_;  // set with successor_
+  // Per data file, a bit per key of that file: a write was forwarded to the
+  // successor (set under the file's mutex; null when not tracked).
+  std::unique_ptr<std::vector<uint64_t>[]> forwarded_;
+  void NoteForwardedLocked(int file, uint64_t slot);
   bool closed_ = false;                  // GUARDED_BY(header_mu_)
   mutable std::atomic<bool> used_{true};  // the CLOCK bit (MarkUsed)
 };

@@ -242,6 +242,13 @@ void LogFile::Unmap() {
   populated_ = 0;
 }
 
+void LogFile::Discard() {
+  if (fd_ < 0) return;
+  Unmap();
+  ::close(fd_);
+  fd_ = -1;
+}
+
 Status LogFile::Close() {
   if (fd_ < 0) return Status::OK();
   Status st;

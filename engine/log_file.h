@@ -60,11 +60,13 @@ class LogFile {
   Status Truncate(uint64_t end);
 
   // Unmaps, truncates to the logical end and closes. Idempotent.
+  // Closes without truncating or syncing: for a file about to be deleted.
+  void Discard();
   Status Close();
 
   uint64_t end() const { return end_.load(std::memory_order_acquire); }
   // Size of the file on disk (reserved space included).
-  uint64_t allocated() const { return alloc_; }
+  uint64_t allocated() const { return alloc_.load(std::memory_order_relaxed); }
   const std::string& path() const { return path_; }
 
   LogFile(const LogFile&) = delete;
@@ -83,7 +85,9 @@ class LogFile {
   const std::string path_;
   int fd_;
   std::atomic<uint64_t> end_;  // logical end: records live in [0, end_)
-  uint64_t alloc_;             // file size on disk, >= end_
+  // File size on disk, >= end_. Written by the appender (under its table's
+  // file mutex); read by anyone (the Store's space accounting).
+  std::atomic<uint64_t> alloc_;
   char* window_ = nullptr;     // writable mapping of [window_start_, alloc_)
   uint64_t window_start_ = 0;
   uint64_t window_len_ = 0;

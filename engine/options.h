@@ -65,6 +65,19 @@ struct EngineOptions {
   // Tables smaller than this are never compacted automatically.
   uint64_t compaction_min_bytes = 1u << 20;
 
+  // The store-wide bound on space: while the log bytes of all open tables
+  // exceed this multiple of their live bytes, the compactor compacts the
+  // table with the most garbage, then the next, until they are back under
+  // it. A compaction needs room for one table's live bytes besides (the new
+  // generation), so the disk peaks near this ratio plus the largest table's
+  // share of the live data. Should the writes outrun the compactor and the
+  // ratio pass this + 0.1, each write waits (at most 100 ms) for it: the
+  // disk stays bounded and the writes slow down instead. 0 turns this rule
+  // (and the waits) off, leaving only compaction_garbage_ratio; so does
+  // compaction_garbage_ratio 0, which turns all automatic compaction off.
+  // Otherwise at least 1.1.
+  double compaction_disk_ratio = 1.5;
+
   SyncMode sync = SyncMode::kNone;
   uint32_t sync_interval_ms = 1000;
 

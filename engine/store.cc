@@ -66,6 +66,10 @@ Status ValidateOptions(const EngineOptions& o) {
   if (o.max_value_bytes > (1u << 30)) {
     return Status::InvalidArgument("storage.max_value_bytes: must be at most 1 GiB");
   }
+  if (!(o.compaction_disk_ratio == 0 ||
+        (o.compaction_disk_ratio >= 1.1 && o.compaction_disk_ratio <= 1000))) {
+    return Status::InvalidArgument("storage.compaction_disk_ratio: must be 0 (off) or in [1.1, 1000]");
+  }
   if (o.sync == SyncMode::kInterval && o.sync_interval_ms == 0) {
     return Status::InvalidArgument("storage.sync_interval_ms: must be positive with sync: interval");
   }
@@ -144,6 +148,7 @@ Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result)
   if (options.sync == SyncMode::kInterval || options.checkpoint_interval_ms > 0) {
     store->bg_thread_ = std::thread([s = store.get()] { s->BackgroundLoop(); });
   }
+  (void)store->PickAutomatic();  // the first write allowance
   store->compactor_thread_ = std::thread([s = store.get()] { s->CompactorLoop(); });
   *result = std::move(store);
   return Status::OK();
@@ -194,6 +199,15 @@ void Store::PublishTablesLocked() {
   for (auto& [seg, table] : tables_) array->push_back({seg, table.get(), generation_[seg]});
   table_array_.store(array.get(), std::memory_order_release);
   arrays_.push_back(std::move(array));
+}
+
+std::vector<std::unique_ptr<const Store::TableArray>> Store::RetireArraysLocked() {
+  std::vector<std::unique_ptr<const TableArray>> old;
+  if (arrays_.size() <= 1) return old;
+  old.reserve(arrays_.size() - 1);
+  for (size_t i = 0; i + 1 < arrays_.size(); ++i) old.push_back(std::move(arrays_[i]));
+  arrays_.erase(arrays_.begin(), arrays_.end() - 1);
+  return old;
 }
 
 const Store::TableArray& Store::Tables() const {
@@ -313,6 +327,7 @@ void Store::CloseIdle() const {
   std::unique_lock<std::mutex> one(self->close_idle_mu_, std::try_to_lock);
   if (!one.owns_lock()) return;  // another thread is closing tables already
   std::vector<uint64_t> victims;
+  std::vector<std::unique_ptr<const TableArray>> retired;
   {
     std::lock_guard<std::mutex> lock(self->tables_mu_);
     if (closed_.load()) return;
@@ -335,8 +350,10 @@ void Store::CloseIdle() const {
     if (it != self->tables_.end()) self->clock_hand_ = it->first;
     if (victims.empty()) return;
     self->PublishTablesLocked();
+    retired = self->RetireArraysLocked();
   }
   SynchronizeReaders();  // nobody holds a pointer to the victims any more
+  retired.clear();       // nor to the arrays published before this one
   std::lock_guard<std::mutex> lock(self->tables_mu_);
   for (uint64_t seg : victims) {
     auto it = self->idle_closing_.find(seg);
@@ -372,6 +389,7 @@ Status Store::CheckValue(size_t size) const {
 }
 
 Status Store::Put(int64_t key, std::string_view value) {
+  WaitForCompactor(RecordSize(value.size()));  // before any Guard: it may wait
   return NoteWrite([&]() -> Status {
     CloseIdleAfter close_idle(this);  // after the Guard has ended
     Guard guard(this);
@@ -384,6 +402,9 @@ Status Store::Put(int64_t key, std::string_view value) {
 }
 
 Status Store::PutBatch(const std::vector<KeyValueRef>& pairs) {
+  uint64_t batch_bytes = 0;
+  for (const KeyValueRef& p : pairs) batch_bytes += RecordSize(p.value.size());
+  WaitForCompactor(batch_bytes);  // before any Guard: it may wait
   return NoteWrite([&]() -> Status {
     for (const KeyValueRef& p : pairs) {
       FLATKV_RETURN_IF_ERROR(CheckKey(p.key));
@@ -456,6 +477,7 @@ Status Store::Remove(int64_t key, bool* existed) {
 }
 
 Status Store::Append(int64_t key, std::string_view value) {
+  WaitForCompactor(RecordSize(value.size()));  // before any Guard: it may wait
   return NoteWrite([&]() -> Status {
     CloseIdleAfter close_idle(this);  // after the Guard has ended
     Guard guard(this);
@@ -725,6 +747,7 @@ Status Store::CheckStringKey(std::string_view key) const {
 }
 
 Status Store::SPut(std::string_view key, std::string_view value) {
+  WaitForCompactor(RecordSize(key.size() + value.size()));  // before any Guard: it may wait
   return NoteWrite([&]() -> Status {
     Guard guard(this);
     FLATKV_RETURN_IF_ERROR(CheckStringKey(key));
@@ -1032,6 +1055,7 @@ std::string Store::DiskFull() const {
 }
 
 EngineStats Store::GetStats() const {
+  Guard guard(this);  // Tables(): arrays are freed once their readers drain
   EngineStats s;
   s.no_space_errors = counters_->no_space_errors.load();
   s.disk_full = counters_->disk_full.load() ? 1 : 0;
@@ -1048,6 +1072,8 @@ EngineStats Store::GetStats() const {
   s.index_rebuilds = counters_->index_rebuilds.load();
   s.scan_slots_visited = counters_->scan_slots_visited.load();
   s.scan_regions_skipped = counters_->scan_regions_skipped.load();
+  s.write_stalls = counters_->write_stalls.load();
+  s.write_stall_us = counters_->write_stall_us.load();
   return s;
 }
 

@@ -42,6 +42,7 @@
 namespace flatkv::engine {
 
 class FlatTable;
+class Room;
 struct EngineCounters;
 struct TableParams;
 
@@ -91,6 +92,9 @@ struct EngineStats {
   uint64_t scan_regions_skipped = 0;  // empty slot groups/chunks/segments they jumped
   uint64_t no_space_errors = 0;     // writes that failed for a full disk (NoSpace)
   uint64_t disk_full = 0;           // 1 while the last write failed so (current value)
+  uint64_t write_stalls = 0;        // writes that waited for the compactor
+                                    // (EngineOptions::compaction_disk_ratio)
+  uint64_t write_stall_us = 0;      // and the microseconds they waited
 };
 
 class Store {
@@ -188,6 +192,9 @@ class Store {
   // Sets the per-call work allowance (kScanWork by default, at least 1); for
   // tests.
   void TEST_SetScanWork(uint64_t units) { scan_work_.store(units); }
+  // Makes every compaction fail with NoSpace once it has read "bytes" of
+  // the old table (0: never), as a disk filling up midway would.
+  void TEST_FailCompactionAfter(uint64_t bytes) { test_fail_after_.store(bytes); }
 
   // Insertion-order scan: each segment in key order, each of its data files in
   // write order, live records only. An empty cursor starts; *next_cursor
@@ -340,14 +347,22 @@ class Store {
   std::string SegmentDir(uint64_t segment) const;
   void BackgroundLoop();
   void PublishTablesLocked();
+  // Every published array but the newest, taken out of arrays_ for the
+  // caller to free after a SynchronizeReaders() that begins after this
+  // call: an operation that can still hold one of them loaded it before
+  // the newest was published, so it counts in the parity that call drains
+  // (each compaction and each CloseIdle publish one; kept until Close(),
+  // they grew by one array per compaction: 2,434 in the 30-minute soak).
+  std::vector<std::unique_ptr<const TableArray>> RetireArraysLocked();  // EXCLUSIVE_LOCKS_REQUIRED(tables_mu_)
   // Tables in segment order (a snapshot).
   const TableArray& Tables() const;
 
   const EngineOptions options_;
 
   // Segment lookup on the hot path takes no lock: readers load an immutable,
-  // sorted array of (segment, table) published by the creator of a segment.
-  // Replaced arrays are kept until Close() (they are tiny and rare).
+  // sorted array of (segment, table) published by the creator of a segment,
+  // inside a Guard. Replaced arrays are freed after the readers drain
+  // (RetireArraysLocked), by compactions and CloseIdle.
   std::atomic<const TableArray*> table_array_{nullptr};
 
   mutable std::mutex tables_mu_;  // serializes segment creation, reopening, closing and Close()
@@ -380,11 +395,34 @@ class Store {
                   std::unique_ptr<FlatTable>* table);
   Status CompactTable(uint64_t segment);
   Status CompactPinned(uint64_t segment);  // CompactTable with the segment pinned
+  // Undoes a compaction that failed midway with "why" (compactor.cc).
+  Status Abandon(uint64_t segment, FlatTable* old, Room* room, const Status& why);
   bool CompactionProgress(uint64_t bytes);  // rate limit, progress, stop check
   void CompactorLoop();
   std::unique_ptr<FlatTable>& OwnerLocked(uint64_t segment);
   TableParams ParamsFor(uint64_t segment) const;
   static std::function<bool(std::string*)> BucketTransform(uint64_t segment);
+  // The automatic policy (compactor.cc): the next table to compact
+  // (kNoSegment if none is due). Also renews the write allowance.
+  uint64_t PickAutomatic();
+  // PickAutomatic for the allowance alone, at most every 50 ms unless a
+  // writer asked (compactor thread, called between records; no lock held).
+  void RefreshAllowance();
+  // Writers call this before their Guard with the log bytes they are about
+  // to add. They take them from allowance_, the bytes the log may still
+  // grow by before it passes (compaction_disk_ratio + kStallMargin) times
+  // the live bytes; once it is spent they wait for the compactor to renew
+  // it (at most kMaxStall, then they go on).
+  void WaitForCompactor(uint64_t bytes);
+  void SetAllowance(int64_t bytes);
+  static constexpr double kStallMargin = 0.1;
+  static constexpr std::chrono::milliseconds kMaxStall{100};
+  static constexpr int64_t kNoLimit = int64_t{1} << 62;
+  std::atomic<int64_t> allowance_{kNoLimit};
+  std::atomic<bool> renew_asked_{false};
+  mutable std::mutex stall_mu_;
+  mutable std::condition_variable stall_cv_;
+  std::chrono::steady_clock::time_point renewed_at_;  // compactor thread only
 
   std::map<uint64_t, std::unique_ptr<FlatTable>> pending_;  // GUARDED_BY(tables_mu_)
   std::map<uint64_t, uint64_t> generation_;                 // GUARDED_BY(tables_mu_)
@@ -414,6 +452,7 @@ class Store {
   std::thread bg_thread_;
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> scan_work_{kScanWork};
+  std::atomic<uint64_t> test_fail_after_{0};
 };
 
 }  // namespace flatkv::engine

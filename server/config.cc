@@ -83,6 +83,24 @@ Setter Str(std::function<std::string*(Config*)> field, std::vector<std::string> 
   };
 }
 
+// 0 (off) or a multiple in [1.1, 1000] (storage.compaction_disk_ratio).
+Setter Multiple(std::function<double*(Config*)> field, const char* key) {
+  return [=](const std::string& text, Config* c) -> Status {
+    size_t pos = 0;
+    double v = -1;
+    try {
+      v = std::stod(text, &pos);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
+    if (pos != text.size() || !(v == 0 || (v >= 1.1 && v <= 1000))) {  // NaN fails too
+      return Bad(key, "expected 0 (off) or a number in [1.1, 1000], got '" + text + "'");
+    }
+    *field(c) = v;
+    return Status::OK();
+  };
+}
+
 Setter Ratio(std::function<double*(Config*)> field, const char* key) {
   return [=](const std::string& text, Config* c) -> Status {
     size_t pos = 0;
@@ -190,6 +208,10 @@ const std::vector<Key>& Schema() {
       {"storage.compaction_garbage_ratio", "0.5", "compact a table once this share is garbage; 0 = never by itself",
        Ratio([](Config* c) { return &c->storage.compaction_garbage_ratio; },
              "storage.compaction_garbage_ratio")},
+      {"storage.compaction_disk_ratio", "1.5",
+       "keep the log bytes under this multiple of the live bytes (compact the table with the most garbage; writes wait for the compactor past +0.1); 0 = off",
+       Multiple([](Config* c) { return &c->storage.compaction_disk_ratio; },
+                "storage.compaction_disk_ratio")},
       {"cache.policy", "arc", "lru | arc",
        Str([](Config* c) { return &c->cache.policy; }, {"lru", "arc"}, "cache.policy")},
       {"cache.capacity_bytes", "256Mi", "bytes of clean cached values",

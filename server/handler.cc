@@ -479,6 +479,8 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   }
   result["engine.no_space_errors"] = static_cast<int64_t>(e.no_space_errors);
   result["engine.disk_full"] = static_cast<int64_t>(e.disk_full);
+  result["engine.write_stalls"] = static_cast<int64_t>(e.write_stalls);
+  result["engine.write_stall_ms"] = static_cast<int64_t>(e.write_stall_us / 1000);
   result["cache.flush_failing"] = c.flush_failing ? 1 : 0;
   if (cluster_ != nullptr) cluster_->AddStats(&result);
   if (server_stats_) server_stats_(&result);

@@ -77,11 +77,26 @@ rpc::ChainFrame ToFrame(const ChainMessage& m) {
   return f;
 }
 
-Status FromFrame(const rpc::ChainFrame& f, ChainMessage* m) {
-  if (f.kind < rpc::ChainKind::REPLICATE || f.kind > rpc::ChainKind::SYNC_REFUSED) {
-    return Status::InvalidArgument("peerChain: unknown message kind " + std::to_string(f.kind));
+// The generated code stores any i32 from the wire in an enum field; loading
+// a value outside the enum's range as the enum is undefined behaviour (the
+// same class as tests/fuzz/server_fuzz's write mode 258), so the field is
+// read back as its integer before it is checked.
+template <typename Enum>
+int64_t RawEnum(const Enum& e) {
+  std::underlying_type_t<Enum> raw;
+  static_assert(sizeof(raw) == sizeof(e));
+  std::memcpy(&raw, &e, sizeof(raw));
+  return static_cast<int64_t>(raw);
+}
+
+}  // namespace
+
+Status DecodeChainFrame(const rpc::ChainFrame& f, ChainMessage* m) {
+  const int64_t kind = RawEnum(f.kind);
+  if (kind < rpc::ChainKind::REPLICATE || kind > rpc::ChainKind::SYNC_REFUSED) {
+    return Status::InvalidArgument("peerChain: unknown message kind " + std::to_string(kind));
   }
-  m->kind = static_cast<ChainMessage::Kind>(f.kind);
+  m->kind = static_cast<ChainMessage::Kind>(kind);
   m->chain = static_cast<uint64_t>(f.chain);
   m->entries.reserve(f.entries.size());
   for (const rpc::ChainEntry& w : f.entries) {
@@ -98,6 +113,8 @@ Status FromFrame(const rpc::ChainFrame& f, ChainMessage* m) {
   m->position = {f.positionEpoch, static_cast<uint64_t>(f.positionSeq)};
   return Status::OK();
 }
+
+namespace {
 
 // A connection to the member at "address" ("host:port") and the context
 // its peer calls carry.
@@ -178,12 +195,16 @@ Status DecodeChainOps(const std::string& bytes, std::vector<rpc::ChainOp>* ops) 
     return Status::InvalidArgument(std::string("malformed replicated write: ") + e.what());
   }
   for (const rpc::ChainOp& op : *ops) {
-    const bool int_key = op.kind == rpc::ChainOpKind::PUT || op.kind == rpc::ChainOpKind::REMOVE;
-    const bool has_value = op.kind == rpc::ChainOpKind::PUT || op.kind == rpc::ChainOpKind::SPUT;
-    if (op.kind < rpc::ChainOpKind::PUT || op.kind > rpc::ChainOpKind::SREMOVE ||
-        (int_key ? !op.__isset.key : !op.__isset.skey) || (has_value && !op.__isset.value)) {
+    const int64_t kind = RawEnum(op.kind);
+    if (kind < rpc::ChainOpKind::PUT || kind > rpc::ChainOpKind::SREMOVE) {
+      return Status::InvalidArgument("malformed replicated write: unknown op kind " +
+                                     std::to_string(kind));
+    }
+    const bool int_key = kind == rpc::ChainOpKind::PUT || kind == rpc::ChainOpKind::REMOVE;
+    const bool has_value = kind == rpc::ChainOpKind::PUT || kind == rpc::ChainOpKind::SPUT;
+    if ((int_key ? !op.__isset.key : !op.__isset.skey) || (has_value && !op.__isset.value)) {
       return Status::InvalidArgument("malformed replicated write: op of kind " +
-                                     std::to_string(op.kind) + " lacks its key or value");
+                                     std::to_string(kind) + " lacks its key or value");
     }
   }
   return Status::OK();
@@ -978,7 +999,7 @@ Status Replicator::BeforeRead(uint64_t hash) {
 
 Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame, bool wait) {
   ChainMessage msg;
-  FLATKV_RETURN_IF_ERROR(FromFrame(frame, &msg));
+  FLATKV_RETURN_IF_ERROR(DecodeChainFrame(frame, &msg));
   for (const ChainEntry& e : msg.entries) {
     std::vector<rpc::ChainOp> ops;
     FLATKV_RETURN_IF_ERROR(DecodeChainOps(e.op, &ops));
@@ -1333,14 +1354,15 @@ std::string Replicator::DiskFull() const {
   return disk_full_reason_;
 }
 
-Status Replicator::ApplyEntries(const std::vector<ChainEntry>& entries) {
+Status ApplyChainEntries(engine::cache::WriteBackCache* cache, const std::vector<ChainEntry>& entries,
+                         std::vector<std::pair<uint64_t, bool>>* existed_out) {
   std::vector<std::vector<rpc::ChainOp>> decoded(entries.size());
   std::vector<engine::KeyValueRef> puts;
-  std::vector<std::pair<uint64_t, bool>> existed;  // seq, existed: first op a remove
+  std::vector<std::pair<uint64_t, bool>>& existed = *existed_out;  // seq, existed: first op a remove
   Status result;
   auto flush = [&]() {
     if (puts.empty()) return;
-    Status st = cache_->PutBatch(puts);
+    Status st = cache->PutBatch(puts);
     if (!st.ok() && result.ok()) result = st;
     puts.clear();
   };
@@ -1361,13 +1383,13 @@ Status Replicator::ApplyEntries(const std::vector<ChainEntry>& entries) {
       bool had = false;
       switch (op.kind) {
         case rpc::ChainOpKind::REMOVE:
-          st = cache_->Remove(op.key, &had);
+          st = cache->Remove(op.key, &had);
           break;
         case rpc::ChainOpKind::SPUT:
-          st = cache_->SPut(op.skey, op.value);
+          st = cache->SPut(op.skey, op.value);
           break;
         case rpc::ChainOpKind::SREMOVE:
-          st = cache_->SRemove(op.skey, &had);
+          st = cache->SRemove(op.skey, &had);
           break;
         default:
           break;
@@ -1378,6 +1400,12 @@ Status Replicator::ApplyEntries(const std::vector<ChainEntry>& entries) {
     }
   }
   flush();
+  return result;
+}
+
+Status Replicator::ApplyEntries(const std::vector<ChainEntry>& entries) {
+  std::vector<std::pair<uint64_t, bool>> existed;  // seq, existed: first op a remove
+  Status result = ApplyChainEntries(cache_, entries, &existed);
   applied_entries_.fetch_add(static_cast<int64_t>(entries.size()), std::memory_order_relaxed);
   apply_batches_.fetch_add(1, std::memory_order_relaxed);
   if (!existed.empty()) {

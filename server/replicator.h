@@ -401,5 +401,15 @@ Status ForEachPage(const engine::Store& store, size_t page,
 // untrusted bytes: InvalidArgument for anything malformed.
 std::string EncodeChainOps(const std::vector<rpc::ChainOp>& ops);
 Status DecodeChainOps(const std::string& bytes, std::vector<rpc::ChainOp>* ops);
+// A peerChain frame as the chain state machine takes it: InvalidArgument
+// for an unknown message kind (any i32 arrives from the wire).
+Status DecodeChainFrame(const rpc::ChainFrame& frame, partition::ChainMessage* msg);
+// Applies replicated writes to the store through the cache, in order
+// (DecodeChainOps checks each; a bad one is skipped and its error
+// returned). Adds (seq, whether the key existed) for each entry whose first
+// op is a remove. Replicator::ApplyEntries, and tests/fuzz/chain_fuzz.
+Status ApplyChainEntries(engine::cache::WriteBackCache* cache,
+                         const std::vector<partition::ChainEntry>& entries,
+                         std::vector<std::pair<uint64_t, bool>>* existed);
 
 }  // namespace flatkv::server

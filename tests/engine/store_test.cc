@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -706,4 +708,129 @@ TEST_CASE("Store estimates the live bytes of a key range from the index",
   // A removed key no longer counts.
   for (int64_t k = 1000; k < 3000; ++k) REQUIRE(store->Remove(k).ok());
   CHECK(static_cast<double>(store->LiveBytesEstimate(0, 4000, 0.0)) < 0.01 * all);
+}
+
+TEST_CASE("Every kind of operation runs beside table closes, reopens and compactions",
+          "[engine][store][open_files]") {
+  // For ThreadSanitizer above all (README, "Testing"): a budget of two
+  // tables for 24 segments, so nearly every operation reopens a table that
+  // CloseIdle is closing or has closed, while the compactor (automatic, and
+  // rounds on request) replaces tables under them. Each writer owns its
+  // keys and checks its reads; every value is checked at the end.
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.segment_keys = 64;
+  o.data_files = 4;
+  o.string_slots = 256;
+  o.max_open_files = 10;  // two tables of five descriptors
+  o.compaction_garbage_ratio = 0.3;
+  o.compaction_min_bytes = 4096;
+  constexpr int kWriters = 3;
+  constexpr int64_t kKeys = 24 * 64;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  std::vector<std::map<int64_t, std::string>> models(kWriters);
+  std::atomic<bool> failed{false}, stop{false};
+  std::string why;
+  std::mutex why_mu;
+  auto fail = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(why_mu);
+    if (why.empty()) why = what;
+    failed.store(true);
+  };
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937_64 rng(w);
+      auto& model = models[w];
+      for (int i = 0; i < 2500 && !failed.load(); ++i) {
+        const int64_t k = w + static_cast<int64_t>(rng() % (kKeys / kWriters)) * kWriters;
+        const std::string v = std::to_string(k) + ":" + std::to_string(i);
+        switch (rng() % 7) {
+          case 0: {
+            std::string got;
+            Status st = store->Get(k, &got);
+            auto it = model.find(k);
+            if (it == model.end() ? !st.IsNotFound() : (!st.ok() || got != it->second)) {
+              fail("get " + std::to_string(k) + ": " + st.ToString());
+            }
+            break;
+          }
+          case 1:
+            if (!store->Remove(k).ok()) fail("remove");
+            model.erase(k);
+            break;
+          case 2:
+            if (!store->Append(k, "+").ok()) fail("append");
+            model[k] += "+";
+            break;
+          case 3: {
+            std::vector<flatkv::engine::KeyValueRef> batch;
+            std::vector<std::string> values;
+            for (int b = 0; b < 4; ++b) {
+              values.push_back(v + "b" + std::to_string(b));
+            }
+            for (int b = 0; b < 4; ++b) {
+              const int64_t bk = (k + int64_t{b} * 64 * kWriters) % kKeys;
+              batch.push_back({bk, values[static_cast<size_t>(b)]});
+            }
+            if (!store->PutBatch(batch).ok()) fail("batch");
+            for (const auto& p : batch) model[p.key] = std::string(p.value);
+            break;
+          }
+          case 4: {
+            std::vector<KeyValue> out;
+            int64_t next = 0;
+            bool done = false;
+            if (!store->Scan(k, rng() % 2 == 0, 20, &out, &next, &done).ok()) fail("scan");
+            break;
+          }
+          case 5: {
+            const std::string sk = "s" + std::to_string(w) + "-" + std::to_string(rng() % 50);
+            if (!store->SPut(sk, v).ok()) fail("sput");
+            std::string got;
+            if (!store->SGet(sk, &got).ok() || got != v) fail("sget " + sk);
+            break;
+          }
+          default:
+            if (!store->Put(k, v).ok()) fail("put");
+            model[k] = v;
+        }
+      }
+    });
+  }
+  std::thread logger([&] {  // insertion-order scans across closed tables
+    while (!stop.load() && !failed.load()) {
+      std::string cursor;
+      for (bool done = false; !done && !failed.load();) {
+        std::vector<KeyValue> out;
+        std::string next;
+        if (!store->ScanLog(cursor, 100, &out, &next, &done).ok()) fail("scanlog");
+        cursor = next;
+      }
+    }
+  });
+  std::thread compactor([&] {
+    for (int r = 0; r < 3 && !failed.load(); ++r) {
+      if (!store->CompactAndWait().ok()) fail("compaction round");
+    }
+  });
+  for (auto& t : threads) t.join();
+  compactor.join();
+  stop.store(true);
+  logger.join();
+  INFO(why);
+  REQUIRE_FALSE(failed.load());
+  CHECK(store->GetStats().segment_closes > 0);
+  CHECK(store->GetStats().segment_opens > 0);
+  CHECK(store->GetCompactionStatus().tables_compacted > 0);
+  for (const auto& model : models) {
+    for (const auto& [k, v] : model) {
+      std::string got;
+      INFO("key " << k);
+      REQUIRE(store->Get(k, &got).ok());
+      REQUIRE(got == v);
+    }
+  }
 }

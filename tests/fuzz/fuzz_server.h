@@ -6,6 +6,7 @@
 // across inputs, as a real server's does across clients.
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -56,6 +57,21 @@ struct ServerFixture {
         s->http = std::make_unique<server::HttpServer>(s->handler.get(), s->config);
         if (!s->http->Start().ok()) std::abort();
       }
+      // At exit, stop the threads (flushers, compactor, checkpointer, the
+      // ports) before the static objects they use go: the process
+      // directory (TempRoot) is deleted and spdlog's loggers are freed by
+      // static destructors, which run after this handler (registered
+      // later than they were built). A compactor or checkpoint failing on
+      // the deleted files and logging to a freed logger was a
+      // heap-use-after-free at the end of a 300 s chain_fuzz run.
+      std::atexit([] {
+        ServerFixture* x = f;
+        if (x == nullptr) return;
+        if (x->http) x->http->Stop();
+        if (x->thrift) x->thrift->Stop();
+        (void)x->cache->Close();
+        (void)x->store->Close();
+      });
       return s;
     }();
     return *f;

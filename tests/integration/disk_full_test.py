@@ -15,6 +15,11 @@ disk with not one free block open the store and serve every value. After
 the test deletes its filler files, writes succeed again without a restart,
 the disk-full state clears, and a compaction succeeds.
 
+A compaction that runs out of space midway (slowed to 2 MB/s, taking
+writes, when the test fills the disk): it stops, undoes itself, leaves no
+new generation, loses no acknowledged write (also after kill -9), the
+server stays up; once space is freed a compaction succeeds.
+
 Async mode: writes are acknowledged from the cache until a flush fails;
 from then on writes fail at once (never block, never pile up unwritable
 data), acknowledged ones stay readable; SIGTERM does not exit without them
@@ -203,6 +208,17 @@ def verify(port, acked, tried, what):
           (what, len(acked), (" (bad: %s)" % bad[:3]) if bad else ""))
 
 
+def compact_and_wait(port, what):
+    """Asks for a compaction and waits until it has compacted a table and
+    stopped; returns its compactionStatus."""
+    before = harness.call(port, lambda kv: kv.compactionStatus())
+    harness.call(port, lambda kv: kv.compact(TOKEN))
+    harness.wait_until(work, what, lambda: (
+        lambda s: not s.running and s.tablesCompacted > before.tablesCompacted)(
+            harness.call(port, lambda kv: kv.compactionStatus())), timeout=60)
+    return harness.call(port, lambda kv: kv.compactionStatus())
+
+
 def put_error(port, key=1):
     """The KvError a put of "key" gets now (None: it succeeded)."""
     try:
@@ -308,16 +324,95 @@ for th in writers.threads:
     th.join()
 check(not writers.errors and not writers.other,
       "writes of every kind succeed again without a restart (%d errors)" % len(writers.errors))
-cs = harness.call(port, lambda kv: kv.compactionStatus())
-harness.call(port, lambda kv: kv.compact(TOKEN))
-harness.wait_until(work, "a compaction with room finishes", lambda: (
-    lambda s: not s.running and s.tablesCompacted > cs.tablesCompacted)(
-        harness.call(port, lambda kv: kv.compactionStatus())), timeout=60)
-cs = harness.call(port, lambda kv: kv.compactionStatus())
+cs = compact_and_wait(port, "a compaction with room finishes")
 check(cs.lastError == "" and cs.bytesReclaimed > 0,
       "the compaction succeeds once there is room (%d tables, %d bytes reclaimed)" %
       (cs.tablesCompacted, cs.bytesReclaimed))
 verify(port, acked, tried, "after the compaction")
+
+
+# ---------------------------------------------------------------------------
+# A compaction that runs out of space midway (after its pre-check passed):
+# slowed to 1 MB/s, it takes writes meanwhile (forwarded to its new
+# generation), then the disk fills. It must stop, undo itself (the writes
+# go back to the old table), leave no new generation, lose nothing
+# acknowledged, keep the server up, and succeed once space is back.
+def generations():
+    """(pending, stray): generation directories other than the one CURRENT
+    names (or any, where there is no CURRENT), and undo reserves."""
+    pending, stray = [], []
+    for root, dirs, files in os.walk(data):
+        stray += [os.path.join(root, f) for f in files if f == "compaction.room"]
+        gens = [d for d in dirs if d.startswith("gen-")]
+        if not gens:
+            continue
+        try:
+            with open(os.path.join(root, "CURRENT")) as f:
+                live = f.read().strip()
+        except FileNotFoundError:
+            live = None
+        pending += [os.path.join(root, d) for d in gens if d != live]
+    return pending, stray
+
+
+check(harness.stop(proc) == 0, "SIGTERM stops the server cleanly")
+port, http_port = free_port(), free_port()
+proc = start(port, http_port, "--set", "storage.compaction_mb_per_sec=1")
+verify(port, acked, tried, "after a restart with compaction at 1 MB/s")
+before = harness.call(port, lambda kv: kv.compactionStatus())
+print("free before the compaction: %.1f MiB" % (fs.free() / 2 ** 20))
+harness.call(port, lambda kv: kv.compact(TOKEN))
+harness.wait_until(work, "the slow compaction is copying", lambda: (
+    lambda s: s.running and s.bytesDone > (1 << 20))(
+        harness.call(port, lambda kv: kv.compactionStatus())), timeout=30)
+writers = Writers(port, ops=20)  # about 0.2 MB, much of it forwarded to the new generation
+writers.acked, writers.tried = acked, tried
+writers.start()
+for th in writers.threads:
+    th.join()
+check(not writers.errors and not writers.other,
+      "writes during the compaction succeed (%d errors: %s)" % (len(writers.errors),
+                                                                writers.errors[:1]))
+mid = harness.call(port, lambda kv: kv.compactionStatus())
+check(mid.running, "the compaction is still running when the disk fills (%.0f%%)" % mid.percent)
+pending_mid, _ = generations()
+check(pending_mid, "a new generation is being built (%s)" % [os.path.basename(p) for p in pending_mid])
+# One allocation leaving 1 MiB, not fill_all(): its loop of ever smaller files would still
+# be running when the compaction stops, and take the blocks the undo gives
+# back for its write-back (seen: 2.5 MiB given back, 60 KiB to write, ENOSPC).
+fs.fill(leave=1 << 20)  # the copy takes the last MiB and meets ENOSPC
+harness.wait_until(work, "the compaction stops", lambda: not harness.call(
+    port, lambda kv: kv.compactionStatus()).running, timeout=60)
+cs = harness.call(port, lambda kv: kv.compactionStatus())
+check("stopped midway" in cs.lastError and "undone" in cs.lastError and
+      "No space left on device" in cs.lastError,
+      "compactionStatus says it stopped midway for a full disk and was undone: %r" %
+      cs.lastError[:240])
+pending, stray = generations()
+check(not pending and not stray,
+      "no half-made generation or undo reserve is left (%s %s)" % (pending, stray))
+check(proc.poll() is None, "the server is up")
+verify(port, acked, tried, "after the compaction that ran out of space was undone")
+free = fs.free()
+e = put_error(port)
+check(free > 0 and e is None, "the space of the removed generation is free again (%d bytes) and a "
+      "put succeeds (%s)" % (free, e and e.message))
+acked[1] = tried[1] = 999999
+with open(log_path) as f:
+    check("compaction stopped midway" in f.read(), "the log says the compaction stopped midway")
+# The undone writes are in the old table's files: a kill -9 keeps them.
+proc.kill()
+proc.wait()
+port, http_port = free_port(), free_port()
+proc = start(port, http_port, "--set", "storage.compaction_mb_per_sec=0")
+verify(port, acked, tried, "after kill -9 and a restart (undone compaction)")
+pending, stray = generations()
+check(not pending and not stray, "still no new generation after the restart (%s %s)" %
+      (pending, stray))
+fs.free_fillers()
+cs = compact_and_wait(port, "the compaction succeeds once space is freed")
+check(cs.lastError == "", "the compaction succeeds once space is freed (%r)" % cs.lastError)
+verify(port, acked, tried, "after the compaction with room")
 
 # ---------------------------------------------------------------------------
 # Async mode: acknowledged from the cache; a failing flush turns writes away.

@@ -55,12 +55,24 @@ def workdir(prefix, thrift_bin=None, idl=None):
     return work
 
 
+_ports_given = set()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port nothing listens on now, never one this process was given
+    before: two calls in a row can get the same port from the kernel (about
+    1 pair in 15,600 here), and a server given it as both server.port and
+    server.http_port refuses its configuration (exit 2; disk_full met it once
+    in a loop)."""
+    for _ in range(1000):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
+    raise RuntimeError("no fresh free port")
 
 
 def _die_with_parent():
