@@ -529,8 +529,8 @@ TEST_CASE("Writes wait for a compactor that falls behind, so the disk stays boun
   CHECK(r.worst <= 2.2);
 }
 
-TEST_CASE("A compaction that fails midway is undone: the old table keeps every write and the "
-          "new generation goes",
+TEST_CASE("A compaction failing midway is undone: the old table keeps every write, the new "
+          "one goes",
           "[engine][compaction][disk]") {
   flatkv::test::TempDir dir;
   EngineOptions o = Options(dir / "s");
