@@ -18,7 +18,8 @@ ChainMember::ChainMember(std::string self, ChainOptions options, ChainPosition d
       options_(options),
       applied_(durable),
       log_base_(durable),
-      intact_(intact) {}
+      intact_(intact),
+      dirty_(!intact && durable.seq > 0) {}
 
 const char* ChainMember::role() const {
   if (fenced_ && (in_chain() || was_member_)) return "fenced";
@@ -154,6 +155,12 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
       down_known_ = false;
       sent_upto_ = down_applied_;
       down_progress_ms_ = now;
+      Heartbeat(out);
+    } else if (new_chain || down_is_joiner_) {
+      // The same successor under a new chain (or the joiner it registered
+      // as): tell it the commit point now. A member that joined is
+      // verified only by a floor it holds, and its acks keep this side's
+      // resend timer quiet, so on an idle chain nothing else would.
       Heartbeat(out);
     }
     down_is_joiner_ = false;
@@ -402,6 +409,8 @@ bool ChainMember::Rebase(ChainPosition at) {
   committed_ = 0;
   chain_committed_ = 0;
   intact_ = true;
+  dirty_ = false;
+  copy_end_ = {};
   return true;
 }
 
@@ -450,12 +459,21 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
     ++refused_;
     return;
   }
+  if (joining_ && copy_end_.seq != 0 && msg.applied < copy_end_.seq) {
+    // The tail lacks writes the copy may hold (a branch its source had,
+    // which this chain does not): they would stay.
+    return StartOver(now, out);
+  }
   bool gap = false;
   for (const ChainEntry& e : msg.entries) {
     if (e.seq <= applied_.seq) continue;     // have it
     if (e.seq != applied_.seq + 1) {         // a gap: wait for the resend
       gap = true;
       break;
+    }
+    if (e.seq == copy_end_.seq) {
+      if (e.epoch != copy_end_.epoch) return StartOver(now, out);
+      copy_end_ = {};  // the copy is a state of this chain's history
     }
     Apply(e, out);
   }
@@ -468,7 +486,7 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
   }
   if (in_chain() && !verified_ && msg.floor <= applied_.seq) verified_ = true;
   if (in_chain() && verified_) intact_ = true;
-  if (joining_ && !register_sent_ && msg.floor <= applied_.seq &&
+  if (joining_ && !register_sent_ && copy_end_.seq == 0 && msg.floor <= applied_.seq &&
       msg.applied <= applied_.seq + options_.catchup_lag) {
     register_sent_ = true;
     out->register_now = true;
@@ -572,11 +590,26 @@ void ChainMember::SendSyncRequest(int64_t now, ChainOutput* out) {
     }
     return;
   }
+  if (dirty_) return StartOver(now, out);
   ChainMessage m;
   m.kind = ChainMessage::Kind::kSyncRequest;
   m.chain = config_.id;
   m.position = applied_;
   out->sends.push_back({config_.members.back(), std::move(m)});
+}
+
+void ChainMember::StartOver(int64_t now, ChainOutput* out) {
+  dirty_ = false;
+  copy_end_ = {};
+  out->wipe = true;
+  intact_ = false;
+  applied_ = {};
+  committed_ = 0;
+  chain_committed_ = 0;
+  log_.clear();
+  log_bytes_ = 0;
+  log_base_ = {};
+  SendSyncRequest(now, out);
 }
 
 void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
@@ -620,6 +653,8 @@ uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at,
   snapshot_at_ = at;
   snapshot_from_ = from;
   join_progress_ms_ = now;
+  dirty_ = false;  // emptied below
+  copy_end_ = {};
   applied_ = {};
   committed_ = 0;
   log_.clear();
@@ -630,10 +665,13 @@ uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at,
   return ++snapshot_token_;
 }
 
-void ChainMember::OnSnapshotLoaded(uint64_t token, int64_t now, ChainOutput* out) {
+void ChainMember::OnSnapshotLoaded(uint64_t token, ChainPosition end, int64_t now,
+                                   ChainOutput* out) {
   if (!joining_ || !snapshot_current(token)) return;
   const ChainPosition at = snapshot_at_;
   snapshotting_ = false;
+  dirty_ = false;
+  copy_end_ = end.seq > at.seq ? end : ChainPosition{};
   applied_ = at;
   log_base_ = at;
   log_.clear();

@@ -176,7 +176,18 @@ class ChainMember {
   // creation zxid names this registration in ChainConfig::epochs: a config
   // listing this address with another zxid (an earlier registration) does
   // not count as this member being in the chain.
-  void OnRegistered(int64_t czxid) { registration_ = czxid; }
+  //
+  // A joiner registers holding every write its tail had committed (the
+  // floor), and the tail commits nothing it has not applied while it is
+  // the tail's downstream: from here it counts as intact, as the shell's
+  // log says after a restart. Should the tail drop it before the new chain
+  // shows it, any write acknowledged without it needs a recorded chain
+  // without it, and only a member of the recorded chain may restart an
+  // empty one (SendSyncRequest).
+  void OnRegistered(int64_t czxid) {
+    registration_ = czxid;
+    if (joining_ && register_sent_ && copy_end_.seq == 0 && !dirty_) intact_ = true;
+  }
   // The ZooKeeper lease: false once this member may have been expired
   // without knowing it (disconnected for over half the session timeout, or
   // the process was frozen that long), true when ZooKeeper answers again.
@@ -208,8 +219,15 @@ class ChainMember {
   void OnSnapshotProgress(uint64_t token, int64_t now) {
     if (snapshot_current(token)) join_progress_ms_ = now;
   }
-  // The whole stream of "token" is loaded.
-  void OnSnapshotLoaded(uint64_t token, int64_t now, ChainOutput* out);
+  // The whole stream of "token" is loaded. "end" is the source's position
+  // once it had read its whole store: the copy is fuzzy and may hold any
+  // write up to there, including writes a later head term discards (never
+  // committed). Replaying from the snapshot's position fixes every key the
+  // chain's history writes again, not one only the discarded branch wrote;
+  // so the joiner registers only once it has applied the chain's write at
+  // end's seq and found end's epoch there (the same history up to there),
+  // and starts over from an empty store if it finds another.
+  void OnSnapshotLoaded(uint64_t token, ChainPosition end, int64_t now, ChainOutput* out);
   // The stream of "token" broke (its source failed or stalled): ask again.
   void OnSnapshotFailed(uint64_t token, int64_t now, ChainOutput* out);
   // May a read of the key with hash "key" be served now? kWait parks it:
@@ -286,6 +304,10 @@ class ChainMember {
   void HandleSyncRequest(const std::string& from, const ChainMessage& msg, int64_t now,
                          ChainOutput* out);
   void SendSyncRequest(int64_t now, ChainOutput* out);
+  // Joiner whose store may hold writes the chain's history does not
+  // (copy_end_ contradicted, or dirty_ after a restart): empty it and ask
+  // for everything.
+  void StartOver(int64_t now, ChainOutput* out);
   // Has "to" start over from a copy of this store (out->snapshots), keeping
   // the log from here for its catch-up.
   void RequestSnapshot(const std::string& to, int64_t now, ChainOutput* out);
@@ -358,6 +380,14 @@ class ChainMember {
   bool register_sent_ = false;
   bool registered_alone_ = false;  // registered on an empty chain
   bool intact_ = true;             // holds every write it applied
+  // The loaded copy may hold writes up to here (seq 0: nothing beyond
+  // applied_): not a member of the chain's history until it applied the
+  // chain's write at this seq and found this epoch.
+  ChainPosition copy_end_;
+  // Restarted while catching up from a copy (not intact, at a position):
+  // its store may hold writes of a discarded branch. Emptied before it
+  // catches up from a tail.
+  bool dirty_ = false;
   bool left_ = false;              // was in the chain, then not: out until it rejoins
   int64_t registration_ = 0;       // czxid of our member node (OnRegistered), 0 if none
   int64_t join_progress_ms_ = 0;

@@ -435,6 +435,14 @@ class Replicator::SnapshotSender {
     }
     if (failed) return;
     page.last = true;
+    {
+      // Read after the whole store: every write the copy holds was applied
+      // by the member first (the loop applies to the store after it).
+      std::lock_guard<std::mutex> lock(owner_->mu_);
+      const partition::ChainPosition end = owner_->member_->applied();
+      page.__set_endEpoch(end.epoch);
+      page.__set_endSeq(static_cast<int64_t>(end.seq));
+    }
     bytes += page_bytes;
     if (!send(&page)) return;
     const double secs =
@@ -1071,7 +1079,11 @@ Status Replicator::OnSnapshotPage(const std::string& from, const rpc::SnapshotPa
     if (page.last && member_->snapshot_current(t)) {
       spdlog::info("chain: snapshot loaded; catching up from epoch {} seq {}", page.atEpoch,
                    page.atSeq);
-      member_->OnSnapshotLoaded(t, now, out);
+      const partition::ChainPosition end =
+          page.__isset.endSeq
+              ? partition::ChainPosition{page.endEpoch, static_cast<uint64_t>(page.endSeq)}
+              : partition::ChainPosition{page.atEpoch, static_cast<uint64_t>(page.atSeq)};
+      member_->OnSnapshotLoaded(t, end, now, out);
       checkpoint_due_ = true;  // the pages were written without a sync
     }
   };

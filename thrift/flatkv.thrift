@@ -168,6 +168,10 @@ struct SnapshotPage {
   7: required list<StringKvPair> spairs,
   // The sender's estimate of the whole stream's bytes (for progress).
   8: optional i64 totalBytes,
+  // On the last page: the sender's position once it had read its whole
+  // store (the copy may hold any write up to there). Absent: atEpoch/atSeq.
+  9: optional i64 endEpoch,
+  10: optional i64 endSeq,
 }
 // One page of a hash range exported by a member (peerExport): integer keys
 // in key order, then string keys (in bucket order) whose hash lies in the

@@ -419,10 +419,18 @@ class Sim {
             return;
           }
           Store copy = nodes_[from].store;
-          Deliver(to, [this, to, token, copy] {
+          // The newest write the copy may hold.
+          const ChainPosition end = nodes_[from].member->applied();
+          Deliver(to, [this, to, token, copy, end] {
             if (!nodes_[to].member->snapshot_current(token)) return;
             nodes_[to].store = copy;
-            Do(to, [&](ChainOutput* o) { nodes_[to].member->OnSnapshotLoaded(token, now_, o); });
+            if (trace_) {
+              auto k1 = copy.find(1);
+              std::fprintf(stderr, "%6lld SNAPSHOT loaded at %s: %zu keys, key 1 at seq %llu\n",
+                           static_cast<long long>(now_), nodes_[to].address.c_str(), copy.size(),
+                           static_cast<unsigned long long>(k1 == copy.end() ? 0 : k1->second.seq));
+            }
+            Do(to, [&](ChainOutput* o) { nodes_[to].member->OnSnapshotLoaded(token, end, now_, o); });
           });
         });
       });

@@ -277,7 +277,7 @@ TEST_CASE("a joiner the tail's log no longer covers gets a snapshot") {
   CHECK(jo.wipe);
   // A stream from anyone else is refused.
   CHECK(net.members["j"]->OnSnapshotBegin("x", tail_out.snapshots[0].at, 0, &jo) == 0);
-  net.members["j"]->OnSnapshotLoaded(token, 0, &jo);
+  net.members["j"]->OnSnapshotLoaded(token, {}, 0, &jo);
   CHECK(net.members["j"]->applied().seq == 5);
 }
 
@@ -377,4 +377,99 @@ TEST_CASE("a read parked at a tail with a joiner is served only while the tail h
   ChainOutput renewed;
   net.members["t"]->SetLease(true, &renewed);
   CHECK(renewed.reads == std::vector<uint64_t>({20}));
+}
+
+namespace {
+
+ChainMessage Replicate(uint64_t chain, std::vector<ChainPosition> writes, uint64_t applied) {
+  ChainMessage m;
+  m.kind = ChainMessage::Kind::kReplicate;
+  m.chain = chain;
+  for (const ChainPosition& p : writes) {
+    flatkv::partition::ChainEntry e;
+    e.seq = p.seq;
+    e.epoch = p.epoch;
+    e.keys = {p.seq};
+    e.op.assign(1, 'w');
+    m.entries.push_back(e);
+  }
+  m.applied = applied;
+  m.committed = applied;
+  m.floor = applied;
+  return m;
+}
+
+const ChainMessage* SyncRequestIn(const ChainOutput& out) {
+  for (const auto& s : out.sends) {
+    if (s.msg.kind == ChainMessage::Kind::kSyncRequest) return &s.msg;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("a joiner whose copy holds a write of a discarded branch starts over from nothing") {
+  // The tail "b" copied its store at (1, 5) while it went on applying
+  // writes 6 and 7 of head term 1; that term ended before they committed
+  // and the next head wrote other writes 6 and 7 (term 2). A key only the
+  // discarded writes touched would keep their value on the joiner.
+  for (int64_t term_of_7 : {1, 2}) {
+    ChainMember j("j", ChainOptions{}, ChainPosition{});
+    ChainOutput out;
+    j.OnConfig(Make(3, 9, {"b"}, {1}), 0, &out);
+    j.StartJoin(0, &out);
+    uint64_t token = j.OnSnapshotBegin("b", {1, 5}, 0, &out);
+    REQUIRE(token != 0);
+    j.OnSnapshotLoaded(token, /*end=*/{1, 7}, 0, &out);
+    ChainOutput o;
+    j.OnMessage("b", Replicate(9, {{1, 6}, {term_of_7, 7}}, 7), 1, &o);
+    if (term_of_7 == 1) {
+      // The same history up to the copy's end: it catches up and registers.
+      CHECK_FALSE(o.wipe);
+      CHECK(o.register_now);
+      CHECK(j.applied().seq == 7);
+    } else {
+      CHECK(o.wipe);
+      CHECK_FALSE(o.register_now);
+      CHECK(j.applied().seq == 0);
+      const ChainMessage* again = SyncRequestIn(o);
+      REQUIRE(again != nullptr);
+      CHECK(again->position.seq == 0);
+    }
+  }
+}
+
+TEST_CASE("a joiner does not register while the tail is behind the copy it loaded") {
+  ChainMember j("j", ChainOptions{}, ChainPosition{});
+  ChainOutput out;
+  j.OnConfig(Make(3, 9, {"b"}, {1}), 0, &out);
+  j.StartJoin(0, &out);
+  uint64_t token = j.OnSnapshotBegin("b", {1, 5}, 0, &out);
+  j.OnSnapshotLoaded(token, /*end=*/{1, 8}, 0, &out);
+  // The tail that answers holds only up to 6: writes 7 and 8 of the copy
+  // are not in this chain's history (yet, or ever).
+  ChainOutput o;
+  j.OnMessage("b", Replicate(9, {{1, 6}}, 6), 1, &o);
+  CHECK_FALSE(o.register_now);
+  CHECK(o.wipe);
+}
+
+TEST_CASE("a member restarted while catching up from a copy empties its store first") {
+  // Not intact at a position: the shell's log says it was loading a copy.
+  ChainMember j("j", ChainOptions{}, ChainPosition{1, 40}, /*intact=*/false);
+  ChainOutput out;
+  j.OnConfig(Make(3, 9, {"b"}, {1}), 0, &out);
+  j.StartJoin(0, &out);
+  CHECK(out.wipe);
+  const ChainMessage* ask = SyncRequestIn(out);
+  REQUIRE(ask != nullptr);
+  CHECK(ask->position.seq == 0);
+  // An intact member at a position keeps its store and asks from there.
+  ChainMember k("k", ChainOptions{}, ChainPosition{1, 40}, /*intact=*/true);
+  ChainOutput ko;
+  k.OnConfig(Make(3, 9, {"b"}, {1}), 0, &ko);
+  k.StartJoin(0, &ko);
+  CHECK_FALSE(ko.wipe);
+  REQUIRE(SyncRequestIn(ko) != nullptr);
+  CHECK(SyncRequestIn(ko)->position.seq == 40);
 }
