@@ -679,6 +679,15 @@ bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
         } else if (fid == 1 && ftype == T_STRUCT) {
           outcome.err.read(p);
           outcome.has_err = true;
+          // Passed on to the client as the peer said it, unless the code is
+          // none this build knows (read as its integer: RawEnum).
+          const int64_t code = RawEnum(outcome.err.code);
+          if (code < rpc::ErrorCode::KEY_OUT_OF_RANGE || code > rpc::ErrorCode::UNAVAILABLE) {
+            outcome.err.code = rpc::ErrorCode::UNAVAILABLE;
+            outcome.err.message = "member " + conn->peer->address +
+                                  " answered an unknown error code " + std::to_string(code) +
+                                  ": " + outcome.err.message;
+          }
         } else {
           p->skip(ftype);
         }

@@ -24,6 +24,7 @@
 
 #include "client/client.h"
 #include "engine/crc32c.h"
+#include "server/thrift_limits.h"
 
 namespace flatkv::server {
 namespace {
@@ -75,18 +76,6 @@ rpc::ChainFrame ToFrame(const ChainMessage& m) {
   f.positionEpoch = m.position.epoch;
   f.positionSeq = static_cast<int64_t>(m.position.seq);
   return f;
-}
-
-// The generated code stores any i32 from the wire in an enum field; loading
-// a value outside the enum's range as the enum is undefined behaviour (the
-// same class as tests/fuzz/server_fuzz's write mode 258), so the field is
-// read back as its integer before it is checked.
-template <typename Enum>
-int64_t RawEnum(const Enum& e) {
-  std::underlying_type_t<Enum> raw;
-  static_assert(sizeof(raw) == sizeof(e));
-  std::memcpy(&raw, &e, sizeof(raw));
-  return static_cast<int64_t>(raw);
 }
 
 }  // namespace

@@ -14,12 +14,26 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 #include <memory>
 
 #include <thrift/protocol/TBinaryProtocol.h>
 
 namespace flatkv::server {
+
+// The generated code stores any i32 from the wire in an enum field; loading
+// a value outside the enum's range as the enum is undefined behaviour (the
+// same class as tests/fuzz/server_fuzz's write mode 258), so the field is
+// read back as its integer before it is checked.
+template <typename Enum>
+inline int64_t RawEnum(const Enum& e) {
+  std::underlying_type_t<Enum> raw;
+  static_assert(sizeof(raw) == sizeof(e));
+  std::memcpy(&raw, &e, sizeof(raw));
+  return static_cast<int64_t>(raw);
+}
 
 // Smallest wire size of an element of any list in a request.
 inline constexpr uint32_t kMinListElementBytes = 8;

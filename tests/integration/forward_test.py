@@ -15,6 +15,8 @@ entry, mark A) as a plain Thrift client of any language would:
   * a peer answering NOT_OWNER (a mark recorded in ZooKeeper whose member
     node names another mark's instance): re-read the ring and retry once,
     then the client gets NOT_OWNER; the retry runs on a worker;
+  * a peer answering an error code this build does not know (a plain
+    socket named by a fake member node): UNAVAILABLE naming code and peer;
   * a member named by a host name (localhost) is forwarded to by the worker
     pool instead, and its calls work;
   * a peer paused with SIGSTOP while forwards are in flight (its session
@@ -375,6 +377,66 @@ check(delta(after, before, "server.offloaded") == 3 and
                                       delta(after, before, "errors.get")))
 kz.delete(fake)
 kz.delete("/flatkv/.cluster/marks/%d" % D)
+
+# --- A peer answering an error code this build does not know -----------------
+# A member of a newer version (or a broken one) may answer a KvError whose
+# code is none of ErrorCode's: the client gets UNAVAILABLE naming it, not a
+# value its own generated code cannot name (and the entry loads no enum out
+# of range). The peer here is a plain socket answering every call so.
+
+
+def fake_peer(listener):
+    while True:
+        try:
+            s, _ = listener.accept()
+        except OSError:
+            return
+        try:
+            while True:
+                head = s.recv(4, socket.MSG_WAITALL)
+                if len(head) < 4:
+                    break
+                body = s.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
+                p = TBinaryProtocol.TBinaryProtocol(TTransport.TMemoryBuffer(body))
+                name, _, seqid = p.readMessageBegin()
+                out = TTransport.TMemoryBuffer()
+                q = TBinaryProtocol.TBinaryProtocol(out)
+                q.writeMessageBegin(name, TMessageType.REPLY, seqid)
+                getattr(FlatKV, name + "_result")(
+                    err=KvError(code=1234, message="from a newer peer")).write(q)
+                q.writeMessageEnd()
+                data = out.getvalue()
+                s.sendall(struct.pack(">i", len(data)) + data)
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", 0))
+listener.listen(8)
+fake_address = "127.0.0.1:%d" % listener.getsockname()[1]
+threading.Thread(target=fake_peer, args=(listener,), daemon=True).start()
+fake = "/flatkv/thriftbinary%d:%s" % (D, fake_address)
+kz.create("/flatkv/.cluster/marks/%d" % D, b"")
+kz.create(fake, ("thriftbinary%d:%s" % (D, fake_address)).encode(), ephemeral=True)
+ring_d = dict(whole())
+ring_d[D] = [fake_address]
+took = harness.wait_ring([ma.port], ring_d, 10)
+check(took is not None, "a fake member node for mark %d naming a plain socket shows in the ring" % D)
+c, t = ma.client()
+errs = [error_of(lambda: c.get(B + 10)), error_of(lambda: c.put(B + 11, b"x")),
+        error_of(lambda: c.remove(B + 12))]
+t.close()
+check(all(e is not None and e[0] == "UNAVAILABLE" and "unknown error code 1234" in e[1] and
+          fake_address in e[1] for e in errs),
+      "get/put/remove through a peer answering error code 1234: UNAVAILABLE naming the code "
+      "and the peer (%s)" % errs)
+kz.delete(fake)
+kz.delete("/flatkv/.cluster/marks/%d" % D)
+listener.close()
 kz.stop()
 kz.close()
 took = harness.wait_ring([ma.port], whole(), 10)
