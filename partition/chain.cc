@@ -508,14 +508,12 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
     down_known_ = true;
     down_applied_ = std::min(msg.applied, applied_.seq);
     sent_upto_ = down_applied_;
-  } else if (down_is_joiner_ && msg.applied < log_base_.seq) {
-    // The joiner lost what it had (it started over): a copy, again.
-    std::string to = down_;
-    DropDownstream();
-    RequestSnapshot(to, now, out);
-    return;
   } else {
-    // Acks may arrive out of order: the position only grows.
+    // Acks may arrive out of order: the position only grows. (A joiner
+    // that lost what it had says so with a new kSyncRequest, which resets
+    // it; an ack below the log's base is an old one, not a restart: taking
+    // it for one dropped a joiner that had registered, and the tail then
+    // committed, and trimmed, past what its new successor held.)
     down_applied_ = std::max(down_applied_, std::min(msg.applied, applied_.seq));
   }
   Commit(msg.committed, out);

@@ -473,3 +473,40 @@ TEST_CASE("a member restarted while catching up from a copy empties its store fi
   REQUIRE(SyncRequestIn(ko) != nullptr);
   CHECK(SyncRequestIn(ko)->position.seq == 40);
 }
+
+TEST_CASE("a late ack from a joiner below the tail's log is not taken for a restart") {
+  // Acks overtake each other. A tail that read an old one as "the joiner
+  // started over" dropped a joiner that had registered and committed past
+  // it alone, so the joiner became a successor the log could not serve.
+  Net net;
+  ChainOptions small;
+  small.backlog_bytes = 1;  // keep nothing committed
+  net.members["a"] = std::make_unique<ChainMember>("a", small, ChainPosition{});
+  Register(net, {"a"}, {1});
+  net.Config(Make(1, 7, {"a"}, {1}));
+  for (uint64_t r = 1; r <= 5; ++r) net.Write("a", r, r);
+  ChainMember& a = *net.members["a"];
+  ChainOutput o;
+  ChainMessage ask;
+  ask.kind = ChainMessage::Kind::kSyncRequest;
+  ask.chain = 7;
+  ask.position = a.applied();
+  a.OnMessage("j", ask, 0, &o);
+  REQUIRE(a.downstream() == "j");
+  for (uint64_t r = 6; r <= 7; ++r) net.Write("a", r, r);
+  ChainMessage ack;
+  ack.kind = ChainMessage::Kind::kAck;
+  ack.chain = 7;
+  ack.applied = 7;
+  ack.committed = 7;  // the joiner is the end: what it applied commits
+  ChainOutput o2;
+  a.OnMessage("j", ack, 0, &o2);
+  CHECK(a.committed() == 7);
+  ack.applied = 5;  // sent before the one above
+  ack.committed = 5;
+  ChainOutput o3;
+  a.OnMessage("j", ack, 0, &o3);
+  CHECK(o3.snapshots.empty());
+  CHECK(a.downstream() == "j");
+  CHECK(a.downstream_applied() == 7);
+}
