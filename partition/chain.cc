@@ -137,6 +137,7 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
     chain_committed_ = 0;
     record_at_ = committed_;
     record_sent_ = false;
+    chain_since_ = config_.version;
   }
   if (is_head()) {
     epoch_ = config_.epochs[0];
@@ -151,6 +152,7 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
       // A new successor: send everything after the commit point (what it
       // should have), until its first ack says where it really is.
       down_ = succ;
+      down_floor_ = 0;
       down_applied_ = std::min(committed_, applied_.seq);
       down_known_ = false;
       sent_upto_ = down_applied_;
@@ -258,6 +260,7 @@ bool ChainMember::Covers(const ChainPosition& p) const {
 
 void ChainMember::DropDownstream() {
   down_known_ = true;
+  down_floor_ = 0;
   down_.clear();
   down_is_joiner_ = false;
   down_applied_ = 0;
@@ -329,15 +332,21 @@ void ChainMember::Pump(int64_t now, ChainOutput* out) {
 void ChainMember::SendAck(int64_t now, ChainOutput* out) {
   const std::string& pred = predecessor();
   if (pred.empty()) return;
-  if (acked_applied_ == applied_.seq && acked_committed_ == chain_committed_) return;
+  const uint64_t floor = std::max(committed_, down_floor_);
+  if (acked_applied_ == applied_.seq && acked_committed_ == chain_committed_ &&
+      acked_floor_ == floor) {
+    return;
+  }
   acked_applied_ = applied_.seq;
   acked_committed_ = chain_committed_;
+  acked_floor_ = floor;
   last_ack_ms_ = now;
   ChainMessage m;
   m.kind = ChainMessage::Kind::kAck;
   m.chain = config_.id;
   m.applied = applied_.seq;
   m.committed = chain_committed_;
+  m.floor = floor;
   for (ChainOutput::Send& s : out->sends) {
     if (s.to == pred && s.msg.kind == ChainMessage::Kind::kAck) {
       s.msg = std::move(m);
@@ -516,6 +525,12 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
     // committed, and trimmed, past what its new successor held.)
     down_applied_ = std::max(down_applied_, std::min(msg.applied, applied_.seq));
   }
+  // A member after this one may have committed, and as a tail served
+  // reads, past what this one knows (a tail that dropped its joiner went
+  // on alone): the new chain is recorded (which verifies every member)
+  // only once its tail holds that too.
+  down_floor_ = std::max(down_floor_, msg.floor);
+  if (is_head() && !Recorded() && !record_sent_) record_at_ = std::max(record_at_, msg.floor);
   Commit(msg.committed, out);
   SendAck(now, out);
   Pump(now, out);

@@ -95,6 +95,11 @@ struct ChainConfig {
   // whole chain is gone one of those members, with its store intact, may
   // start it again alone. Empty for a mark that never had a chain.
   std::vector<std::string> recorded;
+  // The ring version the recorded chain was recorded under (its record's
+  // ring_version). A record asked for under an older ring can land after a
+  // newer one was read: a head trusts a record only from its own chain's
+  // time (Recorded()).
+  int64_t recorded_version = 0;
 };
 
 // A message between two members of one mark.
@@ -110,7 +115,10 @@ struct ChainMessage {
   std::vector<ChainEntry> entries;
   uint64_t applied = 0;
   uint64_t committed = 0;  // the commit point under this chain
-  uint64_t floor = 0;      // down: every write up to here was committed (under any chain)
+  // Down: every write up to here was committed (under any chain). Up (an
+  // ack): the highest commit point the sender or a member after it has
+  // known (a tail may have served reads up to there).
+  uint64_t floor = 0;
   ChainPosition position;
 };
 
@@ -290,7 +298,15 @@ class ChainMember {
   // sync, applied under async); tail: serves the parked reads whose key's
   // writes are committed. Only while the chain is recorded and leased.
   void Release(ChainOutput* out);
-  bool Recorded() const { return config_.recorded == config_.members; }
+  // The current chain is the recorded one. For the head, which answers
+  // writes by it, only by a record made under this chain (from the version
+  // it first saw it): an older record of the same members may be followed
+  // by a late one of another chain (asked for before, landing after this
+  // view was read), which would then name members lacking what it answered.
+  bool Recorded() const {
+    if (config_.recorded != config_.members) return false;
+    return !is_head() || config_.recorded_version >= chain_since_;
+  }
   // May answer writes and sync reads: the lease holds, or it is alone.
   bool Leased() const { return lease_ || !company_; }
   void Trim();
@@ -337,6 +353,7 @@ class ChainMember {
   uint64_t committed_ = 0;
   uint64_t chain_committed_ = 0;
   uint64_t record_at_ = 0;       // head: record the chain once chain_committed_ reaches it
+  int64_t chain_since_ = 0;      // the ring version this member first saw the current chain at
   bool record_sent_ = false;
   std::deque<ChainEntry> log_;   // (log_base_, applied_], contiguous
   ChainPosition log_base_;
@@ -348,6 +365,9 @@ class ChainMember {
   std::string down_;
   bool down_is_joiner_ = false;
   uint64_t down_applied_ = 0;
+  // The highest commit point a member after this one has known (under any
+  // chain), from its acks' floor.
+  uint64_t down_floor_ = 0;
   bool down_known_ = true;  // down_applied_ came from its ack (not assumed)
   uint64_t sent_upto_ = 0;
   int64_t down_progress_ms_ = 0;  // last ack from downstream (or start)
@@ -355,6 +375,7 @@ class ChainMember {
   // Upstream acks.
   uint64_t acked_applied_ = UINT64_MAX;  // last ack sent: applied, committed
   uint64_t acked_committed_ = 0;
+  uint64_t acked_floor_ = 0;
   int64_t last_ack_ms_ = 0;
 
   // Head: writes waiting for the commit point (sync), in seq order.

@@ -591,6 +591,7 @@ partition::ChainConfig Replicator::ConfigOf(const partition::Ring& ring) const {
   }
   c.id = id;
   c.recorded = p->recorded;
+  c.recorded_version = p->recorded_ring_version;
   return c;
 }
 

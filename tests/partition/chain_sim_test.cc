@@ -232,6 +232,7 @@ class Sim {
     c.id = id;
     c.version = version_;
     c.recorded = recorded_;
+    c.recorded_version = recorded_version_;
     return c;
   }
 

@@ -76,6 +76,7 @@ ChainConfig Make(int64_t version, uint64_t id, std::vector<std::string> members,
   c.epochs = std::move(epochs);
   c.sync = sync;
   c.recorded = c.members;  // recorded already (the head asks when it is not)
+  c.recorded_version = version;
   return c;
 }
 
@@ -509,4 +510,24 @@ TEST_CASE("a late ack from a joiner below the tail's log is not taken for a rest
   CHECK(o3.snapshots.empty());
   CHECK(a.downstream() == "j");
   CHECK(a.downstream_applied() == 7);
+}
+
+TEST_CASE("a head answers writes only by a record of its chain made under this chain") {
+  // The same members were recorded under an older ring; since then another
+  // chain was asked for (its record may still land). The head records
+  // again and answers once that record is read back.
+  Net net;
+  net.Add("a");
+  Register(net, {"a"}, {1});
+  ChainConfig c = Make(5, 7, {"a"}, {1});
+  c.recorded_version = 3;
+  net.Config(c);
+  net.Write("a", 1, 1);
+  CHECK(net.replies.count(1) == 0);
+  CHECK(net.record == std::vector<std::string>{"a"});
+  c.version = 6;
+  c.recorded_version = 5;  // the head's own record, under version 5
+  net.Config(c);
+  CHECK(net.replies.count(1) == 1);
+  CHECK(net.replies[1]);
 }
