@@ -403,14 +403,21 @@ Status FlatTable::ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size
                                              params_.index.data_files));
   }
   guess = static_cast<size_t>(std::min<uint64_t>(guess, end - pos));
-  if (buf->size() < guess) buf->resize(guess);
-  size_t got = 0;
-  FLATKV_RETURN_IF_ERROR(log->Read(pos, guess, buf->data(), &got));
+  // Within one page and in the page cache: parsed in place, no system call
+  // (the checksum is verified either way, by ParseRecord).
+  const char* data = log->MappedRange(pos, guess);
+  size_t got = guess;
+  if (data == nullptr) {
+    if (buf->size() < guess) buf->resize(guess);
+    FLATKV_RETURN_IF_ERROR(log->Read(pos, guess, buf->data(), &got));
+    data = buf->data();
+  }
   const char* reason = "truncated record";
-  ParseResult r = ParseRecord(buf->data(), got, view, &reason);
+  ParseResult r = ParseRecord(data, got, view, &reason);
   if (r == ParseResult::kIncomplete && got == guess) {
     // No size hint (4-byte slots) and a record larger than the first read.
     const size_t need = static_cast<size_t>(std::min<uint64_t>(view->size, end - pos));
+    if (data != buf->data()) buf->assign(data, got);
     buf->resize(need);
     size_t more = 0;
     FLATKV_RETURN_IF_ERROR(log->Read(pos + got, need - got, buf->data() + got, &more));

@@ -12,6 +12,22 @@
 // page cache and are written back as usual.
 // Only the writer (holding the table's per-file mutex) touches the window;
 // readers never dereference it, so it can be replaced without coordination.
+//
+// Read mappings (MappedRange) are separate: read-only, and never moved or
+// shrunk while the file is open, because a reader may hold an address into
+// one without any lock. A chunk first reserves kReadChunkBytes of address
+// space (PROT_NONE anonymous, which costs no memory and keeps the range
+// ours), then maps the file over the front of it with MAP_FIXED, up to the
+// file's size on disk. As the file grows, the next piece is mapped with
+// MAP_FIXED right after the previous one; the kernel merges the pieces into
+// one VMA, so a chunk costs at most two (the mapped part and the rest of the
+// reservation). Mapping only up to the size on disk is what keeps reads safe
+// from SIGBUS: the end only moves forward while open (Reserve and WriteDirect
+// fallocate before they publish alloc_), and the only shrinking calls
+// (Truncate, Close) run with no reader inside and drop the mappings first.
+// If a MAP_FIXED ever fails the chunk is marked broken and never extended
+// again (its reservation may now have a hole someone else could map into);
+// reads there use pread.
 #include "engine/log_file.h"
 
 #include <fcntl.h>
@@ -207,6 +223,70 @@ Status LogFile::Read(uint64_t pos, size_t n, char* dst, size_t* got) const {
   return Status::OK();
 }
 
+const char* LogFile::MapSlow(uint64_t pos, size_t n) const {
+  if (n == 0 || (pos & (kMapPage - 1)) + n > kMapPage) return nullptr;
+  std::lock_guard<std::mutex> lock(map_mu_);
+  if (fd_ < 0) return nullptr;
+  const uint64_t c = pos / kReadChunkBytes;
+  const int b = 63 - __builtin_clzll(c + 1);
+  ReadChunk* blk = blocks_[b].load(std::memory_order_relaxed);
+  if (blk == nullptr) {
+    blk = new ReadChunk[uint64_t{1} << b];
+    blocks_[b].store(blk, std::memory_order_release);
+  }
+  ReadChunk& ch = blk[c + 1 - (uint64_t{1} << b)];
+  const uint64_t chunk_start = c * kReadChunkBytes;
+  const uint64_t off = pos - chunk_start;
+  if (off + n <= ch.valid.load(std::memory_order_relaxed)) {
+    return ch.base.load(std::memory_order_relaxed) + off;  // another reader mapped it
+  }
+  // The file's size on disk: every byte below it is written or fallocated.
+  const uint64_t size = alloc_.load(std::memory_order_acquire);
+  if (ch.broken || size <= chunk_start) return nullptr;
+  const uint64_t valid = std::min(kReadChunkBytes, size - chunk_start);
+  if (off + n > valid) return nullptr;
+  char* base = ch.base.load(std::memory_order_relaxed);
+  if (base == nullptr) {
+    void* r = mmap(nullptr, kReadChunkBytes, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return nullptr;
+    base = static_cast<char*>(r);
+    ch.base.store(base, std::memory_order_relaxed);
+  }
+  // The last page may hold the file's end: its bytes past the end read as
+  // zeros (no SIGBUS; only pages wholly past the end would fault).
+  const uint64_t extent = RoundUp(valid, kMapPage);
+  if (extent > ch.mapped) {
+    void* r = mmap(base + ch.mapped, extent - ch.mapped, PROT_READ, MAP_SHARED | MAP_FIXED, fd_,
+                   static_cast<off_t>(chunk_start + ch.mapped));
+    if (r == MAP_FAILED) {
+      ch.broken = true;
+      return nullptr;
+    }
+    // One page per miss: no read-around (see the header).
+    madvise(base + ch.mapped, extent - ch.mapped, MADV_RANDOM);
+    read_mapped_.fetch_add(extent - ch.mapped, std::memory_order_relaxed);
+    ch.mapped = extent;
+  }
+  ch.valid.store(valid, std::memory_order_release);
+  return base + off;
+}
+
+void LogFile::UnmapReads() {
+  std::lock_guard<std::mutex> lock(map_mu_);
+  for (int b = 0; b < 64; ++b) {
+    ReadChunk* blk = blocks_[b].load(std::memory_order_relaxed);
+    if (blk == nullptr) continue;
+    for (uint64_t i = 0; i < (uint64_t{1} << b); ++i) {
+      char* base = blk[i].base.load(std::memory_order_relaxed);
+      if (base != nullptr) munmap(base, kReadChunkBytes);
+    }
+    blocks_[b].store(nullptr, std::memory_order_relaxed);
+    delete[] blk;
+  }
+  read_mapped_.store(0, std::memory_order_relaxed);
+}
+
 Status LogFile::Sync() {
   if (fd_ < 0) return Status::OK();
   if (fdatasync(fd_) != 0) return Status::FromErrno("fdatasync " + path_, errno);
@@ -215,6 +295,7 @@ Status LogFile::Sync() {
 
 Status LogFile::Truncate(uint64_t end) {
   Unmap();
+  UnmapReads();  // they may cover what is cut; no reader is inside (see the header)
   if (ftruncate(fd_, static_cast<off_t>(end)) != 0) {
     return Status::FromErrno("truncating " + path_, errno);
   }
@@ -245,6 +326,7 @@ void LogFile::Unmap() {
 void LogFile::Discard() {
   if (fd_ < 0) return;
   Unmap();
+  UnmapReads();
   ::close(fd_);
   fd_ = -1;
 }
@@ -254,6 +336,7 @@ Status LogFile::Close() {
   Status st;
   if (alloc_ != end()) st = Truncate(end());
   Unmap();
+  UnmapReads();
   if (st.ok()) st = Sync();
   ::close(fd_);
   fd_ = -1;

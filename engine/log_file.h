@@ -6,21 +6,38 @@
 // a killed process. The reservation also turns a full disk into an ENOSPC from
 // fallocate (a NoSpace status) instead of a SIGBUS on a mapped page. Records of
 // kDirectWriteBytes or more are written with pwritev instead, which is cheaper
-// than faulting in their pages one by one. Reads use pread(), which sees the
-// mapped writes through the shared page cache.
+// than faulting in their pages one by one.
+//
+// Reads of a range that lies within one 4 KiB page go through read-only
+// mappings of the file (MappedRange), so a get whose record is in the page
+// cache makes no system call; everything else uses pread(). Both see the
+// writes through the shared page cache. The read mappings cover the file in
+// fixed chunks of kReadChunkBytes: each chunk reserves its address range once
+// (PROT_NONE, no memory) and maps the file into it in place, only up to the
+// file's current size on disk (written or fallocated bytes), growing as the
+// file grows, so a read never touches a page past the end of the file (no
+// SIGBUS) and an address handed to a reader stays valid until Close() or
+// Discard(). The mappings are MADV_RANDOM: a miss faults in exactly the one
+// page the record lies in, which keeps a get at one disk read; a range that
+// spans two pages would be two faults, so it is read with one pread()
+// instead.
 //
 // On disk, the file may be longer than its logical end while open (the
 // reserved tail is zeros). Close() and recovery truncate it to the end.
 //
 // Thread safety: Append(), Sync() and Truncate() need external
-// synchronization (the table's per-file mutex). Read() and end() may be
-// called concurrently with everything, for positions below end().
+// synchronization (the table's per-file mutex). Read(), MappedRange() and
+// end() may be called concurrently with Append() and Sync(), for positions
+// below end(). Truncate(), Close() and Discard() drop the read mappings: no
+// reader may be inside the file then (the Store's Guard/SynchronizeReaders
+// ensure it; recovery truncates before any reader exists).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -35,6 +52,10 @@ Status SyncDirectory(const std::string& dir);
 class LogFile {
  public:
   static constexpr size_t kDirectWriteBytes = 64 * 1024;
+  // Read mappings (MappedRange) are made in chunks of this many bytes of the
+  // file, each at a fixed address once reserved.
+  static constexpr uint64_t kReadChunkBytes = 64ull << 20;
+  static constexpr uint64_t kMapPage = 4096;
 
   // Opens the file at "path", creating it empty if "create" and it is
   // missing. The logical end starts at the file's size.
@@ -51,6 +72,32 @@ class LogFile {
   // Reads up to n bytes at pos into dst; *got is the number read (fewer only
   // at the end of the file). One pread() call unless the kernel returns short.
   Status Read(uint64_t pos, size_t n, char* dst, size_t* got) const;
+
+  // Returns the address of [pos, pos + n) in a read-only mapping of the file
+  // when the range is non-empty, lies within one page and below the file's
+  // size on disk; nullptr otherwise (read it with Read()). Maps or extends
+  // the chunk holding it on first use (under map_mu_). The bytes stay
+  // readable until Close(), Discard() or Truncate(); they are the file's
+  // current contents, so a concurrent Append() past end() may change bytes
+  // past end() (callers read only below end()). No system call when the
+  // chunk already covers the range.
+  const char* MappedRange(uint64_t pos, size_t n) const {
+    if (n == 0 || (pos & (kMapPage - 1)) + n > kMapPage) return nullptr;
+    const uint64_t c = pos / kReadChunkBytes;
+    const int b = 63 - __builtin_clzll(c + 1);
+    const ReadChunk* blk = blocks_[b].load(std::memory_order_acquire);
+    if (blk != nullptr) {
+      const ReadChunk& ch = blk[c + 1 - (uint64_t{1} << b)];
+      const uint64_t off = pos % kReadChunkBytes;
+      if (off + n <= ch.valid.load(std::memory_order_acquire)) {
+        return ch.base.load(std::memory_order_relaxed) + off;
+      }
+    }
+    return MapSlow(pos, n);
+  }
+
+  // Bytes of the file currently mapped for reads (for tests and stats).
+  uint64_t read_mapped_bytes() const { return read_mapped_.load(std::memory_order_relaxed); }
 
   // fdatasync: everything appended so far is durable when it returns OK.
   Status Sync();
@@ -82,6 +129,18 @@ class LogFile {
   void Unmap();
   void Populate(uint64_t need);
 
+  // One chunk of the read mappings. base is set once (the reservation,
+  // before valid turns nonzero); valid only grows until UnmapReads().
+  struct ReadChunk {
+    std::atomic<char*> base{nullptr};  // kReadChunkBytes reserved, mapped in front
+    std::atomic<uint64_t> valid{0};    // bytes of the chunk readable at base
+    uint64_t mapped = 0;               // GUARDED_BY(map_mu_): page-aligned extent mapped
+    bool broken = false;               // GUARDED_BY(map_mu_): a map failed; pread only
+  };
+  const char* MapSlow(uint64_t pos, size_t n) const;
+  // Unmaps every read chunk. Only with no reader inside the file.
+  void UnmapReads();
+
   const std::string path_;
   int fd_;
   std::atomic<uint64_t> end_;  // logical end: records live in [0, end_)
@@ -93,6 +152,13 @@ class LogFile {
   uint64_t window_len_ = 0;
   uint64_t released_ = 0;      // window pages below this were dropped from RSS
   uint64_t populated_ = 0;     // window pages below this are faulted in
+
+  // Read chunk c lives in block b = floor(log2(c + 1)), at index
+  // c + 1 - 2^b: block b holds 2^b chunks and is allocated (under map_mu_)
+  // when the file first grows into it, so 64 blocks cover any file.
+  mutable std::atomic<ReadChunk*> blocks_[64] = {};
+  mutable std::mutex map_mu_;  // creates and extends read mappings
+  mutable std::atomic<uint64_t> read_mapped_{0};
 };
 
 // LogReader walks the records of a log from an offset, verifying each. A bad

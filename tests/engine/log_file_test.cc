@@ -459,3 +459,127 @@ TEST_CASE("LogReader reads from a start offset up to a limit", "[engine][log]") 
   REQUIRE(r.reports.empty());
   REQUIRE(r.valid_end == log->end());
 }
+
+// ---- Read mappings (LogFile::MappedRange) ----
+
+namespace {
+
+// Mappings of "path" in this process (lines of /proc/self/maps naming it).
+int MappingsOf(const std::string& path) {
+  std::string maps = ReadFile("/proc/self/maps");
+  int n = 0;
+  for (size_t at = maps.find(path); at != std::string::npos; at = maps.find(path, at + 1)) ++n;
+  return n;
+}
+
+uint64_t RoundUpPage(uint64_t n) { return (n + LogFile::kMapPage - 1) / LogFile::kMapPage * LogFile::kMapPage; }
+
+}  // namespace
+
+TEST_CASE("LogFile::MappedRange gives a record's bytes in place when it lies within one page",
+          "[engine][log][mmap]") {
+  TempDir dir;
+  auto log = Open(dir / "data.log");
+  std::vector<size_t> sizes;
+  for (int i = 0; i < 300; ++i) sizes.push_back(static_cast<size_t>(i * 37 % 700));
+  const auto recs = AppendAll(log.get(), sizes);
+  int mapped = 0, crossing = 0;
+  for (const Written& w : recs) {
+    INFO("record at " << w.pos << ", " << w.size << " bytes");
+    const bool one_page = w.pos / LogFile::kMapPage == (w.pos + w.size - 1) / LogFile::kMapPage;
+    const char* p = log->MappedRange(w.pos, w.size);
+    if (!one_page) {
+      REQUIRE(p == nullptr);  // two pages: the caller preads (one read, not two faults)
+      ++crossing;
+      continue;
+    }
+    REQUIRE(p != nullptr);
+    ++mapped;
+    RecordView view;
+    REQUIRE(ParseRecord(p, w.size, &view) == ParseResult::kOk);
+    REQUIRE(view.key == w.key);
+    REQUIRE(std::string(view.value) == w.value);
+  }
+  CHECK(mapped > 200);
+  CHECK(crossing > 0);
+  CHECK(log->MappedRange(0, 0) == nullptr);
+  // Never past the file's size on disk (reserved space included).
+  CHECK(log->MappedRange(RoundUpPage(log->allocated()) + 8, 16) == nullptr);
+  CHECK(log->read_mapped_bytes() <= RoundUpPage(log->allocated()));
+  CHECK(log->read_mapped_bytes() <= RoundUpPage(FileSize(dir / "data.log")));
+}
+
+TEST_CASE("LogFile read mappings grow with the file and earlier addresses stay valid",
+          "[engine][log][mmap]") {
+  TempDir dir;
+  const std::string path = dir / "data.log";
+  auto log = Open(path);
+  const auto first = AppendAll(log.get(), {100, 200});
+  const char* p0 = log->MappedRange(first[0].pos, first[0].size);
+  REQUIRE(p0 != nullptr);
+  const uint64_t mapped_before = log->read_mapped_bytes();
+  // Grow the file by several reserve steps, through both write paths.
+  std::vector<size_t> sizes;
+  for (int i = 0; i < 3000; ++i) sizes.push_back(i % 500 == 0 ? 100000 : 300 + i % 50);
+  const auto later = AppendAll(log.get(), sizes, 7);
+  const Written& last = later.back();
+  REQUIRE(log->MappedRange(last.pos, last.size) != nullptr);
+  CHECK(log->read_mapped_bytes() > mapped_before);
+  CHECK(log->read_mapped_bytes() <= RoundUpPage(FileSize(path)));
+  // The first address is unchanged and still reads the first record.
+  REQUIRE(log->MappedRange(first[0].pos, first[0].size) == p0);
+  RecordView view;
+  REQUIRE(ParseRecord(p0, first[0].size, &view) == ParseResult::kOk);
+  REQUIRE(std::string(view.value) == first[0].value);
+  // Every one-page record reads back through its mapping.
+  for (const Written& w : later) {
+    const char* p = log->MappedRange(w.pos, w.size);
+    if (p == nullptr) continue;
+    REQUIRE(ParseRecord(p, w.size, &view) == ParseResult::kOk);
+    REQUIRE(std::string(view.value) == w.value);
+  }
+  // One chunk, grown in place: the kernel keeps it to one or two mappings.
+  CHECK(MappingsOf(path) <= 3);
+}
+
+TEST_CASE("LogFile releases its read mappings on Close, Discard and Truncate",
+          "[engine][log][mmap]") {
+  TempDir dir;
+  const std::string path = dir / "data.log";
+  const std::string how = GENERATE(std::string("close"), std::string("discard"),
+                                   std::string("truncate"));
+  auto log = Open(path);
+  const auto recs = AppendAll(log.get(), {100, 200, 300});
+  REQUIRE(log->MappedRange(recs[2].pos, recs[2].size) != nullptr);
+  REQUIRE(MappingsOf(path) >= 1);
+  if (how == "close") REQUIRE(log->Close().ok());
+  if (how == "discard") log->Discard();
+  if (how == "truncate") {
+    REQUIRE(log->Truncate(recs[1].pos + recs[1].size).ok());
+    CHECK(log->MappedRange(recs[2].pos, recs[2].size) == nullptr);  // cut off
+    CHECK(log->MappedRange(recs[0].pos, recs[0].size) != nullptr);  // mapped anew
+    REQUIRE(log->Close().ok());
+  }
+  CHECK(log->read_mapped_bytes() == 0);
+  CHECK(MappingsOf(path) == 0);
+  CHECK(log->MappedRange(recs[0].pos, recs[0].size) == nullptr);  // closed: Read() reports it
+}
+
+TEST_CASE("LogFile read mappings of a reopened file cover its whole size and no more",
+          "[engine][log][mmap]") {
+  TempDir dir;
+  const std::string path = dir / "data.log";
+  const auto recs = WriteThree(path, 100, 5000, 30);  // closed: truncated to its end
+  const uint64_t size = FileSize(path);
+  REQUIRE(size % LogFile::kMapPage != 0);
+  std::unique_ptr<LogFile> log;
+  REQUIRE(LogFile::Open(path, false, &log).ok());
+  const Written& tail = recs[2];  // in the file's last, partial page
+  const char* p = log->MappedRange(tail.pos, tail.size);
+  REQUIRE(p != nullptr);
+  RecordView view;
+  REQUIRE(ParseRecord(p, tail.size, &view) == ParseResult::kOk);
+  CHECK(std::string(view.value) == tail.value);
+  CHECK(log->read_mapped_bytes() == RoundUpPage(size));
+  CHECK(log->MappedRange(size, 8) == nullptr);  // past the end: not mapped
+}

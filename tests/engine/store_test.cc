@@ -2,13 +2,17 @@
 // demand, sparse key spaces, and reopening without reading the data files.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -833,4 +837,243 @@ TEST_CASE("Every kind of operation runs beside table closes, reopens and compact
       REQUIRE(got == v);
     }
   }
+}
+
+// ---- Reads through the read mappings (LogFile::MappedRange) ----
+
+namespace {
+
+// Distinct for every key (the key's digits, then letters).
+std::string UniqueValue(int64_t key, size_t size) {
+  std::string v = std::to_string(key) + ":" + ValueFor(key, size);
+  v.resize(size);
+  return v;
+}
+
+// Read mappings of data files in this process (lines of /proc/self/maps).
+size_t DataFileMappings() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/data-") != std::string::npos && line.find(".log") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+void CheckAll(Store& store, int64_t from, int64_t to, size_t size) {
+  for (int64_t k = from; k < to; ++k) {
+    std::string v;
+    INFO("key " << k);
+    REQUIRE(store.Get(k, &v).ok());
+    REQUIRE(v == UniqueValue(k, size));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Gets are right on both sides of a 64 MiB read-mapping chunk edge, compacted and reopened",
+          "[engine][store][mmap]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.data_files = 1;  // one file, records back to back: record i at i * 1032
+  o.compaction_garbage_ratio = 0;
+  constexpr size_t kSize = 1000;
+  const int64_t keys = static_cast<int64_t>((66u << 20) / (kSize + 32));  // past 64 MiB
+  // The record that straddles the chunk edge at 64 MiB.
+  const int64_t edge = static_cast<int64_t>((64u << 20) / (kSize + 32));
+  REQUIRE(edge * static_cast<int64_t>(kSize + 32) < (64 << 20));
+  REQUIRE((edge + 1) * static_cast<int64_t>(kSize + 32) > (64 << 20));
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(o, &store).ok());
+    for (int64_t k = 0; k < keys; ++k) REQUIRE(store->Put(k, UniqueValue(k, kSize)).ok());
+    CheckAll(*store, 0, keys, kSize);
+    CheckAll(*store, edge - 3, edge + 4, kSize);
+    // Overwrites grow the file past what the reads above mapped.
+    for (int64_t k = 0; k < keys; k += 7) REQUIRE(store->Put(k, UniqueValue(k + 1, kSize)).ok());
+    for (int64_t k = 0; k < keys; ++k) {
+      std::string v;
+      REQUIRE(store->Get(k, &v).ok());
+      REQUIRE(v == UniqueValue(k % 7 == 0 ? k + 1 : k, kSize));
+    }
+    REQUIRE(store->CompactAndWait().ok());
+    for (int64_t k = 0; k < keys; k += 7) REQUIRE(store->Put(k, UniqueValue(k, kSize)).ok());
+    CheckAll(*store, 0, keys, kSize);
+  }
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  CheckAll(*store, 0, keys, kSize);
+}
+
+TEST_CASE("Gets read new records while the data file grows and compactions replace it",
+          "[engine][store][mmap]") {
+  // For ThreadSanitizer as well: readers take the mapped path (and extend
+  // the mappings) while a writer appends and the compactor switches tables.
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.data_files = 2;
+  o.compaction_garbage_ratio = 0;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  constexpr int64_t kKeys = 20000;
+  std::atomic<int64_t> written{0};
+  std::atomic<bool> failed{false};
+  std::thread writer([&] {
+    for (int64_t k = 0; k < kKeys && !failed; ++k) {
+      if (!store->Put(k, UniqueValue(k, 100 + k % 300)).ok()) failed = true;
+      written.store(k + 1, std::memory_order_release);
+      if (k % 5000 == 4999 && !store->Compact().ok()) failed = true;
+    }
+  });
+  std::vector<std::thread> readers;
+  std::atomic<uint64_t> reads{0};
+  for (int t = 0; t < 2; ++t) {
+    readers.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      while (!failed && written.load(std::memory_order_acquire) < kKeys) {
+        const int64_t n = written.load(std::memory_order_acquire);
+        if (n == 0) continue;
+        // Mostly the newest keys: their records lie past what was mapped.
+        const int64_t k = rng() % 2 ? n - 1 - static_cast<int64_t>(rng() % std::min<int64_t>(n, 16))
+                                    : static_cast<int64_t>(rng() % n);
+        std::string v;
+        if (!store->Get(k, &v).ok() || v != UniqueValue(k, 100 + k % 300)) failed = true;
+        reads.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  writer.join();
+  for (auto& r : readers) r.join();
+  REQUIRE_FALSE(failed);
+  CHECK(reads.load() > 0);
+  for (int64_t k = 0; k < kKeys; ++k) {
+    std::string v;
+    REQUIRE(store->Get(k, &v).ok());
+    REQUIRE(v == UniqueValue(k, 100 + k % 300));
+  }
+}
+
+TEST_CASE("A record damaged on disk while the store is open fails with Corruption for its key only",
+          "[engine][store][mmap]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.data_files = 1;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  for (int64_t k = 0; k < 100; ++k) REQUIRE(store->Put(k, UniqueValue(k, 100)).ok());
+  CheckAll(*store, 0, 100, 100);  // every record read once (and mapped)
+  // Flip a byte of key 42's value in the file: the page cache, and so the
+  // mapping the reads above used, now holds the damaged byte.
+  std::string path;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(o.path)) {
+    if (e.path().filename() == "data-000.log") path = e.path().string();
+  }
+  REQUIRE(!path.empty());
+  const std::string data = flatkv::test::ReadFile(path);
+  const size_t at = data.find(UniqueValue(42, 100));
+  REQUIRE(at != std::string::npos);
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  REQUIRE(fd >= 0);
+  const char flipped = static_cast<char>(data[at + 50] ^ 0x20);
+  REQUIRE(pwrite(fd, &flipped, 1, static_cast<off_t>(at + 50)) == 1);
+  ::close(fd);
+  const uint64_t corrupt = store->GetStats().corrupt_records;
+  std::string v = "unchanged";
+  REQUIRE(store->Get(42, &v).IsCorruption());
+  CHECK(v == "unchanged");
+  CHECK(store->GetStats().corrupt_records == corrupt + 1);
+  CheckAll(*store, 0, 42, 100);
+  CheckAll(*store, 43, 100, 100);
+  REQUIRE(store->Put(42, "repaired").ok());
+  REQUIRE(store->Get(42, &v).ok());
+  CHECK(v == "repaired");
+}
+
+TEST_CASE("Tables closed for max_open_files release their read mappings and read right reopened",
+          "[engine][store][mmap][open_files]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.segment_keys = 64;
+  o.data_files = 4;
+  o.max_open_files = 15;  // three tables of five descriptors
+  constexpr int kSegments = 40;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  const int64_t keys = int64_t{kSegments} * 64;
+  for (int64_t k = 0; k < keys; ++k) REQUIRE(store->Put(k, UniqueValue(k, 120)).ok());
+  for (int round = 0; round < 3; ++round) {
+    CheckAll(*store, 0, keys, 120);  // every table reopened, its files mapped
+    CHECK(store->GetStats().segments_open <= 4);
+    // Open tables' files only: at most 4 tables x 4 files, a chunk each
+    // (a mapped part plus the rest of its reservation is one or two lines).
+    CHECK(DataFileMappings() <= 4 * 4 * 2);
+  }
+  CHECK(store->GetStats().segment_closes >= kSegments - 4);
+  store.reset();
+  CHECK(DataFileMappings() == 0);
+}
+
+namespace {
+
+// Pages of "path" in the page cache, or -1 if that cannot be told.
+long ResidentPages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return -1;
+  const uint64_t size = flatkv::test::FileSize(path);
+  void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return -1;
+  const size_t pages = (size + 4095) / 4096;
+  std::vector<unsigned char> vec(pages);
+  long n = -1;
+  if (mincore(p, size, vec.data()) == 0) {
+    n = 0;
+    for (unsigned char c : vec) n += c & 1;
+  }
+  munmap(p, size);
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("A get of an uncached record within one page brings in that page only",
+          "[engine][store][mmap]") {
+  // "At most one disk read per get": the read mapping is MADV_RANDOM, so
+  // the fault reads the record's page and no read-around.
+  flatkv::test::TempDir dir;
+  EngineOptions o;
+  o.path = dir / "s";
+  o.data_files = 1;
+  constexpr int64_t kKeys = 2000;  // 132-byte records: about 65 pages
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(o, &store).ok());
+    for (int64_t k = 0; k < kKeys; ++k) REQUIRE(store->Put(k, UniqueValue(k, 100)).ok());
+  }  // closed: synced, so the pages are clean and can be dropped
+  std::string path;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(o.path)) {
+    if (e.path().filename() == "data-000.log") path = e.path().string();
+  }
+  REQUIRE(!path.empty());
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  ::close(fd);
+  if (ResidentPages(path) != 0) {
+    WARN("the page cache kept " << path << " (tmpfs?): nothing to measure here");
+    return;
+  }
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());  // a clean open reads no log byte
+  CHECK(ResidentPages(path) == 0);
+  const int64_t key = 1000;  // at 132000: bytes 928..1060 of its page
+  REQUIRE((key * 132) % 4096 + 132 <= 4096);
+  std::string v;
+  REQUIRE(store->Get(key, &v).ok());
+  REQUIRE(v == UniqueValue(key, 100));
+  CHECK(ResidentPages(path) == 1);
 }
