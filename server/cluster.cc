@@ -11,7 +11,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <future>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -679,6 +681,21 @@ Status Cluster::StartRemoveMark(int64_t removed) {
     const auto again = registry_->ring();
     const partition::RingChange* now = again ? again->change() : nullptr;
     if (now != nullptr && now->kind == "remove" && now->mark == removed) return Status::OK();
+  } else if (!st.ok()) {
+    // A ZooKeeper timeout may come after the node was created (the answer,
+    // not the request, was lost: seen under load in CI). Tell the admin
+    // what happened, not what might have: the ring's view shows it within
+    // a moment if it did.
+    for (int i = 0; i < 30; ++i) {
+      const auto again = registry_->ring();
+      const partition::RingChange* now = again ? again->change() : nullptr;
+      if (now != nullptr && now->kind == "remove" && now->mark == removed) {
+        spdlog::info("ring change: removing mark {} (created, though ZooKeeper answered {})",
+                     removed, st.ToString());
+        return Status::OK();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
   FLATKV_RETURN_IF_ERROR(st);
   spdlog::info("ring change: removing mark {}: {}", removed, change.ToJson());
