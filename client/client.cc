@@ -56,6 +56,11 @@ std::string Client::address() const {
   return options_.host + ":" + std::to_string(options_.port);
 }
 
+int Client::socket_fd() const {
+  if (!conn_ || !conn_->socket->isOpen()) return -1;
+  return static_cast<int>(conn_->socket->getSocketFD());
+}
+
 Status Client::Connect() {
   if (conn_) return Status::OK();
   const int frame = static_cast<int>(std::min<uint32_t>(options_.max_frame_bytes, INT32_MAX));

@@ -58,6 +58,9 @@ class Client {
   void Close();
   // "host:port", for messages.
   std::string address() const;
+  // The open connection's socket (-1 if none): to poll() whether an answer
+  // to a call sent with send_x has arrived before reading it.
+  int socket_fd() const;
   // True when the last call failed without an answer from the server (it
   // could not connect, the connection broke or timed out, or the answer was
   // malformed): an IOError naming host:port. False after a success and after

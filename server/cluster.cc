@@ -87,7 +87,8 @@ Cluster::Cluster(const Config& config, std::unique_ptr<partition::Registry> regi
 Cluster::~Cluster() { Close(); }
 
 Status Cluster::StartReplication(const Config& config, engine::Store* store,
-                                 engine::cache::WriteBackCache* cache) {
+                                 engine::cache::WriteBackCache* cache,
+                                 std::function<bool(std::function<void()>)> defer) {
   ReplicatorOptions o;
   o.self = advertise_;
   o.mark = mark();
@@ -100,6 +101,7 @@ Status Cluster::StartReplication(const Config& config, engine::Store* store,
   o.resync_bytes_per_sec = static_cast<uint64_t>(options_.resync_mb_per_sec) << 20;
   o.track_max_keys = static_cast<uint64_t>(options_.track_max_keys);
   o.chain.backlog_bytes = static_cast<uint64_t>(options_.backlog_bytes);
+  o.defer = std::move(defer);
   FLATKV_RETURN_IF_ERROR(Replicator::Start(std::move(o), store, cache, this, &replicator_));
   hooks_->replicator.store(replicator_.get());
   if (auto ring = registry_->ring()) replicator_->OnRing(ring);

@@ -66,9 +66,11 @@ class Cluster : public ChainCoordinator {
 
   // Starts chain replication of this member's store (server/replicator.h):
   // from then on Register() joins the chain (catch up first, then the
-  // member node) instead of registering at once. Before serving.
+  // member node) instead of registering at once. Before serving. "defer":
+  // ReplicatorOptions::defer (EventServer::AtRoundEnd in flatkv-server).
   Status StartReplication(const Config& config, engine::Store* store,
-                          engine::cache::WriteBackCache* cache);
+                          engine::cache::WriteBackCache* cache,
+                          std::function<bool(std::function<void()>)> defer = nullptr);
   Replicator* replicator() const { return replicator_.get(); }
 
   // Serving: joins the chain (with replication) or registers this

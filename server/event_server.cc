@@ -417,6 +417,18 @@ class EventServer::IoThread {
   event_base* base_ = nullptr;
   evconnlistener* listener_ = nullptr;
   event* wakeup_ = nullptr;
+  // AtRoundEnd(): made active behind the events already active, it runs
+  // at_round_end_ (this thread's only).
+  event* round_end_ = nullptr;
+  std::vector<std::function<void()>> at_round_end_;
+  static void OnRoundEnd(evutil_socket_t, short, void* arg);
+
+ public:
+  // The I/O thread the caller runs on, if any.
+  static thread_local IoThread* current;
+  bool AtRoundEnd(std::function<void()> fn);
+
+ private:
   // Wake-up pipe: ints, each an accepted socket handed over by another
   // thread, kStop, or kAnswered (calls wait in answered_).
   static constexpr int kStop = -1;
@@ -441,11 +453,13 @@ Status EventServer::IoThread::Init(int fd) {
     return Status::IOError("cannot create an event loop");
   }
   wakeup_ = event_new(base_, wake_fds_[0], EV_READ | EV_PERSIST, &IoThread::OnWakeup, this);
+  round_end_ = event_new(base_, -1, 0, &IoThread::OnRoundEnd, this);
   if (server_->async_factory_) async_ = server_->async_factory_(base_);
   // -1: the socket already listens.
   listener_ = evconnlistener_new(base_, &IoThread::OnAccept, this, LEV_OPT_CLOSE_ON_FREE, -1, fd);
   if (listener_ == nullptr) close(fd);
-  if (wakeup_ == nullptr || event_add(wakeup_, nullptr) != 0 || listener_ == nullptr) {
+  if (wakeup_ == nullptr || round_end_ == nullptr || event_add(wakeup_, nullptr) != 0 ||
+      listener_ == nullptr) {
     return Status::IOError("cannot create an event loop");
   }
   return Status::OK();
@@ -453,11 +467,35 @@ Status EventServer::IoThread::Init(int fd) {
 
 Status EventServer::IoThread::Start() {
   try {
-    thread_ = std::thread([this] { event_base_dispatch(base_); });
+    thread_ = std::thread([this] {
+      current = this;
+      event_base_dispatch(base_);
+      current = nullptr;
+    });
   } catch (const std::system_error& e) {
     return Status::IOError(std::string("cannot start an I/O thread: ") + e.what());
   }
   return Status::OK();
+}
+
+thread_local EventServer::IoThread* EventServer::IoThread::current = nullptr;
+
+bool EventServer::IoThread::AtRoundEnd(std::function<void()> fn) {
+  at_round_end_.push_back(std::move(fn));
+  if (at_round_end_.size() == 1) event_active(round_end_, EV_TIMEOUT, 0);
+  return true;
+}
+
+void EventServer::IoThread::OnRoundEnd(evutil_socket_t, short, void* arg) {
+  auto* self = static_cast<IoThread*>(arg);
+  std::vector<std::function<void()>> run;
+  run.swap(self->at_round_end_);
+  for (auto& fn : run) fn();
+}
+
+bool EventServer::AtRoundEnd(std::function<void()> fn) {
+  IoThread* io = IoThread::current;
+  return io != nullptr && io->AtRoundEnd(std::move(fn));
 }
 
 // A write of 4 bytes to a pipe is atomic: messages from several threads
@@ -534,6 +572,7 @@ void EventServer::IoThread::Free() {
   connections_.clear();
   if (listener_ != nullptr) evconnlistener_free(listener_);
   if (wakeup_ != nullptr) event_free(wakeup_);
+  if (round_end_ != nullptr) event_free(round_end_);
   if (base_ != nullptr) event_base_free(base_);
   for (int& fd : wake_fds_) {
     if (fd >= 0) close(fd);

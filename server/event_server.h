@@ -149,6 +149,11 @@ class EventServer {
   // Whether the caller is a call running inline on an I/O thread (which
   // must not wait for long).
   static bool InlineOnIoThread();
+  // On an I/O thread: runs "fn" on it once it has served every connection
+  // that was ready with the current one (the calls of one wake-up), and
+  // returns true; elsewhere returns false and drops "fn". So work that the
+  // calls of one wake-up each start can be done once for all of them.
+  static bool AtRoundEnd(std::function<void()> fn);
 
   // Binds server.io_threads listening sockets to host:port (port 0: a free
   // port, the same for all) and starts the I/O threads. Returns IOError

@@ -179,7 +179,10 @@ void Handler::LocalMultiPut(const std::vector<rpc::KvPair>& pairs) {
       ops[i].__set_value(pairs[i].value);
       keys[i] = static_cast<uint64_t>(pairs[i].key);
     }
-    if (!ops.empty()) ThrowIfError(replicator_->Write(std::move(ops), std::move(keys), nullptr));
+    if (!ops.empty()) {
+      ThrowIfError(replicator_->Write(std::move(ops), std::move(keys), nullptr, /*import=*/false,
+                                      /*run_here=*/true));
+    }
     return;
   }
   Status st = cache_->PutBatch(batch);

@@ -417,7 +417,8 @@ Status Handler::StartChainWrite(Method method, int64_t key, const std::string& s
   }
   if (has_value) op.__set_value(std::move(value));
   const uint64_t hash = static_cast<uint64_t>(string_keyed ? StringHash(string_key) : key);
-  replicator_->WriteAsync({std::move(op)}, {hash}, std::move(done));
+  replicator_->WriteAsync({std::move(op)}, {hash}, std::move(done), /*import=*/false,
+                          /*run_here=*/true);
   return Status::OK();
 }
 

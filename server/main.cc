@@ -382,7 +382,8 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
       return kExitBadConfig;
     }
     handler->SetCluster(cluster.get());
-    st = cluster->StartReplication(config, store.get(), cache.get());
+    st = cluster->StartReplication(config, store.get(), cache.get(),
+                                   &flatkv::server::EventServer::AtRoundEnd);
     if (!st.ok()) {
       spdlog::critical("cannot start chain replication: {}", st.ToString());
       cluster->Close();

@@ -9,6 +9,7 @@
 #include "server/replicator.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -211,7 +212,12 @@ class Replicator::PeerLink {
  public:
   PeerLink(const std::string& address, const ReplicatorOptions& options,
            std::atomic<int64_t>* sent, std::atomic<int64_t>* failed)
-      : address_(address), options_(options), sent_(sent), failed_(failed) {
+      : address_(address),
+        options_(options),
+        ctx_(PeerContextOf(options)),
+        conn_(PeerOptions(address, options.peer_timeout_ms, options)),
+        sent_(sent),
+        failed_(failed) {
     thread_ = std::thread([this] { Run(); });
   }
   ~PeerLink() {
@@ -222,50 +228,160 @@ class Replicator::PeerLink {
     cv_.notify_one();
     thread_.join();
   }
+  // Sends "frame" after every frame pushed before it. On the caller's
+  // thread (the one running the member's events) while the connection is
+  // up, nothing waits in the queue, the last frame's answer is in and the
+  // frame is small (kDirectBytes): it then fits the socket buffers of a
+  // connection with nothing in flight, so the send cannot block on a slow
+  // or stopped peer. Its answer is read later: by the next Push() if it has
+  // arrived by then, else by the link's thread (at once if frames wait,
+  // else within 10 ms). Otherwise the link's thread sends it, merged with
+  // what queued meanwhile. So a frame on an idle hop costs no thread
+  // wake-up, and a busy hop carries batches.
   void Push(rpc::ChainFrame frame) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
+    const size_t bytes = FrameBytes(frame);
+    std::unique_lock<std::mutex> lk(mu_);
+    if (stop_ || sending_ || !healthy_ || !queue_.empty() || bytes > kDirectBytes) {
       queue_.push_back(std::move(frame));
+      lk.unlock();
+      cv_.notify_one();
+      return;
     }
-    cv_.notify_one();
+    sending_ = true;  // conn_ is this thread's until sending_ is cleared
+    lk.unlock();
+    Reap(/*block=*/false);
+    lk.lock();
+    if (!in_flight_.empty() || !healthy_) {
+      // The last frame is still unanswered: this one waits, and what comes
+      // meanwhile joins it (Coalesce), sent by the link's thread once the
+      // answer is in: so a busy hop carries batches, not single writes.
+      queue_.push_back(std::move(frame));
+      sending_ = false;
+      lk.unlock();
+      cv_.notify_one();
+      return;
+    }
+    lk.unlock();
+    Status st = conn_.Call("peerChain", false, [&](rpc::FlatKVClient& c) {
+      c.send_peerChain(ctx_, options_.self, frame);
+    });
+    lk.lock();
+    if (st.ok()) {
+      in_flight_.push_back(bytes);
+      in_flight_bytes_ += bytes;
+    } else {
+      Failed(st);
+      LoseInFlight();
+    }
+    sending_ = false;
+    const bool wake = !queue_.empty() || !healthy_;
+    lk.unlock();
+    if (wake) cv_.notify_one();
   }
 
  private:
+  // The largest frame Push() sends itself: far below an idle loopback or
+  // LAN connection's buffers.
+  static constexpr size_t kDirectBytes = 48 << 10;
+  static size_t FrameBytes(const rpc::ChainFrame& frame) {
+    size_t n = 64;
+    for (const rpc::ChainEntry& e : frame.entries) n += e.ops.size() + 8 * e.keys.size() + 32;
+    return n;
+  }
+
+  // mu_ held.
+  void Failed(const Status& st) {
+    failed_->fetch_add(1, std::memory_order_relaxed);
+    if (conn_.network_failed()) {
+      healthy_ = false;
+      backoff_ = true;
+      spdlog::debug("chain: {} did not take a message: {}", address_, st.ToString());
+    }
+  }
+  // mu_ held: the connection broke; the unanswered frames count as failed
+  // (the member resends what a silent neighbour has not acknowledged).
+  void LoseInFlight() {
+    if (healthy_) return;
+    failed_->fetch_add(static_cast<int64_t>(in_flight_.size()), std::memory_order_relaxed);
+    in_flight_.clear();
+    in_flight_bytes_ = 0;
+  }
+
+  // Reads the answers to frames Push() sent: those that have arrived, or
+  // with "block" all of them. The caller has set sending_.
+  void Reap(bool block) {
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (in_flight_.empty()) return;
+      }
+      if (!block) {
+        pollfd p{conn_.socket_fd(), POLLIN, 0};
+        if (p.fd < 0 || poll(&p, 1, 0) <= 0) return;
+      }
+      Status st = conn_.Call("peerChain", false, [](rpc::FlatKVClient& c) { c.recv_peerChain(); });
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_bytes_ -= in_flight_.front();
+      in_flight_.pop_front();
+      if (st.ok()) {
+        sent_->fetch_add(1, std::memory_order_relaxed);
+      } else {
+        Failed(st);
+        LoseInFlight();
+        if (!healthy_) return;
+      }
+    }
+  }
+
   void Run() {
-    client::Client conn(PeerOptions(address_, options_.peer_timeout_ms, options_));
-    const rpc::PeerContext ctx = PeerContextOf(options_);
     std::unique_lock<std::mutex> lk(mu_);
     while (true) {
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      // Frames to send; else, every 10 ms, an answer Push() left unread.
+      auto ready = [&] { return stop_ || (!sending_ && !queue_.empty()); };
+      if (in_flight_.empty()) {
+        cv_.wait(lk, [&] { return ready() || (!sending_ && !in_flight_.empty()); });
+        if (!ready()) cv_.wait_for(lk, std::chrono::milliseconds(10), ready);
+      } else {
+        cv_.wait_for(lk, std::chrono::milliseconds(10), ready);
+      }
       if (stop_) return;
+      if (sending_ || (queue_.empty() && in_flight_.empty())) continue;
+      sending_ = true;
       std::deque<rpc::ChainFrame> queued;
       queued.swap(queue_);
+      const bool backoff = backoff_;
+      backoff_ = false;
       lk.unlock();
+      if (backoff) {
+        // Back off a little before the next connect attempt; what queues
+        // meanwhile is sent together after it.
+        std::unique_lock<std::mutex> wait(mu_);
+        cv_.wait_for(wait, std::chrono::milliseconds(50), [&] { return stop_; });
+      }
+      Reap(/*block=*/true);
       std::vector<rpc::ChainFrame> batch = Coalesce(&queued);
       bool broken = false;
+      bool ok = true;
       for (rpc::ChainFrame& frame : batch) {
         if (broken) {
           failed_->fetch_add(1, std::memory_order_relaxed);
           continue;  // the member resends what was not acknowledged
         }
-        Status st = conn.Call("peerChain", true, [&](rpc::FlatKVClient& c) {
-          c.peerChain(ctx, options_.self, frame);
+        Status st = conn_.Call("peerChain", true, [&](rpc::FlatKVClient& c) {
+          c.peerChain(ctx_, options_.self, frame);
         });
+        std::lock_guard<std::mutex> lock(mu_);
         if (st.ok()) {
           sent_->fetch_add(1, std::memory_order_relaxed);
         } else {
-          failed_->fetch_add(1, std::memory_order_relaxed);
-          if (conn.network_failed()) {
-            broken = true;
-            spdlog::debug("chain: {} did not take a message: {}", address_, st.ToString());
-          }
+          Failed(st);
+          broken = conn_.network_failed();
+          ok = false;
         }
       }
       lk.lock();
-      if (broken && !stop_) {
-        // Back off a little before the next connect attempt.
-        cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_; });
-      }
+      if (ok && !batch.empty()) healthy_ = true;
+      sending_ = false;
     }
   }
 
@@ -302,11 +418,19 @@ class Replicator::PeerLink {
 
   const std::string address_;
   const ReplicatorOptions options_;
+  const rpc::PeerContext ctx_;
+  // Used by the thread that set sending_, only.
+  client::Client conn_;
   std::atomic<int64_t>* const sent_;
   std::atomic<int64_t>* const failed_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<rpc::ChainFrame> queue_;
+  std::deque<rpc::ChainFrame> queue_;  // GUARDED_BY(mu_), and the fields below
+  bool sending_ = false;    // a thread uses conn_
+  std::deque<size_t> in_flight_;  // bytes of each frame Push() sent, unanswered
+  size_t in_flight_bytes_ = 0;
+  bool healthy_ = false;    // the last call on conn_ was answered
+  bool backoff_ = false;    // the connection failed: wait before the next try
   bool stop_ = false;
   std::thread thread_;
 };
@@ -524,18 +648,83 @@ void Replicator::Stop() {
   for (auto& [request, p] : pending) p.done(Status::Unavailable("the server is stopping"), false);
 }
 
-void Replicator::Post(Event event) {
+void Replicator::Post(Event event, bool run_here) {
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    std::unique_lock<std::mutex> lock(queue_mu_);
     if (!stopping_) {
+      run_here = run_here && event.done == nullptr && !event.serial;
+      if (!run_here) ++queued_for_loop_;
       queue_.push_back(std::move(event));
-      queue_cv_.notify_one();
+      if (run_here && options_.defer) {
+        // At the end of the caller's round, once for all of it.
+        thread_local bool scheduled = false;
+        lock.unlock();
+        if (scheduled) return;
+        scheduled = options_.defer([this] {
+          scheduled = false;
+          RunQueuedHere();
+        });
+        if (scheduled) return;
+        lock.lock();  // not an I/O thread after all: run it now
+      }
+      if (run_here && !running_ && !loop_wants_ && queued_for_loop_ == 0) {
+        running_ = true;
+        lock.unlock();
+        RunHere();
+        return;
+      }
+      // Else the loop runs it, or the thread running events now does.
+      if (!running_) queue_cv_.notify_one();
       return;
     }
   }
   // Stopped: nothing will run it. Whoever waits for it is told so.
   if (event.done != nullptr) SignalDone(event.done, Status::Unavailable("the server is stopping"));
   if (event.request != 0) Finish(event.request, Status::Unavailable("the server is stopping"));
+}
+
+void Replicator::RunQueuedHere() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (running_ || stopping_ || queue_.empty()) return;  // whoever runs takes it
+    if (loop_wants_ || queued_for_loop_ > 0) {
+      queue_cv_.notify_one();
+      return;
+    }
+    running_ = true;
+  }
+  RunHere();
+}
+
+// The caller's thread runs what is queued, as the loop would, while only
+// events it may run are queued, for a few rounds; then it hands the rest
+// to the loop. An output that needs more than the store and the sockets
+// (Heavy()) is handed to the loop as it stands.
+void Replicator::RunHere() {
+  constexpr int kRounds = 4;
+  for (int round = 0;; ++round) {
+    std::deque<Event> events;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (queue_.empty() || round == kRounds || loop_wants_ || queued_for_loop_ > 0 ||
+          stopping_) {
+        running_ = false;
+        if (!queue_.empty() || loop_wants_ || stopping_) queue_cv_.notify_one();
+        return;
+      }
+      events.swap(queue_);
+    }
+    if (!RunEvents(&events, NowMs(), /*here=*/true)) return;  // the loop took over
+  }
+}
+
+// What only the loop thread does: it may wait on ZooKeeper (a record, a
+// deregistration, a registration), on a whole store (a wipe, a checkpoint)
+// or on the disk (sync: always), or start a snapshot stream.
+bool Replicator::Heavy(const ChainOutput& out) const {
+  return out.wipe || !out.record.empty() || !out.snapshots.empty() || out.deregister ||
+         out.register_now || disk_full_.load() || (options_.sync_always && !out.apply.empty()) ||
+         checkpoint_due_ || intact_ != logged_intact_ || log_->bytes() > kLogCheckpointBytes;
 }
 
 void Replicator::PostRun(std::function<void(int64_t now, ChainOutput* out)> run) {
@@ -595,7 +784,8 @@ partition::ChainConfig Replicator::ConfigOf(const partition::Ring& ring) const {
   return c;
 }
 
-void Replicator::Sequence(bool serial, const char* what, SequenceFn run, WriteDone done) {
+void Replicator::Sequence(bool serial, const char* what, SequenceFn run, WriteDone done,
+                          bool run_here) {
   uint64_t request;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -610,7 +800,7 @@ void Replicator::Sequence(bool serial, const char* what, SequenceFn run, WriteDo
     run(request, now, out);
     if (out->apply.size() > before) seq_of_request_[request] = out->apply.back().seq;
   };
-  Post(std::move(ev));
+  Post(std::move(ev), run_here);
 }
 
 // A latch for one answer, shared with the callback: a caller that stopped
@@ -650,7 +840,7 @@ Status Replicator::WaitFor(const std::function<void(WriteDone)>& start, int64_t 
 }
 
 void Replicator::WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
-                            WriteDone done, bool import) {
+                            WriteDone done, bool import, bool run_here) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     const std::string role = member_->role();
@@ -677,14 +867,14 @@ void Replicator::WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t>
         if (!import) Track(keys, op);
         member_->OnWrite(request, std::move(keys), std::move(op), now, out);
       },
-      std::move(done));
+      std::move(done), run_here);
 }
 
 Status Replicator::Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys,
-                         bool* existed, bool import) {
+                         bool* existed, bool import, bool run_here) {
   return Wait(
       [&](WriteDone done) {
-        WriteAsync(std::move(ops), std::move(keys), std::move(done), import);
+        WriteAsync(std::move(ops), std::move(keys), std::move(done), import, run_here);
       },
       existed);
 }
@@ -1014,7 +1204,7 @@ Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame
     frames_pending_.fetch_sub(1, std::memory_order_relaxed);
     member_->OnMessage(from, msg, now, out);
   };
-  Post(std::move(ev));
+  Post(std::move(ev), /*run_here=*/!wait);
   if (!wait) return Status::OK();
   std::unique_lock<std::mutex> lk(mu_);
   w.cv.wait(lk, [&] { return w.done; });
@@ -1133,25 +1323,45 @@ void Replicator::Loop() {
     std::deque<Event> events;
     {
       std::unique_lock<std::mutex> lk(queue_mu_);
-      queue_cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(1, next_tick - NowMs())),
-                         [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) break;
+      while (true) {
+        if (handoff_) {  // running_ is ours already
+          handoff_ = false;
+          break;
+        }
+        const bool due = NowMs() >= next_tick;
+        if (!running_ && (stopping_ || due || !queue_.empty())) {
+          running_ = true;
+          break;
+        }
+        // A thread running events releases them to us (RunHere).
+        loop_wants_ = due || stopping_;
+        if (loop_wants_) {
+          queue_cv_.wait(lk);
+        } else {
+          queue_cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(1, next_tick - NowMs())));
+        }
+      }
+      loop_wants_ = false;
+      if (stopping_) break;  // running_ stays ours: nothing runs events any more
       events.swap(queue_);
+      queued_for_loop_ = 0;
     }
     const int64_t now = NowMs();
-    RunEvents(&events, now);
+    RunEvents(&events, now, /*here=*/false);
     if (now >= next_tick) {
       ChainOutput out;
       Tick(now, &out);
       Process(&out);
       next_tick = now + options_.tick_ms;
     }
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    running_ = false;
   }
   // Shutting down: the store made durable, the log emptied.
   Checkpoint();
 }
 
-void Replicator::RunEvents(std::deque<Event>* events, int64_t now) {
+bool Replicator::RunEvents(std::deque<Event>* events, int64_t now, bool here) {
   ChainOutput out;
   std::vector<Waiter*> done;
   auto flush = [&] {
@@ -1177,7 +1387,22 @@ void Replicator::RunEvents(std::deque<Event>* events, int64_t now) {
     }
     if (ev.done != nullptr) done.push_back(ev.done);
   }
+  if (here && Heavy(out)) {
+    // The loop carries out this output first, then whatever queued meanwhile
+    // (events here have no waiter: RunHere takes none).
+    auto held = std::make_shared<ChainOutput>(std::move(out));
+    Event ev;
+    ev.run = [held](int64_t, ChainOutput* o) { *o = std::move(*held); };
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      queue_.push_front(std::move(ev));
+      handoff_ = true;
+    }
+    queue_cv_.notify_one();
+    return false;
+  }
   flush();
+  return true;
 }
 
 void Replicator::Tick(int64_t now, ChainOutput* out) {

@@ -105,6 +105,12 @@ struct ReplicatorOptions {
   uint64_t track_max_keys = 1000000;  // cluster.track_max_keys
   int tick_ms = 50;
   partition::ChainOptions chain;
+  // Runs a function on the caller's thread after the calls it serves in its
+  // current round, returning true, or returns false (EventServer::AtRoundEnd
+  // in flatkv-server; null: none). Writes and frames a thread may run itself
+  // (Post's run_here) then wait for the end of the round, so the calls of
+  // one round share one run: one log write, one apply batch, one frame.
+  std::function<bool(std::function<void()>)> defer;
 };
 
 class Replicator {
@@ -140,14 +146,17 @@ class Replicator {
   // a ring change's own write (a remove's copy into the range this mark
   // takes over, a source dropping what moved): not checked with
   // ChainCoordinator::CheckWritable.
+  // "run_here": the caller's thread (an I/O thread or a worker, never the
+  // registry's) may carry the write through itself, as the loop would
+  // (sequence, log, apply, send; RunHere()), saving a thread wake-up.
   void WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, WriteDone done,
-                  bool import = false);
+                  bool import = false, bool run_here = false);
   // Append: the put of (current value + "suffix"), read and sequenced on the
   // loop thread after every earlier write was applied.
   void AppendAsync(int64_t key, std::string suffix, uint64_t max_value_bytes, WriteDone done);
   // WriteAsync, blocking until answered (*existed if not null).
   Status Write(std::vector<rpc::ChainOp> ops, std::vector<uint64_t> keys, bool* existed,
-               bool import = false);
+               bool import = false, bool run_here = false);
   // Runs "start" with a WriteDone and waits for its answer (*existed if not
   // null), at most the write timeout and a second.
   Status Wait(const std::function<void(WriteDone)>& start, bool* existed);
@@ -242,13 +251,22 @@ class Replicator {
              engine::cache::WriteBackCache* cache, ChainCoordinator* coordinator,
              std::unique_ptr<ChainLog> log, partition::ChainPosition durable, bool intact);
   void StartLoop();
-  void Post(Event event);
+  // Queues "event" for the loop; with "run_here" (an event without a waiter,
+  // not serial) the caller runs it itself if nothing else runs events and
+  // only such events are queued (RunHere).
+  void Post(Event event, bool run_here = false);
+  void RunHere();
+  // A deferred run_here (options_.defer): runs what is queued if nothing
+  // else runs events, else leaves it to whoever does.
+  void RunQueuedHere();
+  bool Heavy(const partition::ChainOutput& out) const;
   void PostRun(std::function<void(int64_t now, partition::ChainOutput* out)> run);
   // A client write: "run" (under mu_, on the loop) hands it to the member
   // as "request"; "done" gets its answer. Serial: see Event.
   using SequenceFn =
       std::function<void(uint64_t request, int64_t now, partition::ChainOutput* out)>;
-  void Sequence(bool serial, const char* what, SequenceFn run, WriteDone done);
+  void Sequence(bool serial, const char* what, SequenceFn run, WriteDone done,
+                bool run_here = false);
   Status WaitFor(const std::function<void(WriteDone)>& start, int64_t timeout_ms, bool* existed);
   int64_t WriteTimeoutMs() const { return 2 * int64_t{options_.session_timeout_ms} + 2000; }
   void Loop();
@@ -270,7 +288,10 @@ class Replicator {
   void Expire(int64_t now);
   partition::ChainConfig ConfigOf(const partition::Ring& ring) const;
   Status LoadPage(const rpc::SnapshotPage& page);
-  void RunEvents(std::deque<Event>* events, int64_t now);
+  // Runs "events" and carries out their output; "here": on a thread other
+  // than the loop's, which hands a Heavy() output to the loop instead and
+  // returns false (the loop runs events from then on).
+  bool RunEvents(std::deque<Event>* events, int64_t now, bool here);
   // A write could not be logged or applied for a full disk: fence the
   // member, answer what "out" would have answered with the error, leave the
   // chain (deregister) and stay up, out of it (loop thread).
@@ -311,10 +332,17 @@ class Replicator {
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<Event> queue_;
-  bool stopping_ = false;  // GUARDED_BY(queue_mu_)
+  bool stopping_ = false;  // GUARDED_BY(queue_mu_), and the fields below
+  // One thread at a time runs events and carries out their output: the
+  // loop, or a thread that posted an event it may run (Post's run_here).
+  // The fields marked "loop thread only" below belong to that thread.
+  bool running_ = false;
+  bool handoff_ = false;     // running_ passes to the loop (a Heavy() output)
+  bool loop_wants_ = false;  // the loop waits for running_ (a tick is due)
+  int queued_for_loop_ = 0;  // queued events only the loop may run
   std::thread loop_;
 
-  // Loop thread only.
+  // Loop thread only (the thread running events: running_).
   std::map<std::string, std::unique_ptr<PeerLink>> links_;
   std::map<std::string, std::unique_ptr<SnapshotSender>> senders_;
   std::shared_ptr<const partition::Ring> ring_;

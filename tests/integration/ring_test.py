@@ -204,6 +204,15 @@ def model_pairs(reverse=False):
 def wait_whole(what, timeout=15.0, via=None):
     took = harness.wait_ring([m.port for m in (via or members)], whole(), timeout)
     check(took is not None, "%s (%.2f s)" % (what, took if took is not None else -1))
+    # A member in the ring serves once its chain is recorded in ZooKeeper (a
+    # round trip after it sees itself there); until then it answers
+    # UNAVAILABLE, which clients retry. Wait for that, then read.
+    def serving():
+        for m in (via or members):
+            for k in MARKS:
+                m.c.get(k - 1)
+        return True
+    harness.wait_until(None, "%s: every instance serves reads of every mark" % what, serving, 5.0)
     return took
 
 
