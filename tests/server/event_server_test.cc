@@ -70,6 +70,28 @@ class TestHandler : public flatkv::rpc::FlatKVNull {
     if (key > 0) finished.fetch_add(1);
   }
   void put(const int64_t, const std::string&) override { puts.fetch_add(1); }
+  // Asks for work at the end of the I/O thread's round, which records how
+  // many removes had run by then and on which thread it ran.
+  bool remove(const int64_t) override {
+    removes.fetch_add(1);
+    const std::thread::id caller = std::this_thread::get_id();
+    const bool deferred = EventServer::AtRoundEnd([this, caller] {
+      std::lock_guard<std::mutex> lock(mu_);
+      round_ends.push_back({removes.load(), caller == std::this_thread::get_id()});
+    });
+    if (!deferred) not_deferred.fetch_add(1);
+    return true;
+  }
+  struct RoundEnd {
+    int removes_before;  // removes run when it ran
+    bool same_thread;
+  };
+  std::vector<RoundEnd> RoundEnds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return round_ends;
+  }
+  std::atomic<int> removes{0};
+  std::atomic<int> not_deferred{0};
 
   void OpenGate() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -82,6 +104,7 @@ class TestHandler : public flatkv::rpc::FlatKVNull {
   std::atomic<int> puts{0};
 
  private:
+  std::vector<RoundEnd> round_ends;  // GUARDED_BY(mu_)
   std::mutex mu_;
   std::condition_variable gate_cv_;
   bool open_ = false;
@@ -278,6 +301,39 @@ TEST_CASE("EventServer answers pipelined calls in order when some run on workers
   CHECK(s.handler->puts == 1);
   CHECK(s.server->offloaded() == 3);
   CHECK(c.Get(0) == "0");  // the connection keeps serving
+}
+
+TEST_CASE("EventServer runs AtRoundEnd work on the I/O thread after every call of its round",
+          "[server][event_server]") {
+  TestServer s(0);
+  CHECK_FALSE(EventServer::AtRoundEnd([] {}));  // not an I/O thread
+  // Five removes reach the server in one segment: one read, one round.
+  auto mem = std::make_shared<TMemoryBuffer>();
+  auto framed = std::make_shared<TFramedTransport>(mem);
+  flatkv::rpc::FlatKVClient encoder(std::make_shared<TBinaryProtocol>(framed));
+  for (int i = 0; i < 5; ++i) encoder.send_remove(i);
+  auto socket = std::make_shared<TSocket>("127.0.0.1", s.server->port());
+  socket->open();
+  uint8_t* bytes;
+  uint32_t len;
+  mem->getBuffer(&bytes, &len);
+  socket->write(bytes, len);
+  flatkv::rpc::FlatKVClient decoder(
+      std::make_shared<TBinaryProtocol>(std::make_shared<TFramedTransport>(socket)));
+  for (int i = 0; i < 5; ++i) CHECK(decoder.recv_remove());
+  REQUIRE(WaitFor(s.handler->removes, 5));
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (s.handler->RoundEnds().size() < 5 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const auto ends = s.handler->RoundEnds();
+  REQUIRE(ends.size() == 5);
+  for (const auto& e : ends) {
+    CHECK(e.removes_before == 5);  // after the whole round, not after its own call
+    CHECK(e.same_thread);
+  }
+  CHECK(s.handler->not_deferred == 0);
+  socket->close();
 }
 
 TEST_CASE("EventServer keeps serving after a client leaves while its call is on a worker",
