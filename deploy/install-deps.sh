@@ -17,8 +17,11 @@ packages=(
   catch2 python3 python3-thrift strace e2fsprogs mount
   # deploy/soak.sh draws its samples
   python3-matplotlib
-  # fuzzing (tests/fuzz, deploy/fuzz.sh): clang 14 and its libFuzzer
-  clang libfuzzer-14-dev
+  # fuzzing (tests/fuzz, deploy/fuzz.sh): clang 14, its libFuzzer, and the
+  # sanitizer runtimes (libclang-rt-14-dev is only recommended by clang, so
+  # --no-install-recommends leaves it out and -fsanitize=fuzzer,address
+  # cannot link)
+  clang libfuzzer-14-dev libclang-rt-14-dev
   # ring tests: ZooKeeper from Python, and XXH64 to know each string key's owner
   python3-kazoo python3-xxhash
   # peer engines for flatkv-bench
