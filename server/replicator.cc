@@ -439,7 +439,7 @@ class Replicator::PeerLink {
 class Replicator::SnapshotSender {
  public:
   SnapshotSender(Replicator* owner, const std::string& to, ChainPosition at)
-      : owner_(owner), to_(to), at_(at) {
+      : owner_(owner), to_(to), at_(at), started_ms_(NowMs()) {
     thread_ = std::thread([this] { Run(); });
   }
   ~SnapshotSender() {
@@ -447,9 +447,17 @@ class Replicator::SnapshotSender {
     thread_.join();
   }
   bool done() const { return done_.load(); }
+  // Still streaming: not sent whole, not failed.
+  bool running() const { return !ended_.load(); }
+  ChainPosition at() const { return at_; }
+  int64_t started_ms() const { return started_ms_; }
 
  private:
   void Run() {
+    struct End {
+      std::atomic<bool>* ended;
+      ~End() { ended->store(true); }
+    } ended{&ended_};
     const ReplicatorOptions& opt = owner_->options_;
     client::Client conn(PeerOptions(to_, std::max(opt.peer_timeout_ms, 10000), opt));
     const rpc::PeerContext ctx = PeerContextOf(opt);
@@ -570,8 +578,10 @@ class Replicator::SnapshotSender {
   Replicator* const owner_;
   const std::string to_;
   const ChainPosition at_;
+  const int64_t started_ms_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> done_{false};
+  std::atomic<bool> done_{false};   // sent whole
+  std::atomic<bool> ended_{false};  // sent whole, or stopped
   std::thread thread_;
 };
 
@@ -1720,6 +1730,16 @@ void Replicator::Send(const std::string& to, const ChainMessage& msg) {
 }
 
 void Replicator::StartSnapshot(const std::string& to, ChainPosition at) {
+  if (auto it = senders_.find(to);
+      it != senders_.end() && it->second->running() && it->second->at() == at &&
+      NowMs() - it->second->started_ms() < options_.chain.joiner_timeout_ms) {
+    // The joiner asked again before the stream's first page reached it
+    // (it asks every resend_ms until then): the stream under way serves it.
+    // Replacing it would start the copy over each time a first page is
+    // slower than resend_ms. A joiner that cannot take the stream (it
+    // restarted, or emptied its store) refuses its next page, which ends it.
+    return;
+  }
   senders_.erase(to);  // a new stream to the same joiner replaces the old one
   for (auto it = senders_.begin(); it != senders_.end();) {
     it = it->second->done() ? senders_.erase(it) : std::next(it);
