@@ -3,28 +3,36 @@
 // events into the member's calls:
 //
 //   handler threads: Write/Append --------+
-//   peerChain/peerSnapshot (peer calls) --+--> event queue --> loop thread:
-//   ring changes (registry thread) -------+      ChainMember (under mu_)
-//   ticks (loop thread itself) -----------+      then, in order: apply to
+//   peerChain/peerSnapshot (peer calls) --+--> event queue --> the thread
+//   ring changes (registry thread) -------+      running events (below):
+//   ticks (loop thread itself) -----------+      ChainMember (under mu_)
+//                                                  then, in order: apply to
 //                                                  the store (one group commit
 //                                                  per batch of events), save
 //                                                  the position, send, answer
 //   reads: BeforeRead() asks the member directly (under mu_), on the caller's
 //   thread, and waits only while a catch-up holds the key back.
 //
-// The loop takes every queued event at once, runs them through the member
-// and then applies all their writes together, so writes that arrive while
-// the previous batch is being made durable share the next fdatasync: the
-// batching of the paper's Sent list without a timer.
+// Whoever runs events takes every queued event at once, runs them through
+// the member and then applies all their writes together, so writes that
+// arrive while the previous batch is being made durable share the next
+// fdatasync: the batching of the paper's Sent list without a timer. One
+// thread at a time runs events (running_): usually the I/O thread that read
+// the writes or frames, at the end of its round (Post's run_here,
+// ReplicatorOptions::defer: a thread wake-up per hop saved), else the loop
+// thread. Whatever may block (Heavy(): ZooKeeper records, checkpoints,
+// wipes, snapshots, every batch under sync: always) is handed to the loop,
+// which also runs the ticks, ring events and calls that wait.
 //
-// Messages to a neighbour go through a PeerLink: a thread with one
-// connection that sends the queued frames in order (peerChain); a frame that
-// cannot be sent is dropped (the member resends what a silent neighbour has
-// not acknowledged). A peerChain call is answered once the message is
-// checked and queued for the loop (OnFrame without waiting), or, while more
-// than kMaxPendingFrames wait for the loop, once it has been handled and its
-// writes applied, so a fast head cannot queue unbounded work at a slow
-// successor.
+// Messages to a neighbour go through a PeerLink: one connection that sends
+// the frames in order (peerChain), a small one on the caller's thread when
+// the last one was answered, else from the link's own thread merged with
+// what queued meanwhile; a frame that cannot be sent is dropped (the member
+// resends what a silent neighbour has not acknowledged). A peerChain call
+// is answered once the message is checked and queued (OnFrame without
+// waiting), or, while more than kMaxPendingFrames wait, once it has been
+// handled and its writes applied, so a fast head cannot queue unbounded
+// work at a slow successor.
 //
 // Snapshots (a joiner whose position the tail's log no longer covers): a
 // thread per joiner streams the store (integer keys in key order, then
