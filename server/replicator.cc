@@ -1464,10 +1464,18 @@ void Replicator::Process(ChainOutput* out) {
     return DropOutput(out, Status::NoSpace("member " + options_.self +
                                            " left its chain: its disk is full"));
   }
+  std::vector<bool> sent_early;
   if (!out->apply.empty()) {
-    // Logged (and under sync: always durable) before anything of the batch
-    // is applied, passed on or acknowledged.
+    // Logged before anything of the batch is applied, passed on or
+    // acknowledged. The writes go down the chain before this member's
+    // fdatasync and store apply, so the members sync in parallel rather
+    // than one after another: safe because nothing that answers a client
+    // leaves before it. Acks (and replies) are sent below, once the batch
+    // is durable and applied here; an ack from downstream is an event run
+    // after this one. So the commit point a member reports up, and the
+    // answer the head gives, still follow every member's sync.
     Status st = log_->Append(out->apply);
+    if (st.ok()) sent_early = SendDownFirst(out);
     if (st.ok() && options_.sync_always) st = log_->Sync();
     if (st.IsNoSpace()) return LeaveForFullDisk("logging replicated writes", st, out);
     if (!st.ok()) Fatal("logging replicated writes", st);
@@ -1490,7 +1498,9 @@ void Replicator::Process(ChainOutput* out) {
       spdlog::warn("chain: recording the chain in ZooKeeper: {}", st.ToString());
     }
   }
-  for (const ChainOutput::Send& s : out->sends) Send(s.to, s.msg);
+  for (size_t i = 0; i < out->sends.size(); i++) {
+    if (i >= sent_early.size() || !sent_early[i]) Send(out->sends[i].to, out->sends[i].msg);
+  }
   for (const ChainOutput::Reply& r : out->replies) Finish(r.request, r.status);
   for (uint64_t r : out->reads) Finish(r, Status::OK());
   for (const ChainOutput::Snapshot& s : out->snapshots) StartSnapshot(s.to, s.at);
@@ -1715,6 +1725,26 @@ void Replicator::Checkpoint() {
   checkpoints_.fetch_add(1, std::memory_order_relaxed);
   logged_intact_ = state.intact;
   checkpoint_due_ = false;
+}
+
+std::vector<bool> Replicator::SendDownFirst(const ChainOutput* out) {
+  // Writes passed down (kReplicate) go now; everything else (acks up, sync
+  // requests) after the batch is durable. A message goes early only if
+  // none before it to the same member waits: each link keeps its order.
+  std::vector<bool> sent(out->sends.size(), false);
+  std::vector<const std::string*> waiting;
+  for (size_t i = 0; i < out->sends.size(); i++) {
+    const ChainOutput::Send& s = out->sends[i];
+    const bool blocked = std::any_of(waiting.begin(), waiting.end(),
+                                     [&](const std::string* w) { return *w == s.to; });
+    if (s.msg.kind == ChainMessage::Kind::kReplicate && !blocked) {
+      Send(s.to, s.msg);
+      sent[i] = true;
+    } else {
+      waiting.push_back(&s.to);
+    }
+  }
+  return sent;
 }
 
 void Replicator::Send(const std::string& to, const ChainMessage& msg) {
