@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -110,7 +111,7 @@ Status ChainLog::Open(const std::string& path, State* state, std::vector<ChainEn
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT) {
     // A new member (or one from before the log): nothing it can claim.
-    std::unique_ptr<ChainLog> fresh(new ChainLog(path, -1, 0));
+    std::unique_ptr<ChainLog> fresh(new ChainLog(path, -1, 0, 0));
     FLATKV_RETURN_IF_ERROR(fresh->Reset(State()));
     *log = std::move(fresh);
     return Status::OK();
@@ -154,7 +155,10 @@ Status ChainLog::Open(const std::string& path, State* state, std::vector<ChainEn
     }
     at += kHeader + len;
   }
-  if (at != bytes.size()) {
+  uint64_t allocated = bytes.size();
+  const bool zeros = std::all_of(bytes.begin() + static_cast<ptrdiff_t>(at), bytes.end(),
+                                 [](char c) { return c == 0; });
+  if (!zeros) {
     spdlog::warn("chain: {}: cutting off {} bytes after offset {} (a torn or damaged record)",
                  path, bytes.size() - at, at);
     if (::ftruncate(fd, static_cast<off_t>(at)) != 0 || ::fdatasync(fd) != 0) {
@@ -162,13 +166,32 @@ Status ChainLog::Open(const std::string& path, State* state, std::vector<ChainEn
       ::close(fd);
       return s;
     }
+    allocated = at;
   }
-  log->reset(new ChainLog(path, fd, at));
+  log->reset(new ChainLog(path, fd, at, allocated));
   return Status::OK();
 }
 
-ChainLog::ChainLog(std::string path, int fd, uint64_t size)
-    : path_(std::move(path)), fd_(fd), size_(size) {}
+ChainLog::ChainLog(std::string path, int fd, uint64_t size, uint64_t allocated)
+    : path_(std::move(path)), fd_(fd), size_(size), allocated_(allocated) {}
+
+uint64_t ChainLog::Preallocate(int fd, uint64_t from) {
+  static const std::string kZeros(64 << 10, '\0');
+  const uint64_t to = (from / kPreallocBytes + 1) * kPreallocBytes;
+  uint64_t at = from;
+  while (at < to) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kZeros.size(), to - at));
+    const ssize_t w = ::pwrite(fd, kZeros.data(), n, static_cast<off_t>(at));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      // No room (or another error the next append will meet itself).
+      if (::ftruncate(fd, static_cast<off_t>(from)) != 0) return at;
+      return from;
+    }
+    at += static_cast<uint64_t>(w);
+  }
+  return to;
+}
 
 ChainLog::~ChainLog() {
   if (fd_ >= 0) ::close(fd_);
@@ -187,11 +210,15 @@ Status ChainLog::Write(const std::string& records) {
         spdlog::error("chain: cannot cut {} back to {} bytes: {}", path_, size_,
                       std::strerror(errno));
       }
+      allocated_ = size_;
       return s;
     }
     done += static_cast<size_t>(n);
   }
   size_ += records.size();
+  // The zeros run out: the next ones, synced with this batch (the one
+  // fdatasync per kPreallocBytes that commits a size change).
+  if (size_ >= allocated_) allocated_ = Preallocate(fd_, size_);
   dirty_ = true;
   return Status::OK();
 }
@@ -216,9 +243,10 @@ Status ChainLog::Reset(const State& state) {
   int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", tmp);
   Status st;
+  uint64_t allocated = record.size();
   if (::pwrite(fd, record.data(), record.size(), 0) != static_cast<ssize_t>(record.size())) {
     st = Errno("cannot write", tmp);
-  } else if (::fdatasync(fd) != 0) {
+  } else if (allocated = Preallocate(fd, record.size()); ::fdatasync(fd) != 0) {
     st = Errno("cannot sync", tmp);
   } else if (::rename(tmp.c_str(), path_.c_str()) != 0) {
     st = Errno("cannot rename over", path_);
@@ -232,6 +260,7 @@ Status ChainLog::Reset(const State& state) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = fd;
   size_ = record.size();
+  allocated_ = allocated;
   dirty_ = false;
   return Status::OK();
 }
