@@ -500,7 +500,17 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
     register_sent_ = true;
     out->register_now = true;
   }
-  SendAck(now, out);
+  // A member whose downstream acks what it passes on tells its predecessor
+  // of these writes with that ack (HandleAck), which brings the commit
+  // point too: one ack up per frame, not two. An ack with news besides
+  // "applied" goes now; a lone "applied" waits at most resend_ms / 4
+  // (OnTick) should the downstream be slow.
+  const bool ack_follows =
+      !is_end() && !down_.empty() && down_known_ && applied_.seq > down_applied_;
+  if (!ack_follows || acked_committed_ != chain_committed_ ||
+      acked_floor_ != std::max(committed_, down_floor_)) {
+    SendAck(now, out);
+  }
   Pump(now, out);
 }
 
@@ -735,6 +745,8 @@ void ChainMember::OnTick(int64_t now, ChainOutput* out) {
   if (in_chain() && !is_head() && now - last_ack_ms_ >= options_.resend_ms) {
     acked_applied_ = UINT64_MAX;
     SendAck(now, out);
+  } else if (acked_applied_ != applied_.seq && now - last_ack_ms_ >= options_.resend_ms / 4) {
+    SendAck(now, out);  // writes HandleReplicate left to the downstream's ack
   }
 }
 

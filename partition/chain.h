@@ -22,6 +22,10 @@
 // * Every member applies writes in sequence order, exactly once; a write
 //   that does not follow its last one (a gap after a drop) is ignored and
 //   sent again. So each member's history is a prefix of its predecessor's.
+// * A member acks what it applied to its predecessor. One whose downstream
+//   will ack the same writes waits for that ack and sends one ack carrying
+//   both (its applied and the new commit point), or after resend_ms / 4
+//   if the downstream is slow: one ack up per message down.
 // * Each member keeps what it applied in a log: the writes the tail has not
 //   yet applied (the paper's Sent list), plus up to `backlog_bytes` of older
 //   ones for members that catch up. When its successor changes (a middle

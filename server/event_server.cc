@@ -101,15 +101,6 @@ constexpr size_t kMaxSingleRead = 64 << 10;  // the scratch buffer
 constexpr uint32_t kAnswerKeep = 64 << 10;
 constexpr uint32_t kAnswerInitial = 4 << 10;
 
-// Bad input is logged at most once a second (all threads together).
-void WarnRateLimited(const std::string& what) {
-  static std::atomic<int64_t> last_log_second{0};
-  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-  if (last_log_second.exchange(now) != now) spdlog::warn("{}", what);
-}
-
 Status Resolve(const std::string& host, int port, sockaddr_storage* addr, socklen_t* len) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -1042,6 +1033,14 @@ void EventServer::Stop() {
   if (workers_ != nullptr) workers_->Stop();
   workers_.reset();
   threads_.clear();  // frees connections, listeners and bases
+}
+
+void WarnRateLimited(const std::string& what) {
+  static std::atomic<int64_t> last_log_second{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (last_log_second.exchange(now) != now) spdlog::warn("{}", what);
 }
 
 }  // namespace flatkv::server

@@ -64,6 +64,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <thrift/TProcessor.h>
@@ -114,6 +115,10 @@ class AsyncCalls {
   // The connection of a taken call closed: its Reply is gone.
   virtual void Cancel(void* ticket) = 0;
 };
+
+// Logs "what" as a warning unless one was logged this second (all threads
+// together): for bad input from the network, which must not flood the log.
+void WarnRateLimited(const std::string& what);
 
 class EventServer {
  public:

@@ -5,11 +5,14 @@
 
 #include <thrift/TApplicationException.h>
 
+#include "server/event_server.h"
+
 namespace flatkv::server {
 
 using apache::thrift::TApplicationException;
 using apache::thrift::protocol::T_CALL;
 using apache::thrift::protocol::T_EXCEPTION;
+using apache::thrift::protocol::T_ONEWAY;
 using apache::thrift::protocol::T_REPLY;
 using apache::thrift::protocol::T_STRUCT;
 using apache::thrift::protocol::TMessageType;
@@ -44,14 +47,20 @@ bool FrontProcessor::process(std::shared_ptr<TProtocol> in, std::shared_ptr<TPro
   std::underlying_type_t<TMessageType> raw_type;
   static_assert(sizeof(raw_type) == sizeof(type));
   std::memcpy(&raw_type, &type, sizeof(raw_type));
-  if (raw_type != T_CALL) {
+  // A oneway method (flatkv.thrift: peerChain) is called with T_ONEWAY and
+  // never answered, not even with an error: its sender reads nothing back.
+  const bool oneway = IsOneway(name);
+  if (raw_type != (oneway ? T_ONEWAY : T_CALL)) {
     Fail(out.get(), name, seqid, TApplicationException::INVALID_MESSAGE_TYPE,
-         name + ": message type " + std::to_string(raw_type) + " is not a call");
+         raw_type == T_CALL || raw_type == T_ONEWAY
+             ? name + (oneway ? ": a oneway method, called with a call that waits for an answer"
+                              : ": called oneway, but it answers every call")
+             : name + ": message type " + std::to_string(raw_type) + " is not a call");
     return true;
   }
   const size_t queued = workers_ ? workers_->pendingTaskCount() : 0;
   if (workers_ && queued >= max_queued_) {
-    RejectOverloaded(in.get(), out.get(), name, seqid, queued);
+    RejectOverloaded(in.get(), oneway ? nullptr : out.get(), name, seqid, queued);
     return true;
   }
   try {
@@ -61,12 +70,14 @@ bool FrontProcessor::process(std::shared_ptr<TProtocol> in, std::shared_ptr<TPro
     // TProtocolException, arguments cut short inside the frame a transport
     // end-of-data), before anything was written: the generated code catches
     // everything the handler throws itself.
-    Fail(out.get(), name, seqid, TApplicationException::PROTOCOL_ERROR,
+    Fail(oneway ? nullptr : out.get(), name, seqid, TApplicationException::PROTOCOL_ERROR,
          name + ": malformed arguments (" + e.what() +
              "): each argument must be present with the type flatkv.thrift gives it");
     return true;
   }
 }
+
+bool FrontProcessor::IsOneway(const std::string& name) { return name == "peerChain"; }
 
 // Every method declares "throws (1: KvError err)", so one result shape fits
 // all: a struct whose field 1 is the KvError.
@@ -82,6 +93,7 @@ void FrontProcessor::RejectOverloaded(TProtocol* in, TProtocol* out, const std::
   error.message = name + ": server overloaded (" + std::to_string(queued) +
                   " calls queued, server.max_queued_calls = " + std::to_string(max_queued_) +
                   "); retry later";
+  if (out == nullptr) return;  // oneway: dropped (a chain frame is sent again)
   out->writeMessageBegin(name, T_REPLY, seqid);
   out->writeStructBegin("result");
   out->writeFieldBegin("err", T_STRUCT, 1);
@@ -97,6 +109,10 @@ void FrontProcessor::RejectOverloaded(TProtocol* in, TProtocol* out, const std::
 void FrontProcessor::Fail(TProtocol* out, const std::string& name, int32_t seqid, int type,
                           const std::string& message) {
   malformed_.fetch_add(1, std::memory_order_relaxed);
+  if (out == nullptr) {  // oneway: nobody to tell but the log
+    WarnRateLimited(message);
+    return;
+  }
   TApplicationException error(static_cast<TApplicationException::TApplicationExceptionType>(type),
                               message);
   out->writeMessageBegin(name, T_EXCEPTION, seqid);

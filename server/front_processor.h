@@ -45,17 +45,22 @@ class FrontProcessor : public rpc::FlatKVProcessor {
                std::shared_ptr<apache::thrift::protocol::TProtocol> out,
                void* connection_context) override;
 
+  // flatkv.thrift declares "name" oneway (its callers read no answer).
+  static bool IsOneway(const std::string& name);
+
   // Calls answered with OVERLOADED so far.
   int64_t overloaded() const { return overloaded_.load(std::memory_order_relaxed); }
   // Calls answered with a TApplicationException for malformed input.
   int64_t malformed() const { return malformed_.load(std::memory_order_relaxed); }
 
  private:
-  // Skips the call's arguments and answers KvError{OVERLOADED}.
+  // Skips the call's arguments and answers KvError{OVERLOADED} (out null:
+  // a oneway call, not answered).
   void RejectOverloaded(apache::thrift::protocol::TProtocol* in,
                         apache::thrift::protocol::TProtocol* out, const std::string& name,
                         int32_t seqid, size_t queued);
-  // Answers the call with a TApplicationException.
+  // Answers the call with a TApplicationException (out null: a oneway
+  // call; logs it instead).
   void Fail(apache::thrift::protocol::TProtocol* out, const std::string& name, int32_t seqid,
             int type, const std::string& message);
 

@@ -438,13 +438,19 @@ void Handler::CheckRead(int64_t hash) {
 
 void Handler::peerChain(const rpc::PeerContext& ctx, const std::string& from,
                         const rpc::ChainFrame& frame) {
-  Run(kPeerChain, [&] {
-    if (cluster_ == nullptr || replicator_ == nullptr) {
-      ThrowKvError(Status::NotOwner("this instance is not a member of a chain"));
-    }
-    ThrowIfError(cluster_->CheckPeerMark(ctx));
-    ThrowIfError(replicator_->OnFrame(from, frame, !EventServer::InlineOnIoThread()));
-  });
+  try {
+    Run(kPeerChain, [&] {
+      if (cluster_ == nullptr || replicator_ == nullptr) {
+        ThrowKvError(Status::NotOwner("this instance is not a member of a chain"));
+      }
+      ThrowIfError(cluster_->CheckPeerMark(ctx));
+      ThrowIfError(replicator_->OnFrame(from, frame, !EventServer::InlineOnIoThread()));
+    });
+  } catch (const rpc::KvError& e) {
+    // A oneway call: the refusal reaches only errors.peerChain (Run) and
+    // the log (a refused sender resends every resend interval).
+    WarnRateLimited("chain: refused a message from " + from + ": " + e.message);
+  }
 }
 
 int64_t Handler::peerSnapshot(const rpc::PeerContext& ctx, const std::string& from,

@@ -10,6 +10,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -228,16 +230,16 @@ class Replicator::PeerLink {
     cv_.notify_one();
     thread_.join();
   }
-  // Sends "frame" after every frame pushed before it. On the caller's
-  // thread (the one running the member's events) while the connection is
-  // up, nothing waits in the queue, the last frame's answer is in and the
-  // frame is small (kDirectBytes): it then fits the socket buffers of a
-  // connection with nothing in flight, so the send cannot block on a slow
-  // or stopped peer. Its answer is read later: by the next Push() if it has
-  // arrived by then, else by the link's thread (at once if frames wait,
-  // else within 10 ms). Otherwise the link's thread sends it, merged with
-  // what queued meanwhile. So a frame on an idle hop costs no thread
-  // wake-up, and a busy hop carries batches.
+  // Sends "frame" after every frame pushed before it. peerChain is a
+  // oneway call: nothing answers a frame (the neighbour's acks are frames
+  // of their own), so a frame costs one write here and one read there. On
+  // the caller's thread (the one running the member's events) while the
+  // connection is up, nothing waits in the queue, the frame is small
+  // (kDirectBytes) and the socket holds less than kDirectBytes not yet
+  // taken by the neighbour: it then fits the socket buffers, so the send
+  // cannot block on a slow or stopped peer. Otherwise the link's thread
+  // sends it, merged with what queued meanwhile. So a frame on an idle
+  // hop costs no thread wake-up here, and a busy hop carries batches.
   void Push(rpc::ChainFrame frame) {
     const size_t bytes = FrameBytes(frame);
     std::unique_lock<std::mutex> lk(mu_);
@@ -249,29 +251,24 @@ class Replicator::PeerLink {
     }
     sending_ = true;  // conn_ is this thread's until sending_ is cleared
     lk.unlock();
-    Reap(/*block=*/false);
-    lk.lock();
-    if (!in_flight_.empty() || !healthy_) {
-      // The last frame is still unanswered: this one waits, and what comes
-      // meanwhile joins it (Coalesce), sent by the link's thread once the
-      // answer is in: so a busy hop carries batches, not single writes.
+    if (Unsent() > kDirectBytes) {
+      // The neighbour is not keeping up: the link's thread sends (and may
+      // block); what comes meanwhile joins this frame (Coalesce).
+      lk.lock();
       queue_.push_back(std::move(frame));
       sending_ = false;
       lk.unlock();
       cv_.notify_one();
       return;
     }
-    lk.unlock();
     Status st = conn_.Call("peerChain", false, [&](rpc::FlatKVClient& c) {
-      c.send_peerChain(ctx_, options_.self, frame);
+      c.peerChain(ctx_, options_.self, frame);
     });
     lk.lock();
     if (st.ok()) {
-      in_flight_.push_back(bytes);
-      in_flight_bytes_ += bytes;
+      sent_->fetch_add(1, std::memory_order_relaxed);
     } else {
       Failed(st);
-      LoseInFlight();
     }
     sending_ = false;
     const bool wake = !queue_.empty() || !healthy_;
@@ -289,6 +286,15 @@ class Replicator::PeerLink {
     return n;
   }
 
+  // Bytes written to the connection that the neighbour has not taken yet
+  // (SIOCOUTQ); 0 without a connection. The caller has set sending_.
+  size_t Unsent() const {
+    const int fd = conn_.socket_fd();
+    int n = 0;
+    if (fd < 0 || ioctl(fd, SIOCOUTQ, &n) != 0 || n < 0) return 0;
+    return static_cast<size_t>(n);
+  }
+
   // mu_ held.
   void Failed(const Status& st) {
     failed_->fetch_add(1, std::memory_order_relaxed);
@@ -298,54 +304,12 @@ class Replicator::PeerLink {
       spdlog::debug("chain: {} did not take a message: {}", address_, st.ToString());
     }
   }
-  // mu_ held: the connection broke; the unanswered frames count as failed
-  // (the member resends what a silent neighbour has not acknowledged).
-  void LoseInFlight() {
-    if (healthy_) return;
-    failed_->fetch_add(static_cast<int64_t>(in_flight_.size()), std::memory_order_relaxed);
-    in_flight_.clear();
-    in_flight_bytes_ = 0;
-  }
-
-  // Reads the answers to frames Push() sent: those that have arrived, or
-  // with "block" all of them. The caller has set sending_.
-  void Reap(bool block) {
-    while (true) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (in_flight_.empty()) return;
-      }
-      if (!block) {
-        pollfd p{conn_.socket_fd(), POLLIN, 0};
-        if (p.fd < 0 || poll(&p, 1, 0) <= 0) return;
-      }
-      Status st = conn_.Call("peerChain", false, [](rpc::FlatKVClient& c) { c.recv_peerChain(); });
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_bytes_ -= in_flight_.front();
-      in_flight_.pop_front();
-      if (st.ok()) {
-        sent_->fetch_add(1, std::memory_order_relaxed);
-      } else {
-        Failed(st);
-        LoseInFlight();
-        if (!healthy_) return;
-      }
-    }
-  }
 
   void Run() {
     std::unique_lock<std::mutex> lk(mu_);
     while (true) {
-      // Frames to send; else, every 10 ms, an answer Push() left unread.
-      auto ready = [&] { return stop_ || (!sending_ && !queue_.empty()); };
-      if (in_flight_.empty()) {
-        cv_.wait(lk, [&] { return ready() || (!sending_ && !in_flight_.empty()); });
-        if (!ready()) cv_.wait_for(lk, std::chrono::milliseconds(10), ready);
-      } else {
-        cv_.wait_for(lk, std::chrono::milliseconds(10), ready);
-      }
+      cv_.wait(lk, [&] { return stop_ || (!sending_ && !queue_.empty()); });
       if (stop_) return;
-      if (sending_ || (queue_.empty() && in_flight_.empty())) continue;
       sending_ = true;
       std::deque<rpc::ChainFrame> queued;
       queued.swap(queue_);
@@ -358,7 +322,6 @@ class Replicator::PeerLink {
         std::unique_lock<std::mutex> wait(mu_);
         cv_.wait_for(wait, std::chrono::milliseconds(50), [&] { return stop_; });
       }
-      Reap(/*block=*/true);
       std::vector<rpc::ChainFrame> batch = Coalesce(&queued);
       bool broken = false;
       bool ok = true;
@@ -367,7 +330,7 @@ class Replicator::PeerLink {
           failed_->fetch_add(1, std::memory_order_relaxed);
           continue;  // the member resends what was not acknowledged
         }
-        Status st = conn_.Call("peerChain", true, [&](rpc::FlatKVClient& c) {
+        Status st = conn_.Call("peerChain", false, [&](rpc::FlatKVClient& c) {
           c.peerChain(ctx_, options_.self, frame);
         });
         std::lock_guard<std::mutex> lock(mu_);
@@ -427,9 +390,7 @@ class Replicator::PeerLink {
   std::condition_variable cv_;
   std::deque<rpc::ChainFrame> queue_;  // GUARDED_BY(mu_), and the fields below
   bool sending_ = false;    // a thread uses conn_
-  std::deque<size_t> in_flight_;  // bytes of each frame Push() sent, unanswered
-  size_t in_flight_bytes_ = 0;
-  bool healthy_ = false;    // the last call on conn_ was answered
+  bool healthy_ = false;    // the last send on conn_ went out
   bool backoff_ = false;    // the connection failed: wait before the next try
   bool stop_ = false;
   std::thread thread_;

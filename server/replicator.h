@@ -25,14 +25,15 @@
 // which also runs the ticks, ring events and calls that wait.
 //
 // Messages to a neighbour go through a PeerLink: one connection that sends
-// the frames in order (peerChain), a small one on the caller's thread when
-// the last one was answered, else from the link's own thread merged with
-// what queued meanwhile; a frame that cannot be sent is dropped (the member
-// resends what a silent neighbour has not acknowledged). A peerChain call
-// is answered once the message is checked and queued (OnFrame without
-// waiting), or, while more than kMaxPendingFrames wait, once it has been
-// handled and its writes applied, so a fast head cannot queue unbounded
-// work at a slow successor.
+// the frames in order as oneway peerChain calls (nothing answers a frame),
+// a small one on the caller's thread while the neighbour keeps up with the
+// connection, else from the link's own thread merged with what queued
+// meanwhile; a frame that cannot be sent is dropped (the member resends
+// what a silent neighbour has not acknowledged). A receiver reads the next
+// frame once the last is checked and queued (OnFrame without waiting),
+// or, while more than kMaxPendingFrames wait, once it has been handled
+// and its writes applied: TCP then holds back a fast head, which cannot
+// queue unbounded work at a slow successor.
 //
 // Snapshots (a joiner whose position the tail's log no longer covers): a
 // thread per joiner streams the store (integer keys in key order, then

@@ -291,9 +291,14 @@ service FlatKV {
   bool peerSRemove(1: required PeerContext peer, 2: required binary key) throws (1: KvError err),
 
   // Chain replication: one message from member "sender" (host:port) of
-  // peer.mark to this member. Answered once handled (applied, for writes);
-  // its effects (acks, resends) travel as calls of their own.
-  void peerChain(1: required PeerContext peer, 2: required string sender, 3: required ChainFrame frame) throws (1: KvError err),
+  // peer.mark to this member. Oneway: nothing answers it; its effects
+  // (acks, resends) travel as calls of their own, and a frame that is
+  // refused (another mark, a wrong token, malformed) is dropped, counted in
+  // errors.peerChain and logged by the receiver (the sender resends what
+  // was not acknowledged). While the receiver is behind it reads no more
+  // frames from the connection until it has caught up, so TCP holds the
+  // sender back.
+  oneway void peerChain(1: required PeerContext peer, 2: required string sender, 3: required ChainFrame frame),
   // A page of the snapshot stream from "sender"; returns the stream's token.
   // NOT_OWNER (not expected from "sender", or replaced by a later stream):
   // the sender stops.

@@ -33,7 +33,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     const char* method = kMethods[data[0] % (sizeof(kMethods) / sizeof(kMethods[0]))];
     try {
-      in->writeMessageBegin(method, apache::thrift::protocol::T_CALL, 1);
+      in->writeMessageBegin(method,
+                            flatkv::server::FrontProcessor::IsOneway(method)
+                                ? apache::thrift::protocol::T_ONEWAY
+                                : apache::thrift::protocol::T_CALL,
+                            1);
     } catch (...) {
       return 0;
     }

@@ -20,7 +20,8 @@ from thrift.Thrift import TApplicationException, TMessageType, TType  # noqa: E4
 from thrift.protocol import TBinaryProtocol  # noqa: E402
 from thrift.transport import TTransport  # noqa: E402
 from flatkv import FlatKV  # noqa: E402
-from flatkv.ttypes import ErrorCode, KvError, KvPair  # noqa: E402
+from flatkv.ttypes import (ChainFrame, ChainKind, ErrorCode, KvError, KvPair,  # noqa: E402
+                           PeerContext)
 
 # In a sanitizer build, freed memory waits in ASan's quarantine (256 MiB)
 # and would read as growth; without it RSS shows what the server keeps.
@@ -165,6 +166,41 @@ answer = call_raw(port, message("get", TMessageType.REPLY, 10,
 mtype, x = decode_exception(answer) if answer else (None, None)
 check(x is not None and x.type == TApplicationException.INVALID_MESSAGE_TYPE,
       "a message that is not a call gets INVALID_MESSAGE_TYPE")
+# peerChain is oneway: called as a call that waits, it is refused with an
+# answer (rather than leaving the caller waiting for one that never comes);
+# a method that answers, called oneway, is refused too.
+answer = call_raw(port, message("peerChain", TMessageType.CALL, 11, []))
+mtype, x = decode_exception(answer) if answer else (None, None)
+check(x is not None and x.type == TApplicationException.INVALID_MESSAGE_TYPE and
+      "oneway" in x.message, "peerChain called as a two-way call gets INVALID_MESSAGE_TYPE")
+answer = call_raw(port, message("get", TMessageType.ONEWAY, 12,
+                                [(1, TType.I64, lambda p: p.writeI64(1))]))
+mtype, x = decode_exception(answer) if answer else (None, None)
+check(x is not None and x.type == TApplicationException.INVALID_MESSAGE_TYPE and
+      "oneway" in x.message, "get called oneway gets INVALID_MESSAGE_TYPE")
+# A oneway peerChain is never answered, even when refused: a malformed one
+# (no arguments) and a well-formed one this standalone server does not
+# take (NOT_OWNER) are dropped, counted and logged; the server goes on.
+malformed_before = stat(c, "server.malformed_calls")
+chain_errors_before = stat(c, "errors.peerChain")
+check(call_raw(port, message("peerChain", TMessageType.ONEWAY, 13, []), timeout=1) is None,
+      "a malformed oneway peerChain gets no answer")
+
+buf = TTransport.TMemoryBuffer()
+p = TBinaryProtocol.TBinaryProtocol(buf)
+p.writeMessageBegin("peerChain", TMessageType.ONEWAY, 14)
+FlatKV.peerChain_args(
+    peer=PeerContext(token="", ringVersion=1, mark=1), sender="127.0.0.1:1",
+    frame=ChainFrame(kind=ChainKind.ACK, chain=1, entries=[], applied=0, committed=0, floor=0,
+                     positionEpoch=0, positionSeq=0)).write(p)
+p.writeMessageEnd()
+check(call_raw(port, buf.getvalue(), timeout=1) is None,
+      "a oneway peerChain to a server in no chain gets no answer")
+check(stat(c, "server.malformed_calls") == malformed_before + 1,
+      "the malformed oneway call is counted in server.malformed_calls")
+check(stat(c, "errors.peerChain") == chain_errors_before + 1,
+      "the refused peerChain (NOT_OWNER) is counted in errors.peerChain")
+check(c.get(0).value == b"v0", "the server serves on after refused oneway calls")
 answer = call_raw(port, b"\x80\x01\x00")
 mtype, x = decode_exception(answer) if answer else (None, None)
 check(x is not None and x.type == TApplicationException.PROTOCOL_ERROR,
