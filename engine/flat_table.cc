@@ -1016,7 +1016,9 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
     if (v0 == 0) continue;
     DecodeSlot(v0, &live_pos, &guess);
     if (live_pos != pos) continue;  // an older version: garbage
-    if (verbatim && view.type == RecordType::kValue) {
+    // (A record's size fits CopyBatch's 32 bits unless its padding field is
+    // huge: such a record takes the general path, which drops the padding.)
+    if (verbatim && view.type == RecordType::kValue && view.size <= UINT32_MAX) {
       // Checked again under the file mutex when the batch is flushed.
       const std::string_view rec = reader.record();
       batch.items.push_back({view.key, v0, static_cast<uint32_t>(batch.bytes.size()),
