@@ -376,6 +376,7 @@ int RunEngineBench(const BenchFlags& f) {
   options.data_files = f.data_files;
   options.string_slots = StringSlotsFor(f);
   options.compaction_mb_per_sec = f.compaction_mb_per_sec;
+  options.compaction_disk_ratio = f.compaction_disk_ratio;
   if (CacheEnabled(f)) {
     options.cache_policy = f.cache;
     options.cache_bytes = f.cache_bytes;

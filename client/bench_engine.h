@@ -53,6 +53,8 @@ struct BenchEngineOptions {
   int data_files = 0;         // flat only: EngineOptions::data_files
   uint64_t string_slots = 0;  // flat only: EngineOptions::string_slots
   uint32_t compaction_mb_per_sec = 0;  // flat only: EngineOptions::compaction_mb_per_sec
+  // flat only: EngineOptions::compaction_disk_ratio; negative = its default.
+  double compaction_disk_ratio = -1;
   // flat only: automatic compaction at the default garbage ratio, as users
   // run it (peers' numbers include their compactions too). Off only when
   // the run measures compaction itself.

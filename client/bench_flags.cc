@@ -101,6 +101,15 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
   } else if (name == "compaction-mb-per-sec") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 0, kMaxCompactionMbPerSec, &n));
     f->compaction_mb_per_sec = static_cast<uint32_t>(n);
+  } else if (name == "compaction-disk-ratio") {
+    // A decimal; the engine checks the range (0, or 1.1 to 1000) at open.
+    double r = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), r);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size() || r < 0) {
+      return Status::InvalidArgument("--compaction-disk-ratio: '" + std::string(value) +
+                                     "' is not a ratio");
+    }
+    f->compaction_disk_ratio = r;
   } else if (name == "cache") {
     if (value != "lru" && value != "arc" && value != "none") {
       return Status::InvalidArgument("--cache: expected lru|arc|none, got '" +
@@ -219,10 +228,11 @@ Status Validate(const BenchFlags& f) {
   if (f.engine.empty()) return Status::InvalidArgument("--engine is required");
   if (f.dir.empty()) return Status::InvalidArgument("--dir is required");
   if (f.engine != "flat" &&
-      (f.index_item_bytes != 0 || f.data_files != 0 || f.compaction_mb_per_sec != 0)) {
+      (f.index_item_bytes != 0 || f.data_files != 0 || f.compaction_mb_per_sec != 0 ||
+       f.compaction_disk_ratio >= 0)) {
     return Status::InvalidArgument(
-        "--index-item-bytes, --data-files and --compaction-mb-per-sec apply only to "
-        "--engine flat");
+        "--index-item-bytes, --data-files, --compaction-mb-per-sec and "
+        "--compaction-disk-ratio apply only to --engine flat");
   }
   if (f.engine != "flat" && f.cache_flags_given) {
     return Status::InvalidArgument(
@@ -358,6 +368,11 @@ void PrintBenchUsage(std::FILE* out) {
       "                      overwrite and deleterandom pay for it; only a run\n"
       "                      with compact or readwhilecompacting turns that\n"
       "                      off, to time its own compaction\n"
+      "  --compaction-disk-ratio R\n"
+      "                      flat only: storage.compaction_disk_ratio (0 = off,\n"
+      "                      else 1.1..1000; default: the engine's), the log\n"
+      "                      bytes kept under R x the live bytes: higher\n"
+      "                      trades disk for less compaction\n"
       "  --cache lru|arc|none\n"
       "                      flat only: put a WriteBackCache with this policy in\n"
       "                      front of the Store for integer keys (default none;\n"

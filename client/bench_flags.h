@@ -43,6 +43,7 @@ struct BenchFlags {
   KeyKind keys = KeyKind::kInt;           // --keys int|string
   uint64_t string_slots = 0;              // --string-slots (flat, string keys), 0 = auto
   uint32_t compaction_mb_per_sec = 0;     // --compaction-mb-per-sec (flat), 0 = unlimited
+  double compaction_disk_ratio = -1;      // --compaction-disk-ratio (flat), -1 = default
   // flat only: the WriteBackCache in front of the Store (engine/cache/).
   std::string cache = "none";             // --cache lru|arc|none
   uint64_t cache_bytes = uint64_t{64} << 20;  // --cache-bytes: clean-entry capacity

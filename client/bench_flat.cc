@@ -35,6 +35,7 @@ class FlatBenchEngine : public BenchEngine {
     if (options.string_slots > 0) eo.string_slots = options.string_slots;
     if (!options.auto_compaction) eo.compaction_garbage_ratio = 0;
     eo.compaction_mb_per_sec = options.compaction_mb_per_sec;
+    if (options.compaction_disk_ratio >= 0) eo.compaction_disk_ratio = options.compaction_disk_ratio;
     FLATKV_RETURN_IF_ERROR(engine::Store::Open(eo, &store_));
     if (options.cache_policy.empty()) return Status::OK();
     engine::cache::CacheOptions co;

@@ -25,12 +25,14 @@ uint32_t ExtendPortable(uint32_t crc, const uint8_t* p, size_t n) {
 }
 
 #if defined(__x86_64__)
-// Large buffers run three independent CRC streams over consecutive blocks of
+// Buffers run three independent CRC streams over consecutive blocks of
 // kStride bytes (the crc32 instruction has a latency of 3 cycles and a
 // throughput of 1, so one stream uses a third of it), then combine them:
 // crc(A || B) = Shift(crc(A)) ^ crc(B), where Shift advances a CRC register
 // over kStride zero bytes. Shift is linear, so it is four table lookups.
-constexpr size_t kStride = 4096;
+// Strides of 4096, 256 and 64 bytes: a record of a 1 KiB or 4 KiB value
+// (the checksum of every put, get and compaction copy) is mostly covered by
+// three streams too, not only buffers of 12 KiB and more.
 
 struct ShiftTable {
   uint32_t t[4][256];
@@ -42,6 +44,7 @@ __attribute__((target("sse4.2"))) uint32_t ZerosSlow(uint32_t crc, size_t n) {
   return static_cast<uint32_t>(c);
 }
 
+template <size_t kStride>
 const ShiftTable& StrideShift() {
   static const ShiftTable table = [] {
     ShiftTable s;
@@ -58,29 +61,41 @@ inline uint32_t Shift(const ShiftTable& s, uint32_t crc) {
          s.t[3][crc >> 24];
 }
 
+// Consumes whole blocks of 3 * kStride bytes from *p / *n, three streams each.
+template <size_t kStride>
+__attribute__((target("sse4.2"))) uint64_t ThreeStreams(uint64_t c, const uint8_t** p,
+                                                         size_t* n) {
+  const ShiftTable& shift = StrideShift<kStride>();
+  const uint8_t* q = *p;
+  size_t left = *n;
+  while (left >= 3 * kStride) {
+    uint64_t c1 = 0, c2 = 0;
+    for (size_t i = 0; i < kStride; i += 8) {
+      uint64_t w0, w1, w2;
+      std::memcpy(&w0, q + i, 8);
+      std::memcpy(&w1, q + kStride + i, 8);
+      std::memcpy(&w2, q + 2 * kStride + i, 8);
+      c = __builtin_ia32_crc32di(c, w0);
+      c1 = __builtin_ia32_crc32di(c1, w1);
+      c2 = __builtin_ia32_crc32di(c2, w2);
+    }
+    uint32_t r = Shift(shift, static_cast<uint32_t>(c)) ^ static_cast<uint32_t>(c1);
+    r = Shift(shift, r) ^ static_cast<uint32_t>(c2);
+    c = r;
+    q += 3 * kStride;
+    left -= 3 * kStride;
+  }
+  *p = q;
+  *n = left;
+  return c;
+}
+
 __attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const uint8_t* p,
                                                         size_t n) {
   uint64_t c = crc;
-  if (n >= 3 * kStride) {
-    const ShiftTable& shift = StrideShift();
-    while (n >= 3 * kStride) {
-      uint64_t c1 = 0, c2 = 0;
-      for (size_t i = 0; i < kStride; i += 8) {
-        uint64_t w0, w1, w2;
-        std::memcpy(&w0, p + i, 8);
-        std::memcpy(&w1, p + kStride + i, 8);
-        std::memcpy(&w2, p + 2 * kStride + i, 8);
-        c = __builtin_ia32_crc32di(c, w0);
-        c1 = __builtin_ia32_crc32di(c1, w1);
-        c2 = __builtin_ia32_crc32di(c2, w2);
-      }
-      uint32_t r = Shift(shift, static_cast<uint32_t>(c)) ^ static_cast<uint32_t>(c1);
-      r = Shift(shift, r) ^ static_cast<uint32_t>(c2);
-      c = r;
-      p += 3 * kStride;
-      n -= 3 * kStride;
-    }
-  }
+  if (n >= 3 * 4096) c = ThreeStreams<4096>(c, &p, &n);
+  if (n >= 3 * 256) c = ThreeStreams<256>(c, &p, &n);
+  if (n >= 3 * 64) c = ThreeStreams<64>(c, &p, &n);
   while (n >= 8) {
     uint64_t word;
     std::memcpy(&word, p, 8);

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include <spdlog/spdlog.h>
 
@@ -19,6 +20,10 @@ constexpr size_t kNoHintGuess = 4096;
 constexpr size_t kHeadBytes = kRecordHeaderSize + 1 + kMaxAppendParts * kAppendPartBytes;
 // Reads larger than this use a one-off buffer instead of the thread's.
 constexpr size_t kMaxScratch = 1 << 20;
+// A compaction copies verbatim records in batches of about this many bytes
+// (one write each, under the old file's mutex), and reports progress (and
+// checks whether to stop) every this many bytes read.
+constexpr size_t kCopyBatchBytes = 64 << 10;
 
 // Size classes (FORMAT.md): with 6 hint bits (5-byte slots) a class bounds
 // a record within 1.5x, with 8 hint bits (6- to 8-byte slots) within 1.125x.
@@ -972,20 +977,36 @@ Status FlatTable::AbortCompaction() {
   return Status::OK();
 }
 
+// Copying a record that is a whole value of an integer key, into a
+// successor with the same layout, needs no decoding: its bytes (checksum
+// verified by the LogReader) are appended as they are, a batch at a time.
+// Such a copy keeps the record's timestamp (when its value was written).
+// Append fragments (merged into one value), buckets of string keys
+// (rewritten by transform_) and successors with another data file count
+// take the general path: decode, re-encode, one record at a time.
 Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress) {
   FlatTable* next = successor();
   FileState& fs = files_[file];
   const LogFile* log = fs.log.load(std::memory_order_acquire);
   if (next == nullptr || log == nullptr) return Status::OK();
   const int n = params_.index.data_files;
+  const bool verbatim = !transform_ && next->data_files() == n && next->kmin() == kmin() &&
+                        next->slots() == slots();
   LogReader reader(log, 0, end, [&](uint64_t off, uint64_t bytes, const char* why) {
     spdlog::warn("{}: compaction skipped {} bytes at offset {}: {}", log->path(), bytes, off, why);
   });
   RecordView view;
   uint64_t pos;
   std::string value;
+  CopyBatch batch;
+  uint64_t unreported = 0;  // bytes read since the last progress call
   while (reader.Next(&view, &pos)) {
-    if (!progress(view.size)) return Status::Busy("compaction stopped");
+    unreported += view.size;
+    if (unreported >= kCopyBatchBytes || batch.bytes.size() >= kCopyBatchBytes) {
+      FLATKV_RETURN_IF_ERROR(FlushCopies(file, &batch));
+      if (!progress(unreported)) return Status::Busy("compaction stopped");
+      unreported = 0;
+    }
     if (view.type == RecordType::kTombstone) continue;
     const uint64_t slot = static_cast<uint64_t>(view.key) - static_cast<uint64_t>(kmin());
     if (slot >= slots() || static_cast<int>(slot % n) != file) continue;
@@ -995,6 +1016,16 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
     if (v0 == 0) continue;
     DecodeSlot(v0, &live_pos, &guess);
     if (live_pos != pos) continue;  // an older version: garbage
+    // (A record's size fits CopyBatch's 32 bits unless its padding field is
+    // huge: such a record takes the general path, which drops the padding.)
+    if (verbatim && view.type == RecordType::kValue && view.size <= UINT32_MAX) {
+      // Checked again under the file mutex when the batch is flushed.
+      const std::string_view rec = reader.record();
+      batch.items.push_back({view.key, v0, static_cast<uint32_t>(batch.bytes.size()),
+                             static_cast<uint32_t>(rec.size())});
+      batch.bytes.append(rec.data(), rec.size());
+      continue;
+    }
     // Re-check under the file mutex, which every write of this key holds:
     // the record must still be live here and the key still absent there.
     std::unique_lock<std::mutex> lk(fs.mu);
@@ -1008,7 +1039,72 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
     if (transform_ && !transform_(&value)) continue;
     FLATKV_RETURN_IF_ERROR(next->PutCopy(view.key, value));
   }
-  return reader.status();
+  FLATKV_RETURN_IF_ERROR(reader.status());
+  FLATKV_RETURN_IF_ERROR(FlushCopies(file, &batch));
+  if (unreported > 0 && !progress(unreported)) return Status::Busy("compaction stopped");
+  return Status::OK();
+}
+
+Status FlatTable::FlushCopies(int file, CopyBatch* batch) {
+  if (batch->items.empty()) return Status::OK();
+  FileState& fs = files_[file];
+  FlatTable* next = successor();
+  // The same check as a single copy's, under the same mutex, held until
+  // the copies are in the successor: a write of one of these keys either
+  // came before (the record is dropped here) or waits for the mutex and
+  // lands after its copy, in the successor's log too (so a replay after a
+  // crash also ends with the write).
+  std::unique_lock<std::mutex> lk(fs.mu);
+  size_t kept = 0, to = 0;
+  for (const CopyBatch::Item& item : batch->items) {
+    const uint64_t slot = static_cast<uint64_t>(item.key) - static_cast<uint64_t>(kmin());
+    if (CurrentSlotLocked(fs, slot) != item.slot_value || next->Contains(item.key)) continue;
+    char* bytes = batch->bytes.data();
+    if (to != item.offset) std::memmove(bytes + to, bytes + item.offset, item.size);
+    batch->items[kept++] = {item.key, item.slot_value, static_cast<uint32_t>(to), item.size};
+    to += item.size;
+  }
+  batch->items.resize(kept);
+  batch->bytes.resize(to);
+  Status st = next->PutCopies(file, *batch);
+  batch->items.clear();
+  batch->bytes.clear();
+  return st;
+}
+
+Status FlatTable::PutCopies(int file, const CopyBatch& batch) {
+  if (batch.items.empty()) return Status::OK();
+  FLATKV_RETURN_IF_ERROR(EnsureWritable());
+  FileState& fs = files_[file];
+  std::unique_lock<std::mutex> lk(fs.mu);
+  if (!fs.error.ok()) return fs.error;
+  LogFile* log;
+  FLATKV_RETURN_IF_ERROR(LogForWrite(fs, file, &log));
+  if (log->end() + batch.bytes.size() >= pos_limit_) {
+    return Status::NoSpace(log->path() + " reached the " + std::to_string(pos_limit_) +
+                           "-byte limit of index_item_bytes=" +
+                           std::to_string(params_.index.item_bytes) + "; compact the table");
+  }
+  // Index pages first, as Write does: a full disk fails the batch before
+  // any of it is in the log.
+  for (const CopyBatch::Item& item : batch.items) {
+    FLATKV_RETURN_IF_ERROR(
+        index_->Reserve(static_cast<uint64_t>(item.key) - static_cast<uint64_t>(kmin())));
+  }
+  uint64_t start;
+  FLATKV_RETURN_IF_ERROR(log->AppendEncoded(batch.bytes, &start));
+  counters_->bytes_appended.fetch_add(batch.bytes.size(), std::memory_order_relaxed);
+  fs.dirty.store(true, std::memory_order_relaxed);
+  // The keys are absent here (checked under the old table's mutex, which
+  // every write of them holds): nothing becomes garbage.
+  for (const CopyBatch::Item& item : batch.items) {
+    const uint64_t slot = static_cast<uint64_t>(item.key) - static_cast<uint64_t>(kmin());
+    FLATKV_RETURN_IF_ERROR(WriteSlot(fs, slot, EncodeSlot(start + item.offset, item.size)));
+  }
+  // Under sync: always a copy must not move "applied" (see Write).
+  if (params_.sync != SyncMode::kAlways) fs.applied = log->end();
+  copied_bytes_.fetch_add(batch.bytes.size(), std::memory_order_relaxed);
+  return Status::OK();
 }
 
 }  // namespace flatkv::engine

@@ -269,6 +269,27 @@ class FlatTable {
   uint64_t RecordBytesEstimate(uint64_t slot_value, size_t fallback) const;
   // Put without waiting for durability (see Write); used by CopyLive.
   Status PutCopy(int64_t key, std::string_view value);
+  // A batch of records a compaction copies verbatim (CopyLive): their bytes
+  // back to back, and per record its key and where it lies in the bytes.
+  struct CopyBatch {
+    struct Item {
+      int64_t key;
+      uint64_t slot_value;  // the old table's slot when the record was read
+      uint32_t offset;      // in bytes
+      uint32_t size;
+    };
+    std::string bytes;
+    std::vector<Item> items;
+  };
+  // The successor's side of a batch: appends the records of "batch" that all
+  // live in data file "file" here with one write and points their slots at
+  // them, without waiting for durability (as PutCopy). The caller holds the
+  // old table's mutex of that file and has checked every key is absent here.
+  Status PutCopies(int file, const CopyBatch& batch);
+  // CopyLive's flush: under the old table's file mutex, drops the records
+  // no longer live here or no longer absent from the successor, then writes
+  // the rest there (PutCopies). Leaves "batch" empty.
+  Status FlushCopies(int file, CopyBatch* batch);
   Status WaitDurable(FileState& fs, std::unique_lock<std::mutex>& lk, uint64_t end);
 
   // Reads and verifies the record at "pos"; "buf" backs *view.

@@ -44,6 +44,8 @@
 #include "engine/record.h"
 #include "engine/status.h"
 
+struct iovec;
+
 namespace flatkv::engine {
 
 // fsync of a directory: makes the names created or renamed in it durable.
@@ -68,6 +70,13 @@ class LogFile {
   // is harmless: it is overwritten by the next append and cut by recovery).
   Status Append(RecordType type, int64_t key, uint64_t timestamp, std::string_view prefix,
                 std::string_view value, uint64_t* pos, size_t* size);
+
+  // Appends "records", one or more whole records already encoded and
+  // checksummed (a compaction copies live records verbatim, in batches),
+  // with one pwrite() after reserving the space; stores the position of
+  // the first byte in *pos. On failure the logical end is unchanged, as
+  // for Append(). The caller vouches for the bytes: they are not parsed.
+  Status AppendEncoded(std::string_view records, uint64_t* pos);
 
   // Reads up to n bytes at pos into dst; *got is the number read (fewer only
   // at the end of the file). One pread() call unless the kernel returns short.
@@ -124,8 +133,14 @@ class LogFile {
 
   // Makes room for n bytes at end_ in the writable window.
   Status Reserve(size_t n);
+  // Reserves (fallocate) the file up to at least need_end, a step ahead
+  // (an eighth of the file, at most 8 MiB and a thousandth of the free
+  // space), or exactly what is needed when the disk lacks the step.
+  Status ReserveAhead(uint64_t need_end);
   Status WriteDirect(RecordType type, int64_t key, uint64_t timestamp, std::string_view prefix,
                      std::string_view value, size_t size);
+  // Writes iov (size bytes in all) at end_ with pwritev, reserving first.
+  Status WriteAtEnd(iovec* iov, int cnt, size_t size);
   void Unmap();
   void Populate(uint64_t need);
 
@@ -179,6 +194,11 @@ class LogReader {
   // error (see status()).
   bool Next(RecordView* view, uint64_t* pos);
 
+  // The bytes of the record Next() returned last, exactly as on disk
+  // (header, value, key and any padding; its checksum verified), valid
+  // until the next call. Empty before the first record.
+  std::string_view record() const { return record_; }
+
   // Offset just past the last valid record returned (start if none).
   uint64_t valid_end() const { return valid_end_; }
   // Offset of the first byte not yet consumed (use as a resume point).
@@ -199,6 +219,7 @@ class LogReader {
   std::string buf_;        // holds [buf_offset_, buf_offset_ + buf_len_)
   uint64_t buf_offset_ = 0;
   size_t buf_len_ = 0;
+  std::string_view record_;  // the last record returned, inside buf_
   Status status_;
 };
 

@@ -583,3 +583,56 @@ TEST_CASE("LogFile read mappings of a reopened file cover its whole size and no 
   CHECK(log->read_mapped_bytes() == RoundUpPage(size));
   CHECK(log->MappedRange(size, 8) == nullptr);  // past the end: not mapped
 }
+
+TEST_CASE("LogReader::record gives each record's bytes exactly as they lie in the file",
+          "[engine][log]") {
+  TempDir dir;
+  const auto recs = WriteThree(dir / "data.log", 100, 5000, 7);
+  const std::string file = ReadFile(dir / "data.log");
+  auto log = Open(dir / "data.log");
+  LogReader reader(log.get(), 0, log->end(), [](uint64_t, uint64_t, const char*) {});
+  REQUIRE(reader.record().empty());
+  RecordView view;
+  uint64_t pos;
+  for (const Written& w : recs) {
+    REQUIRE(reader.Next(&view, &pos));
+    REQUIRE(pos == w.pos);
+    REQUIRE(reader.record() == std::string_view(file).substr(w.pos, w.size));
+  }
+  REQUIRE_FALSE(reader.Next(&view, &pos));
+}
+
+TEST_CASE("LogFile::AppendEncoded appends whole records that read back like appended ones",
+          "[engine][log]") {
+  TempDir dir;
+  auto log = Open(dir / "data.log");
+  auto recs = AppendAll(log.get(), {10, 20});
+  // Three records in one write (the largest past the mapped path's bound),
+  // then ordinary appends after them, mapped and pwritev.
+  std::string batch;
+  std::vector<Written> copied;
+  for (size_t size : {size_t{1000}, size_t{0}, LogFile::kDirectWriteBytes + 5}) {
+    Written w{static_cast<int64_t>(100 + copied.size()), Value(size, 9), 0, RecordSize(size)};
+    w.pos = log->end() + batch.size();
+    batch += Encode(w.key, w.value);
+    copied.push_back(w);
+  }
+  uint64_t start = 0;
+  const uint64_t end_before = log->end();
+  REQUIRE(log->AppendEncoded(batch, &start).ok());
+  REQUIRE(start == end_before);
+  REQUIRE(log->end() == end_before + batch.size());
+  REQUIRE(log->allocated() >= log->end());
+  recs.insert(recs.end(), copied.begin(), copied.end());
+  for (const Written& w : AppendAll(log.get(), {30, LogFile::kDirectWriteBytes, 40}, 5)) {
+    recs.push_back(w);
+  }
+  ReadResult r = ReadAll(*log);
+  REQUIRE(r.status.ok());
+  REQUIRE(r.reports.empty());
+  CheckRecords(r.records, recs);
+  REQUIRE(log->Close().ok());
+  REQUIRE(FileSize(dir / "data.log") == recs.back().pos + recs.back().size);
+  log = Open(dir / "data.log");
+  CheckRecords(ReadAll(*log).records, recs);
+}

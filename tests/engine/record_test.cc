@@ -104,6 +104,24 @@ TEST_CASE("crc32c::Value agrees with a bitwise CRC for every length and alignmen
   }
 }
 
+TEST_CASE("crc32c::Value agrees with a bitwise CRC around every three-stream block size",
+          "[engine][crc32c]") {
+  // The hardware path runs three streams over blocks of 3 x 4096, 3 x 256
+  // and 3 x 64 bytes, then single words and bytes: lengths on, before and
+  // after each block boundary, and record sizes of 1 KiB and 4 KiB values.
+  const std::string data = Pattern(3 * 4096 * 2 + 3 * 256 + 3 * 64 + 100, 11);
+  for (size_t n : {size_t{191}, size_t{192}, size_t{193}, size_t{199}, size_t{767}, size_t{768},
+                   size_t{769}, size_t{959}, size_t{960}, size_t{1052}, size_t{4124},
+                   size_t{12287}, size_t{12288}, size_t{12289}, size_t{12288 + 768 + 192 + 7},
+                   size_t{2 * 12288 + 768 + 192 + 9}}) {
+    for (size_t start = 0; start < 8; ++start) {
+      INFO("start " << start << " length " << n);
+      REQUIRE(start + n <= data.size());
+      REQUIRE(crc32c::Value(data.data() + start, n) == ReferenceCrc(data.substr(start, n)));
+    }
+  }
+}
+
 TEST_CASE("crc32c::Extend continues a CRC across split buffers", "[engine][crc32c]") {
   const std::string data = Pattern(1000, 3);
   const uint32_t whole = crc32c::Value(data.data(), data.size());
