@@ -546,6 +546,9 @@ Status Cluster::CopyRanges(const partition::RingChange& change, const partition:
   return Status::OK();
 }
 
+// Keys one peerDrop removes at the source (see DropAtSource).
+constexpr int32_t kDropBatchKeys = 2000;
+
 Status Cluster::DropAtSource(const partition::RingChange& change, const partition::Ring& ring) {
   size_t at = 0;
   FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
@@ -556,9 +559,13 @@ Status Cluster::DropAtSource(const partition::RingChange& change, const partitio
     // Plain copies: clang 14 (the fuzz build) cannot capture structured bindings.
     const auto lo = range.first;
     const auto hi = range.second;
+    // Batches small enough to finish well inside cluster.peer_timeout_ms on
+    // a loaded source: 20000 keys of 10 kB took over 4 s (bench_ring_change.py
+    // with its read-heavy load), so the call timed out and the step was
+    // retried, with a warning, on every add of a mark.
     for (int64_t n = 1; n > 0;) {
       FLATKV_RETURN_IF_ERROR(Forward(head, "peerDrop", true, [&](rpc::FlatKVClient& c) {
-        n = c.peerDrop(head.context, lo, hi, 20000);
+        n = c.peerDrop(head.context, lo, hi, kDropBatchKeys);
       }));
       dropped += n;
     }
