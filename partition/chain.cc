@@ -332,7 +332,7 @@ void ChainMember::Pump(int64_t now, ChainOutput* out) {
 void ChainMember::SendAck(int64_t now, ChainOutput* out) {
   const std::string& pred = predecessor();
   if (pred.empty()) return;
-  const uint64_t floor = std::max(committed_, down_floor_);
+  const uint64_t floor = ack_floor();
   if (acked_applied_ == applied_.seq && acked_committed_ == chain_committed_ &&
       acked_floor_ == floor) {
     return;
@@ -508,7 +508,7 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
   const bool ack_follows =
       !is_end() && !down_.empty() && down_known_ && applied_.seq > down_applied_;
   if (!ack_follows || acked_committed_ != chain_committed_ ||
-      acked_floor_ != std::max(committed_, down_floor_)) {
+      acked_floor_ != ack_floor()) {
     SendAck(now, out);
   }
   Pump(now, out);

@@ -58,6 +58,7 @@
 // Thread safety: none; the shell serializes all calls on one member.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -296,6 +297,9 @@ class ChainMember {
   void Deregister(ChainOutput* out);
   void Pump(int64_t now, ChainOutput* out);
   void SendAck(int64_t now, ChainOutput* out);
+  // The floor an ack carries: the highest commit point this member or one
+  // after it has known.
+  uint64_t ack_floor() const { return std::max(committed_, down_floor_); }
   void Commit(uint64_t committed, ChainOutput* out);
   void FailPending(const Status& status, ChainOutput* out);
   // Head: answers the pending writes that may be answered (committed under

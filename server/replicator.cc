@@ -9,7 +9,6 @@
 #include "server/replicator.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/statvfs.h>
@@ -1425,7 +1424,6 @@ void Replicator::Process(ChainOutput* out) {
     return DropOutput(out, Status::NoSpace("member " + options_.self +
                                            " left its chain: its disk is full"));
   }
-  std::vector<bool> sent_early;
   if (!out->apply.empty()) {
     // Logged before anything of the batch is applied, passed on or
     // acknowledged. The writes go down the chain before this member's
@@ -1436,7 +1434,7 @@ void Replicator::Process(ChainOutput* out) {
     // after this one. So the commit point a member reports up, and the
     // answer the head gives, still follow every member's sync.
     Status st = log_->Append(out->apply);
-    if (st.ok()) sent_early = SendDownFirst(out);
+    if (st.ok()) SendDownFirst(out);
     if (st.ok() && options_.sync_always) st = log_->Sync();
     if (st.IsNoSpace()) return LeaveForFullDisk("logging replicated writes", st, out);
     if (!st.ok()) Fatal("logging replicated writes", st);
@@ -1459,9 +1457,7 @@ void Replicator::Process(ChainOutput* out) {
       spdlog::warn("chain: recording the chain in ZooKeeper: {}", st.ToString());
     }
   }
-  for (size_t i = 0; i < out->sends.size(); i++) {
-    if (i >= sent_early.size() || !sent_early[i]) Send(out->sends[i].to, out->sends[i].msg);
-  }
+  for (const ChainOutput::Send& s : out->sends) Send(s.to, s.msg);
   for (const ChainOutput::Reply& r : out->replies) Finish(r.request, r.status);
   for (uint64_t r : out->reads) Finish(r, Status::OK());
   for (const ChainOutput::Snapshot& s : out->snapshots) StartSnapshot(s.to, s.at);
@@ -1688,24 +1684,22 @@ void Replicator::Checkpoint() {
   checkpoint_due_ = false;
 }
 
-std::vector<bool> Replicator::SendDownFirst(const ChainOutput* out) {
+void Replicator::SendDownFirst(ChainOutput* out) {
   // Writes passed down (kReplicate) go now; everything else (acks up, sync
-  // requests) after the batch is durable. A message goes early only if
-  // none before it to the same member waits: each link keeps its order.
-  std::vector<bool> sent(out->sends.size(), false);
-  std::vector<const std::string*> waiting;
-  for (size_t i = 0; i < out->sends.size(); i++) {
-    const ChainOutput::Send& s = out->sends[i];
-    const bool blocked = std::any_of(waiting.begin(), waiting.end(),
-                                     [&](const std::string* w) { return *w == s.to; });
+  // requests) stays in out->sends for after the batch is durable. A message
+  // goes early only if none before it to the same member waits: each link
+  // keeps its order.
+  std::vector<ChainOutput::Send> later;
+  for (ChainOutput::Send& s : out->sends) {
+    const bool blocked = std::any_of(later.begin(), later.end(),
+                                     [&](const ChainOutput::Send& w) { return w.to == s.to; });
     if (s.msg.kind == ChainMessage::Kind::kReplicate && !blocked) {
       Send(s.to, s.msg);
-      sent[i] = true;
     } else {
-      waiting.push_back(&s.to);
+      later.push_back(std::move(s));
     }
   }
-  return sent;
+  out->sends = std::move(later);
 }
 
 void Replicator::Send(const std::string& to, const ChainMessage& msg) {

@@ -292,8 +292,8 @@ class Replicator {
   void Checkpoint();
   void Send(const std::string& to, const partition::ChainMessage& msg);
   // Sends out's writes passed down the chain before the batch is synced
-  // and applied here (Process); marks which of out->sends went.
-  std::vector<bool> SendDownFirst(const partition::ChainOutput* out);
+  // and applied here (Process), and takes them out of out->sends.
+  void SendDownFirst(partition::ChainOutput* out);
   void StartSnapshot(const std::string& to, partition::ChainPosition at);
   void Finish(uint64_t request, const Status& status);
   // Answers the writes and reads waiting past their deadline (loop thread).
