@@ -181,20 +181,27 @@ class ZooKeeper:
 
     def children(self, path="/flatkv"):
         """The children of "path" with their data, {name: bytes}; {} if the
-        path does not exist. A short-lived kazoo session per call."""
+        path does not exist. A short-lived kazoo session per call; a
+        connection lost mid-read (a ZooKeeper the test just restarted, still
+        settling) is tried again, up to 5 times."""
         import logging
         from kazoo.client import KazooClient
-        from kazoo.exceptions import NoNodeError
+        from kazoo.exceptions import ConnectionLoss, NoNodeError
         logging.getLogger("kazoo").setLevel(logging.CRITICAL)
-        zk = KazooClient(hosts=self.hosts, timeout=5.0)
-        zk.start(timeout=10)
-        try:
-            return {c: zk.get(path + "/" + c)[0] for c in zk.get_children(path)}
-        except NoNodeError:
-            return {}
-        finally:
-            zk.stop()
-            zk.close()
+        for attempt in range(5):
+            zk = KazooClient(hosts=self.hosts, timeout=5.0)
+            zk.start(timeout=10)
+            try:
+                return {c: zk.get(path + "/" + c)[0] for c in zk.get_children(path)}
+            except NoNodeError:
+                return {}
+            except ConnectionLoss:
+                if attempt == 4:
+                    raise
+                time.sleep(0.2)
+            finally:
+                zk.stop()
+                zk.close()
 
     def members(self, path="/flatkv"):
         return sorted(c for c in self.children(path) if c.startswith("thriftbinary"))
