@@ -347,6 +347,7 @@ void ChainMember::SendAck(int64_t now, ChainOutput* out) {
   m.applied = applied_.seq;
   m.committed = chain_committed_;
   m.floor = floor;
+  m.direct = commit_sent_chain_ == config_.id && commit_sent_ >= chain_committed_;
   for (ChainOutput::Send& s : out->sends) {
     if (s.to == pred && s.msg.kind == ChainMessage::Kind::kAck) {
       s.msg = std::move(m);
@@ -455,6 +456,9 @@ void ChainMember::OnMessage(const std::string& from, const ChainMessage& msg, in
     case ChainMessage::Kind::kSyncRequest:
       HandleSyncRequest(from, msg, now, out);
       return;
+    case ChainMessage::Kind::kCommit:
+      HandleCommit(from, msg, now, out);
+      return;
     case ChainMessage::Kind::kSyncRefused:
       // Asked again on a tick (the tail may be busy or changing).
       return;
@@ -490,6 +494,7 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
   if (joining_ && !gap) join_progress_ms_ = now;
   if (is_end() || (joining_ && down_.empty())) {
     Commit(applied_.seq, out);
+    SendCommit(out);
   } else {
     Commit(msg.committed, out);
   }
@@ -507,10 +512,13 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
   // (OnTick) should the downstream be slow.
   const bool ack_follows =
       !is_end() && !down_.empty() && down_known_ && applied_.seq > down_applied_;
-  if (!ack_follows || acked_committed_ != chain_committed_ ||
-      acked_floor_ != ack_floor()) {
-    SendAck(now, out);
-  }
+  // News for the predecessor besides "applied": a commit point or floor
+  // above what its own frame says (the end's commit, an earlier chain's),
+  // not one this member just learned from it (under direct_commit the
+  // head's frames bring the tail's commit point down).
+  const bool news = (acked_committed_ != chain_committed_ || acked_floor_ != ack_floor()) &&
+                    std::max(chain_committed_, ack_floor()) > std::max(msg.committed, msg.floor);
+  if (!ack_follows || news) SendAck(now, out);
   Pump(now, out);
 }
 
@@ -542,8 +550,58 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
   down_floor_ = std::max(down_floor_, msg.floor);
   if (is_head() && !Recorded() && !record_sent_) record_at_ = std::max(record_at_, msg.floor);
   Commit(msg.committed, out);
-  SendAck(now, out);
+  // The tail told the head this commit point itself (kCommit): the head's
+  // successor need not relay it at once. Its own position goes up with
+  // its next ack (OnTick, within resend_ms / 4); the head takes the tail's
+  // commit point as its progress meanwhile (HandleCommit).
+  if (!(msg.direct && index_ == 1 && Recorded())) SendAck(now, out);
   Pump(now, out);
+}
+
+void ChainMember::SendCommit(ChainOutput* out) {
+  // Only under sync, from a verified tail of three or more (the head's
+  // successor acks it directly anyway), once per position and chain.
+  if (!options_.direct_commit || !config_.sync || !is_end() || index_ < 2 || !verified_ ||
+      fenced_) {
+    return;
+  }
+  if (commit_sent_ == applied_.seq && commit_sent_chain_ == config_.id) return;
+  commit_sent_ = applied_.seq;
+  commit_sent_chain_ = config_.id;
+  ChainMessage m;
+  m.kind = ChainMessage::Kind::kCommit;
+  m.chain = config_.id;
+  m.applied = applied_.seq;
+  m.committed = applied_.seq;
+  for (ChainOutput::Send& s : out->sends) {
+    if (s.to == config_.members.front() && s.msg.kind == ChainMessage::Kind::kCommit) {
+      s.msg = std::move(m);
+      return;
+    }
+  }
+  out->sends.push_back({config_.members.front(), std::move(m)});
+}
+
+void ChainMember::HandleCommit(const std::string& from, const ChainMessage& msg, int64_t now,
+                               ChainOutput* out) {
+  // From the tail of this very chain (the id names its members): every
+  // member applied what it applied. A head whose chain is not recorded yet
+  // takes the commit point with the floor its successor's acks bring
+  // (HandleAck), which the recording waits for.
+  if (!is_head() || fenced_ || msg.chain != config_.id || config_.members.size() < 3 ||
+      from != config_.members.back() || !Recorded()) {
+    ++refused_;
+    return;
+  }
+  const uint64_t c = std::min(msg.applied, applied_.seq);
+  // The successor applied it too: its position must not lag the commit
+  // point, or a resend from there would find the trimmed log and offer it
+  // a snapshot (Pump); and it made progress (its own acks may wait).
+  if (down_known_ && !down_.empty() && c > down_applied_) {
+    down_applied_ = c;
+    down_progress_ms_ = now;
+  }
+  Commit(c, out);
 }
 
 void ChainMember::HandleSyncRequest(const std::string& from, const ChainMessage& msg,

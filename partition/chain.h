@@ -13,6 +13,8 @@
 //   client -> head -> ... -> tail        writes flow down, in sequence order
 //             head <- ... <- tail        acks flow up: "applied up to s,
 //                                        the tail has applied up to c"
+//             head <-------- tail        and, with direct_commit, straight
+//                                        to the head: "applied up to c"
 //
 // * The head gives each write the next sequence number s (contiguous, per
 //   partition) and the epoch of its head term (its registration's czxid,
@@ -31,8 +33,12 @@
 //   ones for members that catch up. When its successor changes (a middle
 //   member failed) it resends everything after the commit point: the new
 //   successor skips what it has.
-// * The commit point c is the tail's applied sequence. Under `sync` the head
-//   answers a write once c reaches it, and only the tail serves reads, so
+// * The commit point c is the tail's applied sequence (a member applies
+//   only what its predecessor applied, so every member holds it). With
+//   direct_commit a tail that is not the head's successor also sends c to
+//   the head itself (kCommit), which a head of a recorded chain takes from
+//   its current tail: one hop instead of one per member. Under `sync` the
+//   head answers a write once c reaches it, and only the tail serves reads, so
 //   single-key operations are linearizable. Under `async` the head answers
 //   once it applied the write itself and any member serves reads.
 // * Fencing: every message carries the chain id (ChainConfig::id, which
@@ -114,6 +120,7 @@ struct ChainMessage {
     kAck,              // up: receiver's applied and commit point
     kSyncRequest,      // joiner -> tail: "I have position"
     kSyncRefused,      // tail -> joiner: not now (not the tail, busy); ask later
+    kCommit,           // tail -> head, direct: "applied (so committed) up to here"
   };
   Kind kind = Kind::kReplicate;
   uint64_t chain = 0;  // the sender's ChainConfig::id
@@ -125,6 +132,9 @@ struct ChainMessage {
   // known (a tail may have served reads up to there).
   uint64_t floor = 0;
   ChainPosition position;
+  // An ack: the sender (the tail) sent this commit point to the head
+  // itself (kCommit), so the head's successor need not relay it at once.
+  bool direct = false;
 };
 
 // What the shell must do after an event, in this order: apply `apply` to the
@@ -168,6 +178,13 @@ struct ChainOptions {
   int64_t resend_ms = 200;             // resend when a neighbour made no progress
   int64_t joiner_timeout_ms = 3000;    // drop a joiner silent this long
   uint64_t catchup_lag = 64;           // a joiner this close to the tail registers
+  // The tail also tells the head straight away what it applied (kCommit), a
+  // hop sooner than the acks relayed up through the middle members. Sound
+  // where a member passes a write on only once it holds it as surely as it
+  // ever will (the shell logs a batch before it sends it on); not under
+  // storage.sync: always, where a member's ack also says "synced", which
+  // the tail cannot say for the members before it.
+  bool direct_commit = true;
 };
 
 class ChainMember {
@@ -325,6 +342,10 @@ class ChainMember {
   void HandleReplicate(const std::string& from, const ChainMessage& msg, int64_t now,
                        ChainOutput* out);
   void HandleAck(const std::string& from, const ChainMessage& msg, int64_t now, ChainOutput* out);
+  void HandleCommit(const std::string& from, const ChainMessage& msg, int64_t now,
+                    ChainOutput* out);
+  // The tail's kCommit to the head (ChainOptions::direct_commit).
+  void SendCommit(ChainOutput* out);
   void HandleSyncRequest(const std::string& from, const ChainMessage& msg, int64_t now,
                          ChainOutput* out);
   void SendSyncRequest(int64_t now, ChainOutput* out);
@@ -385,6 +406,8 @@ class ChainMember {
   uint64_t acked_committed_ = 0;
   uint64_t acked_floor_ = 0;
   int64_t last_ack_ms_ = 0;
+  uint64_t commit_sent_ = 0;  // last kCommit sent to the head (direct_commit)...
+  uint64_t commit_sent_chain_ = 0;  // ...under this chain
 
   // Head: writes waiting for the commit point (sync), in seq order.
   struct Pending {

@@ -77,6 +77,7 @@ rpc::ChainFrame ToFrame(const ChainMessage& m) {
   f.floor = static_cast<int64_t>(m.floor);
   f.positionEpoch = m.position.epoch;
   f.positionSeq = static_cast<int64_t>(m.position.seq);
+  if (m.direct) f.__set_direct(true);
   return f;
 }
 
@@ -84,7 +85,7 @@ rpc::ChainFrame ToFrame(const ChainMessage& m) {
 
 Status DecodeChainFrame(const rpc::ChainFrame& f, ChainMessage* m) {
   const int64_t kind = RawEnum(f.kind);
-  if (kind < rpc::ChainKind::REPLICATE || kind > rpc::ChainKind::SYNC_REFUSED) {
+  if (kind < rpc::ChainKind::REPLICATE || kind > rpc::ChainKind::COMMIT) {
     return Status::InvalidArgument("peerChain: unknown message kind " + std::to_string(kind));
   }
   m->kind = static_cast<ChainMessage::Kind>(kind);
@@ -102,6 +103,7 @@ Status DecodeChainFrame(const rpc::ChainFrame& f, ChainMessage* m) {
   m->committed = static_cast<uint64_t>(f.committed);
   m->floor = static_cast<uint64_t>(f.floor);
   m->position = {f.positionEpoch, static_cast<uint64_t>(f.positionSeq)};
+  m->direct = f.direct;
   return Status::OK();
 }
 

@@ -140,7 +140,7 @@ struct ChainEntry {
   4: required binary ops,      // a ChainOps, binary protocol: forwarded as it came
 }
 // partition::ChainMessage on the wire.
-enum ChainKind { REPLICATE = 0, ACK = 1, SYNC_REQUEST = 2, SYNC_REFUSED = 3 }
+enum ChainKind { REPLICATE = 0, ACK = 1, SYNC_REQUEST = 2, SYNC_REFUSED = 3, COMMIT = 4 }
 struct ChainFrame {
   1: required ChainKind kind,
   2: required i64 chain,
@@ -150,6 +150,7 @@ struct ChainFrame {
   6: required i64 floor,
   7: required i64 positionEpoch,
   8: required i64 positionSeq,
+  9: optional bool direct = false,  // ACK: the tail sent this commit point to the head too
 }
 struct StringKvPair {
   1: required binary key,

@@ -109,6 +109,9 @@ class Sim {
     options_.backlog_bytes = 600;  // small: catch-ups need snapshots too
     options_.max_batch_entries = 8;
     options_.catchup_lag = 4;
+    // Half the seeds with the tail's direct kCommit, half relaying only
+    // (as under storage.sync: always).
+    options_.direct_commit = seed % 2 == 0;
     for (int i = 0; i < kMembers; ++i) {
       nodes_.emplace_back();
       Node& n = nodes_.back();

@@ -28,9 +28,10 @@ struct Net {
   std::map<uint64_t, bool> replies;                             // request -> ok
   std::vector<std::string> record;                              // last record asked for
   int64_t now = 0;
+  ChainOptions options;
 
   ChainMember& Add(const std::string& name, ChainPosition durable = {}) {
-    members[name] = std::make_unique<ChainMember>(name, ChainOptions{}, durable);
+    members[name] = std::make_unique<ChainMember>(name, options, durable);
     return *members[name];
   }
   void Take(const std::string& from, const ChainOutput& out) {
@@ -56,6 +57,19 @@ struct Net {
       it->second->OnMessage(from, send.msg, now, &out);
       Take(send.to, out);
     }
+  }
+  // Delivers the first message on the wire of kind "kind"; false if none.
+  bool DeliverFirst(ChainMessage::Kind kind) {
+    for (size_t i = 0; i < wire.size(); ++i) {
+      if (wire[i].second.msg.kind != kind) continue;
+      auto [from, send] = wire[i];
+      wire.erase(wire.begin() + static_cast<std::ptrdiff_t>(i));
+      ChainOutput out;
+      members.at(send.to)->OnMessage(from, send.msg, now, &out);
+      Take(send.to, out);
+      return true;
+    }
+    return false;
   }
   // Members "names" with epochs 1..n, registered, told the (recorded)
   // chain of id "id", and every first message delivered.
@@ -112,6 +126,54 @@ TEST_CASE("sync: a write is answered only once the tail applied it; reads go to 
   CHECK(net.members["c"]->OnRead(1, 5, &out) == ChainMember::Read::kServe);
   CHECK(net.members["a"]->OnRead(2, 5, &out) == ChainMember::Read::kRefuse);
   CHECK(net.members["b"]->OnRead(3, 5, &out) == ChainMember::Read::kRefuse);
+}
+
+TEST_CASE("sync, direct commit: the tail's kCommit answers at the head before the middle's ack") {
+  using Kind = ChainMessage::Kind;
+  Net net;
+  net.Start({"a", "b", "c"}, 7);
+  net.Write("a", 100, 5);
+  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // a -> b
+  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // b -> c
+  CHECK(net.replies.count(100) == 0);
+  REQUIRE(net.DeliverFirst(Kind::kCommit));     // c -> a, straight
+  REQUIRE(net.replies.count(100) == 1);
+  CHECK(net.replies[100]);
+  // The relayed ack still comes (the middle's position, its log trimmed).
+  net.Deliver();
+  CHECK(net.members["b"]->committed() == 1);
+
+  // Only the current tail's, under this chain: a middle's or another
+  // chain's kCommit answers nothing.
+  net.Write("a", 101, 6);
+  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // a -> b only
+  for (auto [from, chain] : {std::pair<std::string, uint64_t>{"b", 7}, {"c", 8}}) {
+    ChainMessage m;
+    m.kind = Kind::kCommit;
+    m.chain = chain;
+    m.applied = m.committed = 2;
+    ChainOutput out;
+    net.members["a"]->OnMessage(from, m, net.now, &out);
+    net.Take("a", out);
+    CHECK(net.replies.count(101) == 0);
+  }
+  net.Deliver();
+  CHECK(net.replies.count(101) == 1);
+}
+
+TEST_CASE("sync without direct commit (storage.sync: always): the head waits for the relayed ack") {
+  using Kind = ChainMessage::Kind;
+  Net net;
+  net.options.direct_commit = false;
+  net.Start({"a", "b", "c"}, 7);
+  net.Write("a", 100, 5);
+  REQUIRE(net.DeliverFirst(Kind::kReplicate));
+  REQUIRE(net.DeliverFirst(Kind::kReplicate));
+  CHECK_FALSE(net.DeliverFirst(Kind::kCommit));
+  REQUIRE(net.DeliverFirst(Kind::kAck));  // c -> b
+  CHECK(net.replies.count(100) == 0);
+  REQUIRE(net.DeliverFirst(Kind::kAck));  // b -> a
+  CHECK(net.replies.count(100) == 1);
 }
 
 TEST_CASE("async: the head answers after its own apply; any member reads") {
