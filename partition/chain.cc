@@ -135,6 +135,7 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
     // what it applied). It is recorded, and writes answered, only once its
     // tail has everything committed before (record_at_).
     chain_committed_ = 0;
+    read_safe_ = 0;
     record_at_ = committed_;
     record_sent_ = false;
     chain_since_ = config_.version;
@@ -366,6 +367,25 @@ void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
     out->record = config_.members;
     out->record_version = config_.version;
   }
+  if (options_.sends_before_sync && is_head() && config_.sync && config_.members.size() >= 2 &&
+      !fenced_ && (commit_down_chain_ != config_.id || commit_down_ < chain_committed_)) {
+    // The tail serves reads up to here (ReadCommitted).
+    commit_down_ = chain_committed_;
+    commit_down_chain_ = config_.id;
+    ChainMessage m;
+    m.kind = ChainMessage::Kind::kCommit;
+    m.chain = config_.id;
+    m.applied = applied_.seq;
+    m.committed = chain_committed_;
+    bool merged = false;
+    for (ChainOutput::Send& s : out->sends) {
+      if (s.to == config_.members.back() && s.msg.kind == ChainMessage::Kind::kCommit) {
+        s.msg = m;
+        merged = true;
+      }
+    }
+    if (!merged) out->sends.push_back({config_.members.back(), std::move(m)});
+  }
   Release(out);
   Trim();
 }
@@ -384,12 +404,12 @@ void ChainMember::Release(ChainOutput* out) {
   if (parked_.empty() || !is_tail()) return;
   std::vector<ParkedRead> still;
   for (const ParkedRead& r : parked_) {
-    if (r.until > chain_committed_) {
+    if (r.until > ReadCommitted()) {
       still.push_back(r);
       continue;
     }
     uint64_t until = DirtyUntil(r.key);
-    if (until > chain_committed_) {
+    if (until > ReadCommitted()) {
       still.push_back({r.request, r.key, until});
     } else {
       out->reads.push_back(r.request);
@@ -404,7 +424,8 @@ void ChainMember::FailPending(const Status& status, ChainOutput* out) {
 }
 
 uint64_t ChainMember::DirtyUntil(uint64_t key) const {
-  for (auto it = log_.rbegin(); it != log_.rend() && it->seq > chain_committed_; ++it) {
+  const uint64_t committed = ReadCommitted();
+  for (auto it = log_.rbegin(); it != log_.rend() && it->seq > committed; ++it) {
     if (std::find(it->keys.begin(), it->keys.end(), key) != it->keys.end()) return it->seq;
   }
   return 0;
@@ -418,6 +439,7 @@ bool ChainMember::Rebase(ChainPosition at) {
   log_base_ = at;
   committed_ = 0;
   chain_committed_ = 0;
+  read_safe_ = 0;
   intact_ = true;
   dirty_ = false;
   copy_end_ = {};
@@ -439,7 +461,7 @@ ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, ChainOutpu
   // A tail with a joiner commits only what the joiner applied: a key with
   // a write after the commit point waits for it (DirtyUntil).
   uint64_t until = DirtyUntil(key);
-  if (until <= chain_committed_) return Read::kServe;
+  if (until <= ReadCommitted()) return Read::kServe;
   parked_.push_back({request, key, until});
   return Read::kWait;
 }
@@ -494,10 +516,10 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
   if (joining_ && !gap) join_progress_ms_ = now;
   if (is_end() || (joining_ && down_.empty())) {
     Commit(applied_.seq, out);
-    SendCommit(out);
   } else {
     Commit(msg.committed, out);
   }
+  SendCommit(out);
   if (in_chain() && !verified_ && msg.floor <= applied_.seq) verified_ = true;
   if (in_chain() && verified_) intact_ = true;
   if (joining_ && !register_sent_ && copy_end_.seq == 0 && msg.floor <= applied_.seq &&
@@ -510,11 +532,15 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
   // point too: one ack up per frame, not two. An ack with news besides
   // "applied" goes now; a lone "applied" waits at most resend_ms / 4
   // (OnTick) should the downstream be slow.
-  const bool ack_follows =
-      !is_end() && !down_.empty() && down_known_ && applied_.seq > down_applied_;
+  // (Under kEvery the head's successor acks its own position at once:
+  // the head takes the others' from their reports.)
+  const bool ack_follows = !is_end() && !down_.empty() && down_known_ &&
+                           applied_.seq > down_applied_ &&
+                           !(options_.commit_path == ChainOptions::CommitPath::kEvery &&
+                             index_ == 1);
   // News for the predecessor besides "applied": a commit point or floor
   // above what its own frame says (the end's commit, an earlier chain's),
-  // not one this member just learned from it (under direct_commit the
+  // not one this member just learned from it (with a CommitPath the
   // head's frames bring the tail's commit point down).
   const bool news = (acked_committed_ != chain_committed_ || acked_floor_ != ack_floor()) &&
                     std::max(chain_committed_, ack_floor()) > std::max(msg.committed, msg.floor);
@@ -550,6 +576,9 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
   down_floor_ = std::max(down_floor_, msg.floor);
   if (is_head() && !Recorded() && !record_sent_) record_at_ = std::max(record_at_, msg.floor);
   Commit(msg.committed, out);
+  if (is_head() && options_.commit_path == ChainOptions::CommitPath::kEvery && Recorded()) {
+    Commit(ReportedMin(), out);
+  }
   // The tail told the head this commit point itself (kCommit): the head's
   // successor need not relay it at once. Its own position goes up with
   // its next ack (OnTick, within resend_ms / 4); the head takes the tail's
@@ -559,12 +588,16 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
 }
 
 void ChainMember::SendCommit(ChainOutput* out) {
-  // Only under sync, from a verified tail of three or more (the head's
-  // successor acks it directly anyway), once per position and chain.
-  if (!options_.direct_commit || !config_.sync || !is_end() || index_ < 2 || !verified_ ||
-      fenced_) {
+  // Only under sync, from a verified member after the head's successor
+  // (which acks the head directly anyway), once per position and chain:
+  // kTail the tail, kEvery every such member, a tail only while it has no
+  // joiner (which the commit point then waits for: the relayed acks).
+  using Path = ChainOptions::CommitPath;
+  if (options_.commit_path == Path::kRelay || !config_.sync || index_ < 2 || !verified_ ||
+      fenced_ || joining_) {
     return;
   }
+  if ((options_.commit_path == Path::kTail || is_tail()) && !is_end()) return;
   if (commit_sent_ == applied_.seq && commit_sent_chain_ == config_.id) return;
   commit_sent_ = applied_.seq;
   commit_sent_chain_ = config_.id;
@@ -588,12 +621,33 @@ void ChainMember::HandleCommit(const std::string& from, const ChainMessage& msg,
   // member applied what it applied. A head whose chain is not recorded yet
   // takes the commit point with the floor its successor's acks bring
   // (HandleAck), which the recording waits for.
-  if (!is_head() || fenced_ || msg.chain != config_.id || config_.members.size() < 3 ||
-      from != config_.members.back() || !Recorded()) {
+  const auto& members = config_.members;
+  if (options_.sends_before_sync && !is_head() && is_tail() && !members.empty() &&
+      from == members.front() && msg.chain == config_.id && !fenced_) {
+    // Down from the head: its commit point, which every member has synced.
+    read_safe_ = std::max(read_safe_, std::min(msg.committed, applied_.seq));
+    Release(out);
+    return;
+  }
+  const auto it = std::find(members.begin(), members.end(), from);
+  const size_t k = static_cast<size_t>(it - members.begin());
+  const bool every = options_.commit_path == ChainOptions::CommitPath::kEvery;
+  if (!is_head() || fenced_ || msg.chain != config_.id || members.size() < 3 ||
+      it == members.end() || k < 2 || (!every && k + 1 != members.size()) || !Recorded()) {
     ++refused_;
     return;
   }
   const uint64_t c = std::min(msg.applied, applied_.seq);
+  if (every) {
+    // One member's own position: the commit point is the least of all.
+    if (reports_chain_ != config_.id) {
+      reports_.assign(members.size(), 0);
+      reports_chain_ = config_.id;
+    }
+    reports_[k] = std::max(reports_[k], c);
+    Commit(ReportedMin(), out);
+    return;
+  }
   // The successor applied it too: its position must not lag the commit
   // point, or a resend from there would find the trimmed log and offer it
   // a snapshot (Pump); and it made progress (its own acks may wait).
@@ -602,6 +656,13 @@ void ChainMember::HandleCommit(const std::string& from, const ChainMessage& msg,
     down_progress_ms_ = now;
   }
   Commit(c, out);
+}
+
+uint64_t ChainMember::ReportedMin() const {
+  if (reports_chain_ != config_.id || !down_known_ || down_.empty()) return 0;
+  uint64_t least = down_applied_;
+  for (size_t k = 2; k < reports_.size(); ++k) least = std::min(least, reports_[k]);
+  return least;
 }
 
 void ChainMember::HandleSyncRequest(const std::string& from, const ChainMessage& msg,
@@ -687,6 +748,7 @@ void ChainMember::StartOver(int64_t now, ChainOutput* out) {
   applied_ = {};
   committed_ = 0;
   chain_committed_ = 0;
+  read_safe_ = 0;
   log_.clear();
   log_bytes_ = 0;
   log_base_ = {};
@@ -708,6 +770,7 @@ void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
   if (!down_.empty()) DropDownstream();
   committed_ = std::min(committed_, applied_.seq);
   chain_committed_ = 0;
+  read_safe_ = 0;
   if (have_config_) SendSyncRequest(now, out);
 }
 

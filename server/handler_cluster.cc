@@ -433,7 +433,20 @@ void Handler::ReplicatedWrite(Method method, int64_t key, const std::string& str
 }
 
 void Handler::CheckRead(int64_t hash) {
-  if (replicator_ != nullptr) ThrowIfError(replicator_->BeforeRead(static_cast<uint64_t>(hash)));
+  if (replicator_ == nullptr) return;
+  // A read held back waits for an event that an I/O thread reads (maybe
+  // this one): there it runs again on a worker.
+  bool held = false;
+  Status st = replicator_->BeforeRead(static_cast<uint64_t>(hash),
+                                      EventServer::InlineOnIoThread() ? &held : nullptr);
+  if (held) {
+    if (EventServer::RedoOnWorker()) {
+      redo_ = true;
+      ThrowKvError(st);
+    }
+    st = replicator_->BeforeRead(static_cast<uint64_t>(hash));  // no workers: wait here
+  }
+  ThrowIfError(st);
 }
 
 void Handler::peerChain(const rpc::PeerContext& ctx, const std::string& from,

@@ -1126,7 +1126,7 @@ Status Replicator::Repair(int64_t key, const std::function<Status(rpc::GetResult
   return Status::Corruption("key " + std::to_string(key) + ": no good copy to repair from");
 }
 
-Status Replicator::BeforeRead(uint64_t hash) {
+Status Replicator::BeforeRead(uint64_t hash, bool* held) {
   std::unique_lock<std::mutex> lk(mu_);
   const uint64_t request = next_request_++;
   ChainOutput out;
@@ -1147,8 +1147,14 @@ Status Replicator::BeforeRead(uint64_t hash) {
     case partition::ChainMember::Read::kWait:
       break;
   }
-  // A catch-up holds this key back until the joiner applied its writes
-  // (or the peer timeout passed: Expire()).
+  reads_held_.fetch_add(1, std::memory_order_relaxed);
+  if (held != nullptr) {
+    *held = true;  // the member releases the parked read later: ignored (Finish)
+    return Status::Unavailable("read held back");
+  }
+  // A catch-up holds this key back until the joiner applied its writes, or
+  // under always the head's commit point its newest write (or the peer
+  // timeout passed: Expire()).
   return WaitFor(
       [&](WriteDone done) {
         pending_[request] = {std::move(done), NowMs() + options_.peer_timeout_ms, nullptr};
@@ -1831,6 +1837,7 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
   (*out)["cluster.chain.apply_batches"] = apply_batches_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.checkpoints"] = checkpoints_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.repairs"] = repairs_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.reads_held"] = reads_held_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.log_file_bytes"] =
       static_cast<int64_t>(log_bytes_.load(std::memory_order_relaxed));
   (*out)["cluster.chain.frames_sent"] = frames_sent_.load(std::memory_order_relaxed);

@@ -211,8 +211,11 @@ class Replicator {
   // Head of the chain: this member's address; else the head's ("" if none).
   std::string head() const;
   // Before a read of the key with hash "hash" from this member: OK to serve
-  // it now (maybe after waiting for a catch-up), else Unavailable.
-  Status BeforeRead(uint64_t hash);
+  // it now (maybe after waiting: for a catch-up, or under storage.sync:
+  // always for the head's commit point to cover the key's newest write),
+  // else Unavailable. With "held" (a caller that must not wait: an I/O
+  // thread) it returns at once, *held = true, where it would wait.
+  Status BeforeRead(uint64_t hash, bool* held = nullptr);
 
   // peerChain / peerSnapshot. OnFrame checks the frame and queues it for
   // the loop; with "wait" it returns once the loop has handled it (its
@@ -404,6 +407,7 @@ class Replicator {
   std::atomic<int64_t> records_{0};
   std::atomic<int64_t> checkpoints_{0};
   std::atomic<int64_t> repairs_{0};
+  std::atomic<int64_t> reads_held_{0};  // reads that waited (BeforeRead)
   // A snapshot stream's progress, for stats() and `flatkv ring`: the one
   // this member loads (joiner) and the last one it sent (tail).
   struct Progress {

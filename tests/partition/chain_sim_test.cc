@@ -16,12 +16,22 @@
 // acknowledged write is in all of them (under async, every write the chain
 // still holds).
 //
+// Under storage.sync: always (the third mode) a member works as
+// Replicator::Process does: a batch is logged, the writes it passes down go
+// at once, then its fdatasync takes a few milliseconds (the member takes no
+// other event meanwhile), then it applies the batch and sends its acks and
+// answers. A crash then is a power loss: the member restarts from what it
+// had synced, though its successor may hold more.
+//
 // A failing seed is printed and replays exactly with FLATKV_SIM_SEED=<seed>;
-// FLATKV_SIM_SEEDS=<n> runs seeds 1..n (default 1000 per mode, about 6 s).
+// FLATKV_SIM_SEEDS=<n> runs seeds 1..n (default 1000 per mode, about 15 s);
+// FLATKV_SIM_PATH=relay|tail|every forces the commit path (ChainOptions::
+// CommitPath; by default odd seeds relay, even ones take the mode's own).
 #include "partition/chain.h"
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -83,7 +93,11 @@ struct Node {
   uint64_t incarnation = 0;
   int64_t paused_until = 0;
   int64_t down_until = 0;  // crashed: restarts then
-  std::vector<std::function<void()>> held;  // events that arrived while paused
+  std::vector<std::function<void()>> held;  // events that arrived while paused or syncing
+  // storage.sync: always: a batch is being synced (its acks wait), and the
+  // position its last finished sync made durable.
+  bool syncing = false;
+  ChainPosition synced;
 };
 
 struct Write {
@@ -103,15 +117,23 @@ struct Read {
 
 class Sim {
  public:
-  Sim(uint64_t seed, bool sync) : rng_(seed), sync_(sync) {
+  Sim(uint64_t seed, bool sync, bool always = false)
+      : rng_(seed), sync_(sync), always_(always) {
     options_.resend_ms = 40;
     options_.joiner_timeout_ms = 400;
     options_.backlog_bytes = 600;  // small: catch-ups need snapshots too
     options_.max_batch_entries = 8;
     options_.catchup_lag = 4;
-    // Half the seeds with the tail's direct kCommit, half relaying only
-    // (as under storage.sync: always).
-    options_.direct_commit = seed % 2 == 0;
+    // Half the seeds with the commit point also sent straight to the head
+    // (the tail's, or under always every member's, as flatkv-server does),
+    // half through the relayed acks only.
+    using Path = ChainOptions::CommitPath;
+    options_.commit_path = seed % 2 == 1 ? Path::kRelay : always ? Path::kEvery : Path::kTail;
+    options_.sends_before_sync = always;  // as flatkv-server under always
+    if (const char* path = std::getenv("FLATKV_SIM_PATH")) {  // relay, tail or every
+      const std::string p = path;
+      options_.commit_path = p == "relay" ? Path::kRelay : p == "tail" ? Path::kTail : Path::kEvery;
+    }
     for (int i = 0; i < kMembers; ++i) {
       nodes_.emplace_back();
       Node& n = nodes_.back();
@@ -215,11 +237,20 @@ class Sim {
   void Deliver(int i, std::function<void()> fn) {
     Node& n = nodes_[i];
     if (!n.alive) return;
-    if (n.paused) {
+    if (n.paused || n.syncing) {
       n.held.push_back(std::move(fn));
       return;
     }
     fn();
+  }
+  // Runs what node i held, in order, until it pauses or syncs again.
+  void RunHeld(int i) {
+    Node& n = nodes_[i];
+    while (n.alive && !n.paused && !n.syncing && !n.held.empty()) {
+      std::function<void()> fn = std::move(n.held.front());
+      n.held.erase(n.held.begin());
+      fn();
+    }
   }
 
   ChainConfig Config() const {
@@ -312,6 +343,45 @@ class Sim {
   }
 
   void Carry(int i, const ChainOutput& out) {
+    Node& n = nodes_[i];
+    if (!always_ || out.apply.empty()) {
+      CarryNow(i, out);
+      if (!n.syncing) n.synced = n.member->applied();
+      return;
+    }
+    // Logged; what goes down the chain leaves now (SendDownFirst), the rest
+    // once the batch is synced and applied.
+    ChainOutput rest = out;
+    rest.sends.clear();
+    for (const ChainOutput::Send& s : out.sends) {
+      const bool blocked = std::any_of(rest.sends.begin(), rest.sends.end(),
+                                       [&](const ChainOutput::Send& w) { return w.to == s.to; });
+      if (s.msg.kind == ChainMessage::Kind::kReplicate && !blocked) {
+        Send(i, s);
+      } else {
+        rest.sends.push_back(s);
+      }
+    }
+    n.syncing = true;
+    const ChainPosition pos = n.member->applied();
+    At(now_ + Rand(1, 4), [this, i, rest, pos, inc = n.incarnation] { Synced(i, rest, pos, inc); });
+  }
+  void Synced(int i, const ChainOutput& rest, ChainPosition pos, uint64_t incarnation) {
+    Node& n = nodes_[i];
+    if (!n.alive || n.incarnation != incarnation) return;  // lost with the power
+    if (n.paused) {  // synced, but the process is stopped: it goes on at SIGCONT
+      At(std::max(now_, n.paused_until) + 1,
+         [this, i, rest, pos, incarnation] { Synced(i, rest, pos, incarnation); });
+      return;
+    }
+    n.syncing = false;
+    n.synced = pos;
+    CarryNow(i, rest);
+    if (!n.syncing) n.synced = n.member->applied();
+    RunHeld(i);
+  }
+
+  void CarryNow(int i, const ChainOutput& out) {
     Node& n = nodes_[i];
     if (out.wipe) {
       n.store.clear();
@@ -627,16 +697,16 @@ class Sim {
     // lease until ZooKeeper answers (here: until it learns it expired).
     Do(i, [&](ChainOutput* o) { n.member->SetLease(false, o); });
     // What arrived meanwhile, in order (stale configs and messages included).
-    std::vector<std::function<void()>> held = std::move(n.held);
-    n.held.clear();
-    for (auto& fn : held) fn();
+    RunHeld(i);
   }
 
   void Restart(int i) {
     Node& n = nodes_[i];
     if (trace_) std::fprintf(stderr, "%6lld %s RESTART\n", static_cast<long long>(now_), n.address.c_str());
-    // With its data (a clean restart keeps the exact position) or wiped.
-    ChainPosition durable = n.member->applied();
+    // With its data (a clean restart keeps the exact position; after a
+    // power loss under always, what it had synced) or wiped.
+    ChainPosition durable = always_ ? n.synced : n.member->applied();
+    n.syncing = false;
     // A store wiped for a snapshot stays incomplete across a restart until
     // the member registers again (the shell keeps a marker file for it).
     bool intact = n.intact;
@@ -676,6 +746,7 @@ class Sim {
   std::mt19937_64 rng_;
   const bool trace_ = std::getenv("FLATKV_SIM_TRACE") != nullptr;
   const bool sync_;
+  const bool always_;  // storage.sync: always (power loss, SendDownFirst)
   ChainOptions options_;
   std::vector<Node> nodes_;
   std::priority_queue<Event, std::vector<Event>, Later> events_;
@@ -716,12 +787,13 @@ std::vector<uint64_t> Seeds() {
   return seeds;
 }
 
-void RunSeeds(bool sync) {
+void RunSeeds(bool sync, bool always = false) {
   for (uint64_t seed : Seeds()) {
-    Sim sim(seed, sync);
+    Sim sim(seed, sync, always);
     sim.Run(/*faults_until=*/6000, /*end=*/9000);
     sim.CheckFinal();
-    INFO("replay with FLATKV_SIM_SEED=" << seed << " (" << (sync ? "sync" : "async")
+    INFO("replay with FLATKV_SIM_SEED=" << seed << " ("
+                                        << (always ? "sync, always" : sync ? "sync" : "async")
                                         << "): " << sim.Summary());
     CHECK(sim.failure() == "");
     if (!sim.failure().empty()) break;  // one failing seed at a time
@@ -736,4 +808,8 @@ TEST_CASE("chain simulation, sync: no acknowledged write lost, no read backwards
 
 TEST_CASE("chain simulation, async: replicas converge, nothing invented") {
   RunSeeds(false);
+}
+
+TEST_CASE("chain simulation, sync with storage.sync always: power loss loses nothing acknowledged") {
+  RunSeeds(true, /*always=*/true);
 }

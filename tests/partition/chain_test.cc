@@ -27,6 +27,7 @@ struct Net {
   std::map<std::string, std::vector<uint64_t>> applied;         // seqs applied per member
   std::map<uint64_t, bool> replies;                             // request -> ok
   std::vector<std::string> record;                              // last record asked for
+  std::vector<uint64_t> reads;                                  // parked reads served
   int64_t now = 0;
   ChainOptions options;
 
@@ -38,6 +39,7 @@ struct Net {
     for (const auto& e : out.apply) applied[from].push_back(e.seq);
     for (const auto& s : out.sends) wire.emplace_back(from, s);
     for (const auto& r : out.replies) replies[r.request] = r.status.ok();
+    for (uint64_t r : out.reads) reads.push_back(r);
     if (!out.record.empty()) record = out.record;
   }
   void Config(const ChainConfig& c) {
@@ -161,10 +163,10 @@ TEST_CASE("sync, direct commit: the tail's kCommit answers at the head before th
   CHECK(net.replies.count(101) == 1);
 }
 
-TEST_CASE("sync without direct commit (storage.sync: always): the head waits for the relayed ack") {
+TEST_CASE("sync, commit through the relayed acks only: the head waits for the middle's ack") {
   using Kind = ChainMessage::Kind;
   Net net;
-  net.options.direct_commit = false;
+  net.options.commit_path = ChainOptions::CommitPath::kRelay;
   net.Start({"a", "b", "c"}, 7);
   net.Write("a", 100, 5);
   REQUIRE(net.DeliverFirst(Kind::kReplicate));
@@ -174,6 +176,70 @@ TEST_CASE("sync without direct commit (storage.sync: always): the head waits for
   CHECK(net.replies.count(100) == 0);
   REQUIRE(net.DeliverFirst(Kind::kAck));  // b -> a
   CHECK(net.replies.count(100) == 1);
+}
+
+TEST_CASE("sync, every member reports (storage.sync: always): the head commits the least") {
+  using Kind = ChainMessage::Kind;
+  Net net;
+  net.options.commit_path = ChainOptions::CommitPath::kEvery;
+  net.Start({"a", "b", "c", "d"}, 7);
+  net.Write("a", 100, 5);
+  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // a -> b
+  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // b -> c
+  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // c -> d
+  // d's and c's reports reach the head; b's own ack has not: no answer.
+  REQUIRE(net.DeliverFirst(Kind::kCommit));
+  REQUIRE(net.DeliverFirst(Kind::kCommit));
+  CHECK_FALSE(net.DeliverFirst(Kind::kCommit));
+  CHECK(net.replies.count(100) == 0);
+  // b acks at once (it does not wait for c's ack): now every member has.
+  bool answered = false;
+  while (!answered && net.DeliverFirst(Kind::kAck)) answered = net.replies.count(100) == 1;
+  CHECK(answered);
+  CHECK(net.replies[100]);
+
+  // A report missing (d's lost): the others' do not answer.
+  net.Write("a", 101, 6);
+  for (int i = 0; i < 3; ++i) REQUIRE(net.DeliverFirst(Kind::kReplicate));
+  for (size_t i = 0; i < net.wire.size(); ++i) {
+    if (net.wire[i].first == "d" && net.wire[i].second.msg.kind == Kind::kCommit) {
+      net.wire.erase(net.wire.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
+  net.Deliver();
+  CHECK(net.replies.count(101) == 0);
+  net.now += 1000;  // d's next report, on a tick, or its relayed ack
+  for (auto& [name, m] : net.members) {
+    ChainOutput out;
+    m->OnTick(net.now, &out);
+    net.Take(name, out);
+  }
+  net.Deliver();
+  CHECK(net.replies.count(101) == 1);
+}
+
+TEST_CASE("sync, members send before they sync (storage.sync: always): the tail reads what the head committed") {
+  using Kind = ChainMessage::Kind;
+  for (auto path : {ChainOptions::CommitPath::kRelay, ChainOptions::CommitPath::kEvery}) {
+    Net net;
+    net.options.sends_before_sync = true;
+    net.options.commit_path = path;
+    net.Start({"a", "b", "c"}, 7);
+    net.Write("a", 100, 5);
+    REQUIRE(net.DeliverFirst(Kind::kReplicate));  // a -> b
+    REQUIRE(net.DeliverFirst(Kind::kReplicate));  // b -> c
+    // c applied it; a and b may not have synced it yet (a power cut there
+    // and a restart of the chain from a or b would lose it): a read of the
+    // key waits, a read of another key does not.
+    ChainOutput out;
+    CHECK(net.members["c"]->OnRead(1, 5, &out) == ChainMember::Read::kWait);
+    CHECK(net.members["c"]->OnRead(2, 6, &out) == ChainMember::Read::kServe);
+    net.Deliver();  // acks and reports up, then the head's commit point down
+    CHECK(net.replies[100]);
+    CHECK(net.reads == std::vector<uint64_t>{1});
+    CHECK(net.members["c"]->OnRead(3, 5, &out) == ChainMember::Read::kServe);
+  }
 }
 
 TEST_CASE("async: the head answers after its own apply; any member reads") {
