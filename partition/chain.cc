@@ -532,15 +532,11 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
   // point too: one ack up per frame, not two. An ack with news besides
   // "applied" goes now; a lone "applied" waits at most resend_ms / 4
   // (OnTick) should the downstream be slow.
-  // (Under kEvery the head's successor acks its own position at once:
-  // the head takes the others' from their reports.)
-  const bool ack_follows = !is_end() && !down_.empty() && down_known_ &&
-                           applied_.seq > down_applied_ &&
-                           !(options_.commit_path == ChainOptions::CommitPath::kEvery &&
-                             index_ == 1);
+  const bool ack_follows =
+      !is_end() && !down_.empty() && down_known_ && applied_.seq > down_applied_;
   // News for the predecessor besides "applied": a commit point or floor
   // above what its own frame says (the end's commit, an earlier chain's),
-  // not one this member just learned from it (with a CommitPath the
+  // not one this member just learned from it (under direct_commit the
   // head's frames bring the tail's commit point down).
   const bool news = (acked_committed_ != chain_committed_ || acked_floor_ != ack_floor()) &&
                     std::max(chain_committed_, ack_floor()) > std::max(msg.committed, msg.floor);
@@ -576,9 +572,6 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
   down_floor_ = std::max(down_floor_, msg.floor);
   if (is_head() && !Recorded() && !record_sent_) record_at_ = std::max(record_at_, msg.floor);
   Commit(msg.committed, out);
-  if (is_head() && options_.commit_path == ChainOptions::CommitPath::kEvery && Recorded()) {
-    Commit(ReportedMin(), out);
-  }
   // The tail told the head this commit point itself (kCommit): the head's
   // successor need not relay it at once. Its own position goes up with
   // its next ack (OnTick, within resend_ms / 4); the head takes the tail's
@@ -588,16 +581,13 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
 }
 
 void ChainMember::SendCommit(ChainOutput* out) {
-  // Only under sync, from a verified member after the head's successor
-  // (which acks the head directly anyway), once per position and chain:
-  // kTail the tail, kEvery every such member, a tail only while it has no
-  // joiner (which the commit point then waits for: the relayed acks).
-  using Path = ChainOptions::CommitPath;
-  if (options_.commit_path == Path::kRelay || !config_.sync || index_ < 2 || !verified_ ||
-      fenced_ || joining_) {
+  // Only under sync, from a verified tail of three or more (the head's
+  // successor acks it directly anyway) without a joiner (which the commit
+  // point then waits for: the relayed acks), once per position and chain.
+  if (!options_.direct_commit || options_.sends_before_sync || !config_.sync || !is_end() ||
+      index_ < 2 || !verified_ || fenced_) {
     return;
   }
-  if ((options_.commit_path == Path::kTail || is_tail()) && !is_end()) return;
   if (commit_sent_ == applied_.seq && commit_sent_chain_ == config_.id) return;
   commit_sent_ = applied_.seq;
   commit_sent_chain_ = config_.id;
@@ -629,25 +619,13 @@ void ChainMember::HandleCommit(const std::string& from, const ChainMessage& msg,
     Release(out);
     return;
   }
-  const auto it = std::find(members.begin(), members.end(), from);
-  const size_t k = static_cast<size_t>(it - members.begin());
-  const bool every = options_.commit_path == ChainOptions::CommitPath::kEvery;
   if (!is_head() || fenced_ || msg.chain != config_.id || members.size() < 3 ||
-      it == members.end() || k < 2 || (!every && k + 1 != members.size()) || !Recorded()) {
+      from != members.back() || !options_.direct_commit || options_.sends_before_sync ||
+      !Recorded()) {
     ++refused_;
     return;
   }
   const uint64_t c = std::min(msg.applied, applied_.seq);
-  if (every) {
-    // One member's own position: the commit point is the least of all.
-    if (reports_chain_ != config_.id) {
-      reports_.assign(members.size(), 0);
-      reports_chain_ = config_.id;
-    }
-    reports_[k] = std::max(reports_[k], c);
-    Commit(ReportedMin(), out);
-    return;
-  }
   // The successor applied it too: its position must not lag the commit
   // point, or a resend from there would find the trimmed log and offer it
   // a snapshot (Pump); and it made progress (its own acks may wait).
@@ -656,13 +634,6 @@ void ChainMember::HandleCommit(const std::string& from, const ChainMessage& msg,
     down_progress_ms_ = now;
   }
   Commit(c, out);
-}
-
-uint64_t ChainMember::ReportedMin() const {
-  if (reports_chain_ != config_.id || !down_known_ || down_.empty()) return 0;
-  uint64_t least = down_applied_;
-  for (size_t k = 2; k < reports_.size(); ++k) least = std::min(least, reports_[k]);
-  return least;
 }
 
 void ChainMember::HandleSyncRequest(const std::string& from, const ChainMessage& msg,

@@ -13,8 +13,8 @@
 //   client -> head -> ... -> tail        writes flow down, in sequence order
 //             head <- ... <- tail        acks flow up: "applied up to s,
 //                                        the tail has applied up to c"
-//             head <-------- tail        and (CommitPath) straight to the
-//                                        head: "applied up to c"
+//             head <-------- tail        and (direct_commit) straight to
+//                                        the head: "applied up to c"
 //
 // * The head gives each write the next sequence number s (contiguous, per
 //   partition) and the epoch of its head term (its registration's czxid,
@@ -35,15 +35,12 @@
 //   successor skips what it has.
 // * The commit point c is the tail's applied sequence (a member applies
 //   only what its predecessor applied, so every member holds it), as the
-//   acks relay it up. Sooner (CommitPath::kTail) a tail that is not the
-//   head's successor also sends c to the head itself (kCommit), which a head
-//   of a recorded chain takes from its current tail: one hop instead of one
-//   per member. Where an ack must also mean "synced" and a member passes
-//   writes on before its own sync (storage.sync: always), the tail cannot
-//   vouch for the others: there (kEvery) every member after the head's
-//   successor reports its own position to the head, the successor acks
-//   without waiting for its downstream, and the head commits the least of
-//   them. Under `sync` the
+//   acks relay it up. Sooner (direct_commit) a tail that is not the head's
+//   successor also sends c to the head itself (kCommit), which a head of a
+//   recorded chain takes from its current tail: one hop instead of one per
+//   member. Not where an ack must also mean "synced" and members pass
+//   writes on before their own sync (sends_before_sync): the tail cannot
+//   vouch for the others. Under `sync` the
 //   head answers a write once c reaches it, and only the tail serves reads, so
 //   single-key operations are linearizable. Under `async` the head answers
 //   once it applied the write itself and any member serves reads.
@@ -185,19 +182,13 @@ struct ChainOptions {
   int64_t resend_ms = 200;             // resend when a neighbour made no progress
   int64_t joiner_timeout_ms = 3000;    // drop a joiner silent this long
   uint64_t catchup_lag = 64;           // a joiner this close to the tail registers
-  // How the head learns the commit point besides the relayed acks:
-  //   kRelay  only through them;
-  //   kTail   the tail also sends its position to the head (kCommit). Sound
-  //           where a member passes a write on only once it holds it as
-  //           surely as it ever will (the shell logs a batch before it
-  //           sends it on: storage.sync interval or none);
-  //   kEvery  every member after the head's successor sends its own
-  //           position to the head, which commits the least of them and its
-  //           successor's ack: for storage.sync: always, where each member
-  //           passes a batch on before its own fdatasync and acks (and
-  //           reports) only after it.
-  enum class CommitPath : uint8_t { kRelay, kTail, kEvery };
-  CommitPath commit_path = CommitPath::kTail;
+  // The tail also sends its position to the head (kCommit), besides the
+  // relayed acks. Sound where a member passes a write on only once it holds
+  // it as surely as it ever will (the shell logs a batch before it sends
+  // it on: storage.sync interval or none); not with sends_before_sync.
+  // (Under always, every member reporting its synced position to the head
+  // instead of relaying was measured no faster: the syncs dominate.)
+  bool direct_commit = true;
   // The shell passes a batch down before its own sync (storage.sync:
   // always). The tail's own position then says nothing of the members
   // before it, which may still lose that batch to a power cut; under sync
@@ -370,11 +361,8 @@ class ChainMember {
   void HandleAck(const std::string& from, const ChainMessage& msg, int64_t now, ChainOutput* out);
   void HandleCommit(const std::string& from, const ChainMessage& msg, int64_t now,
                     ChainOutput* out);
-  // This member's kCommit to the head (ChainOptions::commit_path).
+  // The tail's kCommit to the head (ChainOptions::direct_commit).
   void SendCommit(ChainOutput* out);
-  // kEvery, at the head: the least of the successor's acked position and
-  // every later member's report under this chain (0 while one is missing).
-  uint64_t ReportedMin() const;
   void HandleSyncRequest(const std::string& from, const ChainMessage& msg, int64_t now,
                          ChainOutput* out);
   void SendSyncRequest(int64_t now, ChainOutput* out);
@@ -435,11 +423,8 @@ class ChainMember {
   uint64_t acked_committed_ = 0;
   uint64_t acked_floor_ = 0;
   int64_t last_ack_ms_ = 0;
-  uint64_t commit_sent_ = 0;  // last kCommit sent to the head (commit_path)...
+  uint64_t commit_sent_ = 0;  // last kCommit sent to the head (direct_commit)...
   uint64_t commit_sent_chain_ = 0;  // ...under this chain
-  // Head, kEvery: members[i]'s last report, for chain reports_chain_.
-  std::vector<uint64_t> reports_;
-  uint64_t reports_chain_ = 0;
   // sends_before_sync: the head's commit point under this chain as the
   // tail last heard it (kCommit down), and as the head last sent it.
   uint64_t read_safe_ = 0;

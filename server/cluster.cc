@@ -95,10 +95,10 @@ Status Cluster::StartReplication(const Config& config, engine::Store* store,
   o.data_dir = config.storage.path;
   o.sync = options_.replication == "sync";
   o.sync_always = config.storage.sync == engine::SyncMode::kAlways;
-  // partition/chain.h: under always a member's ack also means "synced".
-  o.chain.commit_path = o.sync_always ? partition::ChainOptions::CommitPath::kEvery
-                                      : partition::ChainOptions::CommitPath::kTail;
-  o.chain.sends_before_sync = o.sync_always;  // Replicator::SendDownFirst
+  // partition/chain.h: under always a member passes a batch on before its
+  // fdatasync (Replicator::SendDownFirst) and its ack also means "synced".
+  o.chain.sends_before_sync = o.sync_always;
+  o.chain.direct_commit = !o.sync_always;
   o.session_timeout_ms = options_.session_timeout_ms;
   o.peer_timeout_ms = options_.peer_timeout_ms;
   o.peer_token = options_.peer_token;

@@ -25,8 +25,8 @@
 //
 // A failing seed is printed and replays exactly with FLATKV_SIM_SEED=<seed>;
 // FLATKV_SIM_SEEDS=<n> runs seeds 1..n (default 1000 per mode, about 15 s);
-// FLATKV_SIM_PATH=relay|tail|every forces the commit path (ChainOptions::
-// CommitPath; by default odd seeds relay, even ones take the mode's own).
+// FLATKV_SIM_DIRECT=0|1 forces ChainOptions::direct_commit (by default on
+// for even seeds, except under always).
 #include "partition/chain.h"
 
 #include <catch2/catch.hpp>
@@ -124,15 +124,13 @@ class Sim {
     options_.backlog_bytes = 600;  // small: catch-ups need snapshots too
     options_.max_batch_entries = 8;
     options_.catchup_lag = 4;
-    // Half the seeds with the commit point also sent straight to the head
-    // (the tail's, or under always every member's, as flatkv-server does),
-    // half through the relayed acks only.
-    using Path = ChainOptions::CommitPath;
-    options_.commit_path = seed % 2 == 1 ? Path::kRelay : always ? Path::kEvery : Path::kTail;
-    options_.sends_before_sync = always;  // as flatkv-server under always
-    if (const char* path = std::getenv("FLATKV_SIM_PATH")) {  // relay, tail or every
-      const std::string p = path;
-      options_.commit_path = p == "relay" ? Path::kRelay : p == "tail" ? Path::kTail : Path::kEvery;
+    // As flatkv-server: under always members pass batches on before they
+    // sync and the commit point climbs through the acks; else half the
+    // seeds with the tail's direct kCommit, half relaying only.
+    options_.sends_before_sync = always;
+    options_.direct_commit = !always && seed % 2 == 0;
+    if (const char* direct = std::getenv("FLATKV_SIM_DIRECT")) {
+      options_.direct_commit = !always && std::string(direct) == "1";
     }
     for (int i = 0; i < kMembers; ++i) {
       nodes_.emplace_back();

@@ -166,7 +166,7 @@ TEST_CASE("sync, direct commit: the tail's kCommit answers at the head before th
 TEST_CASE("sync, commit through the relayed acks only: the head waits for the middle's ack") {
   using Kind = ChainMessage::Kind;
   Net net;
-  net.options.commit_path = ChainOptions::CommitPath::kRelay;
+  net.options.direct_commit = false;
   net.Start({"a", "b", "c"}, 7);
   net.Write("a", 100, 5);
   REQUIRE(net.DeliverFirst(Kind::kReplicate));
@@ -178,53 +178,11 @@ TEST_CASE("sync, commit through the relayed acks only: the head waits for the mi
   CHECK(net.replies.count(100) == 1);
 }
 
-TEST_CASE("sync, every member reports (storage.sync: always): the head commits the least") {
-  using Kind = ChainMessage::Kind;
-  Net net;
-  net.options.commit_path = ChainOptions::CommitPath::kEvery;
-  net.Start({"a", "b", "c", "d"}, 7);
-  net.Write("a", 100, 5);
-  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // a -> b
-  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // b -> c
-  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // c -> d
-  // d's and c's reports reach the head; b's own ack has not: no answer.
-  REQUIRE(net.DeliverFirst(Kind::kCommit));
-  REQUIRE(net.DeliverFirst(Kind::kCommit));
-  CHECK_FALSE(net.DeliverFirst(Kind::kCommit));
-  CHECK(net.replies.count(100) == 0);
-  // b acks at once (it does not wait for c's ack): now every member has.
-  bool answered = false;
-  while (!answered && net.DeliverFirst(Kind::kAck)) answered = net.replies.count(100) == 1;
-  CHECK(answered);
-  CHECK(net.replies[100]);
-
-  // A report missing (d's lost): the others' do not answer.
-  net.Write("a", 101, 6);
-  for (int i = 0; i < 3; ++i) REQUIRE(net.DeliverFirst(Kind::kReplicate));
-  for (size_t i = 0; i < net.wire.size(); ++i) {
-    if (net.wire[i].first == "d" && net.wire[i].second.msg.kind == Kind::kCommit) {
-      net.wire.erase(net.wire.begin() + static_cast<std::ptrdiff_t>(i));
-      break;
-    }
-  }
-  net.Deliver();
-  CHECK(net.replies.count(101) == 0);
-  net.now += 1000;  // d's next report, on a tick, or its relayed ack
-  for (auto& [name, m] : net.members) {
-    ChainOutput out;
-    m->OnTick(net.now, &out);
-    net.Take(name, out);
-  }
-  net.Deliver();
-  CHECK(net.replies.count(101) == 1);
-}
-
 TEST_CASE("sync, members send before they sync (storage.sync: always): the tail reads what the head committed") {
   using Kind = ChainMessage::Kind;
-  for (auto path : {ChainOptions::CommitPath::kRelay, ChainOptions::CommitPath::kEvery}) {
+  {
     Net net;
     net.options.sends_before_sync = true;
-    net.options.commit_path = path;
     net.Start({"a", "b", "c"}, 7);
     net.Write("a", 100, 5);
     REQUIRE(net.DeliverFirst(Kind::kReplicate));  // a -> b
