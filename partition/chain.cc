@@ -382,6 +382,7 @@ void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
       if (s.to == config_.members.back() && s.msg.kind == ChainMessage::Kind::kCommit) {
         s.msg = m;
         merged = true;
+        break;
       }
     }
     if (!merged) out->sends.push_back({config_.members.back(), std::move(m)});
@@ -574,7 +575,7 @@ void ChainMember::HandleAck(const std::string& from, const ChainMessage& msg, in
   Commit(msg.committed, out);
   // The tail told the head this commit point itself (kCommit): the head's
   // successor need not relay it at once. Its own position goes up with
-  // its next ack (OnTick, within resend_ms / 4); the head takes the tail's
+  // its next ack (OnTick, once resend_ms / 4 passed); the head takes the tail's
   // commit point as its progress meanwhile (HandleCommit).
   if (!(msg.direct && index_ == 1 && Recorded())) SendAck(now, out);
   Pump(now, out);
@@ -607,10 +608,6 @@ void ChainMember::SendCommit(ChainOutput* out) {
 
 void ChainMember::HandleCommit(const std::string& from, const ChainMessage& msg, int64_t now,
                                ChainOutput* out) {
-  // From the tail of this very chain (the id names its members): every
-  // member applied what it applied. A head whose chain is not recorded yet
-  // takes the commit point with the floor its successor's acks bring
-  // (HandleAck), which the recording waits for.
   const auto& members = config_.members;
   if (options_.sends_before_sync && !is_head() && is_tail() && !members.empty() &&
       from == members.front() && msg.chain == config_.id && !fenced_) {
@@ -619,6 +616,10 @@ void ChainMember::HandleCommit(const std::string& from, const ChainMessage& msg,
     Release(out);
     return;
   }
+  // Up from the tail of this very chain (the id names its members): every
+  // member applied what it applied. A head whose chain is not recorded yet
+  // takes the commit point with the floor its successor's acks bring
+  // (HandleAck), which the recording waits for.
   if (!is_head() || fenced_ || msg.chain != config_.id || members.size() < 3 ||
       from != members.back() || !options_.direct_commit || options_.sends_before_sync ||
       !Recorded()) {

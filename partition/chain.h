@@ -40,10 +40,12 @@
 //   recorded chain takes from its current tail: one hop instead of one per
 //   member. Not where an ack must also mean "synced" and members pass
 //   writes on before their own sync (sends_before_sync): the tail cannot
-//   vouch for the others. Under `sync` the
-//   head answers a write once c reaches it, and only the tail serves reads, so
-//   single-key operations are linearizable. Under `async` the head answers
-//   once it applied the write itself and any member serves reads.
+//   vouch for the others; there the tail serves a read only once the
+//   head's commit point (which the head sends it, kCommit down) covers the
+//   key's newest write. Under `sync` the head answers a write once c
+//   reaches it, and only the tail serves reads, so single-key operations
+//   are linearizable. Under `async` the head answers once it applied the
+//   write itself and any member serves reads.
 // * Fencing: every message carries the chain id (ChainConfig::id, which
 //   changes with every change of this chain). A message from another chain
 //   is dropped: a head that was paused past its session and wakes believing
@@ -193,8 +195,8 @@ struct ChainOptions {
   // always). The tail's own position then says nothing of the members
   // before it, which may still lose that batch to a power cut; under sync
   // it serves a read only up to a commit point the head computed (from
-  // acks and reports sent after each member's sync), which the head sends
-  // it (kCommit, down) as it advances.
+  // acks each sent after its member's sync), which the head sends it
+  // (kCommit, down) as it advances.
   bool sends_before_sync = false;
 };
 
