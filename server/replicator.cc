@@ -165,47 +165,25 @@ Status ForEachPage(const engine::Store& store, size_t page,
   return Status::OK();
 }
 
-namespace {
-// One buffer and protocol per thread for each direction of the coding of
-// replicated writes (every write is encoded once and decoded twice per
-// member): made per call, they cost allocations that showed in the
-// profile. The decoder's buffer only ever observes the caller's bytes.
-struct OpsCodec {
-  std::shared_ptr<TMemoryBuffer> out = std::make_shared<TMemoryBuffer>();
-  TBinaryProtocol writer{out};
-  std::shared_ptr<TMemoryBuffer> in = std::make_shared<TMemoryBuffer>();
-  TBinaryProtocol reader{in};
+std::string EncodeChainOps(const std::vector<rpc::ChainOp>& ops) {
+  auto buffer = std::make_shared<TMemoryBuffer>();
+  TBinaryProtocol protocol(buffer);
   rpc::ChainOps wrapper;
-};
-OpsCodec& Codec() {
-  thread_local OpsCodec codec;
-  return codec;
-}
-}  // namespace
-
-std::string EncodeChainOps(std::vector<rpc::ChainOp> ops) {
-  OpsCodec& c = Codec();
-  c.out->resetBuffer();
-  c.wrapper.ops = std::move(ops);
-  c.wrapper.write(&c.writer);
-  c.wrapper.ops.clear();
-  std::string bytes = c.out->getBufferAsString();
-  if (bytes.size() > (1u << 20)) c.out->resetBuffer(4096u);  // keep no big buffer
-  return bytes;
+  wrapper.ops = ops;
+  wrapper.write(&protocol);
+  return buffer->getBufferAsString();
 }
 
 Status DecodeChainOps(const std::string& bytes, std::vector<rpc::ChainOp>* ops) {
-  OpsCodec& c = Codec();
   try {
-    c.in->resetBuffer(reinterpret_cast<uint8_t*>(const_cast<char*>(bytes.data())),
-                      static_cast<uint32_t>(bytes.size()), TMemoryBuffer::OBSERVE);
-    // No string or list longer than the bytes given.
-    c.reader.setStringSizeLimit(static_cast<int32_t>(bytes.size()));
-    c.reader.setContainerSizeLimit(static_cast<int32_t>(bytes.size()));
-    c.wrapper.ops.clear();
-    c.wrapper.read(&c.reader);
-    *ops = std::move(c.wrapper.ops);
-    c.wrapper.ops.clear();
+    auto buffer = std::make_shared<TMemoryBuffer>(
+        reinterpret_cast<uint8_t*>(const_cast<char*>(bytes.data())),
+        static_cast<uint32_t>(bytes.size()), TMemoryBuffer::OBSERVE);
+    TBinaryProtocol protocol(buffer, static_cast<int32_t>(bytes.size()),
+                             static_cast<int32_t>(bytes.size()), true, true);
+    rpc::ChainOps wrapper;
+    wrapper.read(&protocol);
+    *ops = std::move(wrapper.ops);
   } catch (const std::exception& e) {
     return Status::InvalidArgument(std::string("malformed replicated write: ") + e.what());
   }

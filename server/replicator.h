@@ -443,7 +443,7 @@ Status ForEachPage(const engine::Store& store, size_t page,
 
 // Encodes / decodes ChainEntry::op (a serialized rpc::ChainOps). Decoding
 // untrusted bytes: InvalidArgument for anything malformed.
-std::string EncodeChainOps(std::vector<rpc::ChainOp> ops);
+std::string EncodeChainOps(const std::vector<rpc::ChainOp>& ops);
 Status DecodeChainOps(const std::string& bytes, std::vector<rpc::ChainOp>* ops);
 // A peerChain frame as the chain state machine takes it: InvalidArgument
 // for an unknown message kind (any i32 arrives from the wire).
