@@ -200,6 +200,29 @@ TEST_CASE("sync, members send before they sync (storage.sync: always): the tail 
   }
 }
 
+TEST_CASE("a verified member refuses a snapshot: its store is never emptied for one") {
+  Net net;
+  net.Start({"a", "b", "c"}, 7);
+  net.Write("a", 100, 5);
+  net.Deliver();
+  REQUIRE(net.replies[100]);
+  // A stale or confused offer from its own predecessor: b holds every
+  // committed write, so it keeps its store and its place.
+  ChainOutput out;
+  const uint64_t refused = net.members["b"]->refused_messages();
+  CHECK(net.members["b"]->OnSnapshotBegin("a", {1, 1}, net.now, &out) == 0);
+  CHECK_FALSE(out.wipe);
+  CHECK_FALSE(out.deregister);
+  CHECK(net.members["b"]->refused_messages() == refused + 1);
+  CHECK(std::string(net.members["b"]->role()) == "middle");
+  CHECK(net.members["b"]->applied().seq == 1);
+  // And it goes on applying writes.
+  net.Write("a", 101, 6);
+  net.Deliver();
+  CHECK(net.replies[101]);
+  CHECK(net.members["b"]->applied().seq == 2);
+}
+
 TEST_CASE("async: the head answers after its own apply; any member reads") {
   Net net;
   net.Start({"a", "b"}, 7, /*sync=*/false);
