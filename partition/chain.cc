@@ -330,6 +330,16 @@ void ChainMember::Pump(int64_t now, ChainOutput* out) {
   }
 }
 
+void ChainMember::SendLatest(const std::string& to, ChainMessage m, ChainOutput* out) {
+  for (ChainOutput::Send& s : out->sends) {
+    if (s.to == to && s.msg.kind == m.kind) {
+      s.msg = std::move(m);
+      return;
+    }
+  }
+  out->sends.push_back({to, std::move(m)});
+}
+
 void ChainMember::SendAck(int64_t now, ChainOutput* out) {
   const std::string& pred = predecessor();
   if (pred.empty()) return;
@@ -349,13 +359,7 @@ void ChainMember::SendAck(int64_t now, ChainOutput* out) {
   m.committed = chain_committed_;
   m.floor = floor;
   m.direct = commit_sent_chain_ == config_.id && commit_sent_ >= chain_committed_;
-  for (ChainOutput::Send& s : out->sends) {
-    if (s.to == pred && s.msg.kind == ChainMessage::Kind::kAck) {
-      s.msg = std::move(m);
-      return;
-    }
-  }
-  out->sends.push_back({pred, std::move(m)});
+  SendLatest(pred, std::move(m), out);
 }
 
 void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
@@ -377,15 +381,7 @@ void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
     m.chain = config_.id;
     m.applied = applied_.seq;
     m.committed = chain_committed_;
-    bool merged = false;
-    for (ChainOutput::Send& s : out->sends) {
-      if (s.to == config_.members.back() && s.msg.kind == ChainMessage::Kind::kCommit) {
-        s.msg = m;
-        merged = true;
-        break;
-      }
-    }
-    if (!merged) out->sends.push_back({config_.members.back(), std::move(m)});
+    SendLatest(config_.members.back(), std::move(m), out);
   }
   Release(out);
   Trim();
@@ -597,13 +593,7 @@ void ChainMember::SendCommit(ChainOutput* out) {
   m.chain = config_.id;
   m.applied = applied_.seq;
   m.committed = applied_.seq;
-  for (ChainOutput::Send& s : out->sends) {
-    if (s.to == config_.members.front() && s.msg.kind == ChainMessage::Kind::kCommit) {
-      s.msg = std::move(m);
-      return;
-    }
-  }
-  out->sends.push_back({config_.members.front(), std::move(m)});
+  SendLatest(config_.members.front(), std::move(m), out);
 }
 
 void ChainMember::HandleCommit(const std::string& from, const ChainMessage& msg, int64_t now,

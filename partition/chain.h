@@ -327,6 +327,9 @@ class ChainMember {
   void Deregister(ChainOutput* out);
   void Pump(int64_t now, ChainOutput* out);
   void SendAck(int64_t now, ChainOutput* out);
+  // Sends "m" (an ack or a COMMIT: each says where something stands) to
+  // "to", replacing one of its kind already in "out": only the latest counts.
+  void SendLatest(const std::string& to, ChainMessage m, ChainOutput* out);
   // The floor an ack carries: the highest commit point this member or one
   // after it has known.
   uint64_t ack_floor() const { return std::max(committed_, down_floor_); }

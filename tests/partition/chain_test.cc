@@ -73,6 +73,10 @@ struct Net {
     }
     return false;
   }
+  // Passes the newest write down "hops" members (kReplicate only).
+  void PassDown(int hops) {
+    for (int i = 0; i < hops; ++i) REQUIRE(DeliverFirst(ChainMessage::Kind::kReplicate));
+  }
   // Members "names" with epochs 1..n, registered, told the (recorded)
   // chain of id "id", and every first message delivered.
   void Start(const std::vector<std::string>& names, uint64_t id, bool sync = true);
@@ -135,8 +139,7 @@ TEST_CASE("sync, direct commit: the tail's kCommit answers at the head before th
   Net net;
   net.Start({"a", "b", "c"}, 7);
   net.Write("a", 100, 5);
-  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // a -> b
-  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // b -> c
+  net.PassDown(2);                              // a -> b -> c
   CHECK(net.replies.count(100) == 0);
   REQUIRE(net.DeliverFirst(Kind::kCommit));     // c -> a, straight
   REQUIRE(net.replies.count(100) == 1);
@@ -148,7 +151,7 @@ TEST_CASE("sync, direct commit: the tail's kCommit answers at the head before th
   // Only the current tail's, under this chain: a middle's or another
   // chain's kCommit answers nothing.
   net.Write("a", 101, 6);
-  REQUIRE(net.DeliverFirst(Kind::kReplicate));  // a -> b only
+  net.PassDown(1);                              // a -> b only
   for (auto [from, chain] : {std::pair<std::string, uint64_t>{"b", 7}, {"c", 8}}) {
     ChainMessage m;
     m.kind = Kind::kCommit;
@@ -169,8 +172,7 @@ TEST_CASE("sync, commit through the relayed acks only: the head waits for the mi
   net.options.direct_commit = false;
   net.Start({"a", "b", "c"}, 7);
   net.Write("a", 100, 5);
-  REQUIRE(net.DeliverFirst(Kind::kReplicate));
-  REQUIRE(net.DeliverFirst(Kind::kReplicate));
+  net.PassDown(2);
   CHECK_FALSE(net.DeliverFirst(Kind::kCommit));
   REQUIRE(net.DeliverFirst(Kind::kAck));  // c -> b
   CHECK(net.replies.count(100) == 0);
@@ -179,25 +181,21 @@ TEST_CASE("sync, commit through the relayed acks only: the head waits for the mi
 }
 
 TEST_CASE("sync, members send before they sync (storage.sync: always): the tail reads what the head committed") {
-  using Kind = ChainMessage::Kind;
-  {
-    Net net;
-    net.options.sends_before_sync = true;
-    net.Start({"a", "b", "c"}, 7);
-    net.Write("a", 100, 5);
-    REQUIRE(net.DeliverFirst(Kind::kReplicate));  // a -> b
-    REQUIRE(net.DeliverFirst(Kind::kReplicate));  // b -> c
-    // c applied it; a and b may not have synced it yet (a power cut there
-    // and a restart of the chain from a or b would lose it): a read of the
-    // key waits, a read of another key does not.
-    ChainOutput out;
-    CHECK(net.members["c"]->OnRead(1, 5, &out) == ChainMember::Read::kWait);
-    CHECK(net.members["c"]->OnRead(2, 6, &out) == ChainMember::Read::kServe);
-    net.Deliver();  // acks and reports up, then the head's commit point down
-    CHECK(net.replies[100]);
-    CHECK(net.reads == std::vector<uint64_t>{1});
-    CHECK(net.members["c"]->OnRead(3, 5, &out) == ChainMember::Read::kServe);
-  }
+  Net net;
+  net.options.sends_before_sync = true;
+  net.Start({"a", "b", "c"}, 7);
+  net.Write("a", 100, 5);
+  net.PassDown(2);  // a -> b -> c
+  // c applied it; a and b may not have synced it yet (a power cut there
+  // and a restart of the chain from a or b would lose it): a read of the
+  // key waits, a read of another key does not.
+  ChainOutput out;
+  CHECK(net.members["c"]->OnRead(1, 5, &out) == ChainMember::Read::kWait);
+  CHECK(net.members["c"]->OnRead(2, 6, &out) == ChainMember::Read::kServe);
+  net.Deliver();  // acks up, then the head's commit point down
+  CHECK(net.replies[100]);
+  CHECK(net.reads == std::vector<uint64_t>{1});
+  CHECK(net.members["c"]->OnRead(3, 5, &out) == ChainMember::Read::kServe);
 }
 
 TEST_CASE("a verified member refuses a snapshot: its store is never emptied for one") {
