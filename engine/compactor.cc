@@ -182,14 +182,13 @@ void Store::SynchronizeReaders() const {
   }
 }
 
-// String buckets move to the new generation with only their live entries;
+// String buckets move to the new generation with only their live entries
+// (CompactBucket);
 // an empty bucket is dropped. Integer values move as they are.
 std::function<bool(std::string*)> Store::BucketTransform(uint64_t segment) {
   if (segment != kStringsSegment) return nullptr;
   return [](std::string* bucket) {
-    std::string live;
-    for (const auto& [k, v] : LiveBucketEntries(*bucket)) AppendBucketPut(&live, k, v);
-    bucket->swap(live);
+    *bucket = CompactBucket(*bucket);  // a damaged bucket keeps its mark
     return !bucket->empty();
   };
 }

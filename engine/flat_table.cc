@@ -505,6 +505,47 @@ Status FlatTable::Assemble(const LogFile* log, int64_t key, std::string_view new
   return Status::OK();
 }
 
+Status FlatTable::ReadGoodSuffix(int64_t key, std::string* suffix) const {
+  suffix->clear();
+  if (FlatTable* next = successor()) {
+    Status st = next->ReadGoodSuffix(key, suffix);
+    if (!st.IsNotFound() || successor_done_.load(std::memory_order_acquire)) return st;
+  }
+  const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
+  const FileState& fs = files_[slot % params_.index.data_files];
+  const uint64_t v = ReadSlot(fs, slot);
+  if (v == 0) return Status::NotFound("key " + std::to_string(key));
+  const LogFile* log = fs.log.load(std::memory_order_acquire);
+  uint64_t pos;
+  size_t guess;
+  DecodeSlot(v, &pos, &guess);
+  std::string buf;
+  RecordView view;
+  Status st = ReadRecord(log, key, pos, guess, &buf, &view);
+  if (st.IsCorruption()) return Status::OK();  // the newest record: nothing survives
+  FLATKV_RETURN_IF_ERROR(st);
+  if (view.type != RecordType::kAppend) {
+    suffix->assign(view.value.data(), view.value.size());
+    return Status::OK();
+  }
+  std::vector<AppendPart> parts;
+  std::string_view tail;
+  if (!DecodeAppendParts(view.value, &parts, &tail)) return Status::OK();
+  const std::string newest(tail);
+  std::string piece;
+  for (const AppendPart& p : parts) {
+    st = ReadPayload(log, key, p, &piece);
+    if (st.IsCorruption()) {
+      suffix->clear();  // lost: and with it what the parts before meant
+    } else {
+      FLATKV_RETURN_IF_ERROR(st);
+      *suffix += piece;
+    }
+  }
+  *suffix += newest;
+  return Status::OK();
+}
+
 Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) {
   FLATKV_RETURN_IF_ERROR(EnsureWritable());
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());

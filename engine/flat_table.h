@@ -95,6 +95,11 @@ class FlatTable {
   // a larger one, or while compacting) only sets *small = false. NotFound if
   // the key is absent.
   Status ReadIfSmall(int64_t key, size_t max_bytes, std::string* value, bool* small) const;
+  // For a value built by Append() whose reading fails its checksum: the
+  // parts after the last bad one, concatenated (what survives of the
+  // newest appends), in *suffix; empty if the newest record is bad itself.
+  // NotFound if the key is absent.
+  Status ReadGoodSuffix(int64_t key, std::string* suffix) const;
   // Sizes of a value after Append(): all of it, and its base part (the
   // value as last written whole); total - base bytes arrived by appends.
   struct AppendInfo {

@@ -614,6 +614,9 @@ Status Store::Verify(VerifyReport* report, const std::function<bool()>& keep_goi
     int64_t next = from;
     FLATKV_RETURN_IF_ERROR(strings->Scan(from, last, false, kPage, &work, &out, &next, &done,
                                          &report->corrupt_buckets));
+    for (const KeyValue& kv : out) {
+      if (BucketDamaged(kv.value)) report->corrupt_buckets.push_back(kv.key);
+    }
     count();
     from = next;
   }
@@ -727,11 +730,30 @@ Status Store::AppendToBucket(FlatTable* table, int64_t ikey, std::string_view en
   // Rewrite with the live entries only: this happens after at least "base"
   // bytes of appends, so each byte is rewritten O(1) times on average.
   std::string bucket;
-  FLATKV_RETURN_IF_ERROR(table->Get(ikey, &bucket));
-  std::string compacted;
-  for (const auto& [k, v] : LiveBucketEntries(bucket)) AppendBucketPut(&compacted, k, v);
+  Status st = table->Get(ikey, &bucket);
+  if (st.IsCorruption()) return MarkDamaged(table, ikey, entry, st);
+  FLATKV_RETURN_IF_ERROR(st);
+  const std::string compacted = CompactBucket(bucket);
   if (compacted.empty()) return table->Remove(ikey, nullptr);
   return table->Put(ikey, compacted);
+}
+
+Status Store::MarkDamaged(FlatTable* table, int64_t ikey, std::string_view entry,
+                          const Status& bad) {
+  // The bucket's other entries are lost here; the write is not: it starts
+  // a new record after a damaged mark, so the keys it does not name read
+  // as Corruption (not as absent) until the bucket is written whole again.
+  damaged_buckets_.fetch_add(1, std::memory_order_relaxed);
+  spdlog::error("string-key bucket {}: {}; rewritten with a damaged mark and the new entry "
+                "(its other keys read as bad until repaired)", ikey, bad.message());
+  std::string bucket;
+  AppendBucketDamaged(&bucket);
+  // What survives: the entries appended after the bad part (a put acked
+  // after the damage, before any read found it, is not lost).
+  std::string suffix;
+  if (table->ReadGoodSuffix(ikey, &suffix).ok()) bucket += suffix;
+  bucket.append(entry);
+  return table->Put(ikey, CompactBucket(bucket));
 }
 
 Status Store::CheckStringKey(std::string_view key) const {
@@ -767,18 +789,25 @@ Status Store::SPut(std::string_view key, std::string_view value) {
     bool small = false;
     Status st = table->ReadIfSmall(ikey, limit, &bucket, &small);
     if (st.IsNotFound()) return table->Put(ikey, entry);
+    if (st.IsCorruption()) return MarkDamaged(table, ikey, entry, st);
     FLATKV_RETURN_IF_ERROR(st);
     if (small) {
-      std::string rewritten;
-      for (const auto& [k, v] : LiveBucketEntries(bucket)) {
-        if (k != key) AppendBucketPut(&rewritten, k, v);
-      }
-      rewritten += entry;
-      return table->Put(ikey, rewritten);
+      bucket += entry;
+      return table->Put(ikey, CompactBucket(bucket));
     }
     return AppendToBucket(table, ikey, entry);
   }());
 }
+
+namespace {
+
+Status UnknownInBucket(int64_t slot) {
+  return Status::Corruption("string key: its bucket (slot " + std::to_string(slot) +
+                            " of the string-key table) lost entries to a bad record and is "
+                            "not repaired yet (flatkv admin verify repairs it from the chain)");
+}
+
+}  // namespace
 
 Status Store::SGet(std::string_view key, std::string* value) const {
   Guard guard(this);
@@ -789,12 +818,20 @@ Status Store::SGet(std::string_view key, std::string* value) const {
   if (table == nullptr || key.size() > options_.max_key_bytes) {
     return Status::NotFound("string key");
   }
+  const int64_t slot = StringSlot(key);
   std::string bucket;
-  Status st = table->Get(StringSlot(key), &bucket);
+  Status st = table->Get(slot, &bucket);
   if (st.IsNotFound()) return Status::NotFound("string key");
   FLATKV_RETURN_IF_ERROR(st);
-  if (!FindInBucket(bucket, key, value)) return Status::NotFound("string key");
-  return Status::OK();
+  switch (FindInBucket(bucket, key, value)) {
+    case BucketLookup::kFound:
+      return Status::OK();
+    case BucketLookup::kAbsent:
+      return Status::NotFound("string key");
+    case BucketLookup::kUnknown:
+      break;
+  }
+  return UnknownInBucket(slot);
 }
 
 Status Store::SRemove(std::string_view key, bool* existed) {
@@ -809,23 +846,79 @@ Status Store::SRemove(std::string_view key, bool* existed) {
     const int64_t ikey = StringSlot(key);
     std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
     std::string bucket, ignored;
-    Status st = table->Get(ikey, &bucket);
-    if (st.IsNotFound() || (st.ok() && !FindInBucket(bucket, key, &ignored))) return Status::OK();
-    FLATKV_RETURN_IF_ERROR(st);
     std::string entry;
     AppendBucketRemove(&entry, key);
-    if (LiveBucketEntries(bucket).size() == 1) {
+    Status st = table->Get(ikey, &bucket);
+    if (st.IsNotFound()) return Status::OK();
+    if (st.IsCorruption()) return MarkDamaged(table, ikey, entry, st);
+    FLATKV_RETURN_IF_ERROR(st);
+    const BucketLookup found = FindInBucket(bucket, key, &ignored);
+    if (found == BucketLookup::kAbsent) return Status::OK();
+    // Present, or unknown in a damaged bucket: a remove entry makes it absent.
+    if (found == BucketLookup::kFound && LiveBucketEntries(bucket).size() == 1 &&
+        !BucketDamaged(bucket)) {
       FLATKV_RETURN_IF_ERROR(table->Remove(ikey, nullptr));  // its last key: drop the bucket
     } else {
       FLATKV_RETURN_IF_ERROR(AppendToBucket(table, ikey, entry));
     }
-    if (existed != nullptr) *existed = true;
+    if (existed != nullptr) *existed = found == BucketLookup::kFound;
     return Status::OK();
   }());
 }
 
+Status Store::SReadBucket(int64_t slot, std::vector<StringKeyValue>* live) const {
+  live->clear();
+  Guard guard(this);
+  if (closed_.load(std::memory_order_relaxed)) {
+    return Status::IOError("store " + options_.path + " is closed");
+  }
+  if (slot < 0 || static_cast<uint64_t>(slot) >= options_.string_slots) {
+    return Status::InvalidArgument("string-key slot " + std::to_string(slot) + " outside [0, " +
+                                   std::to_string(options_.string_slots) + ")");
+  }
+  FlatTable* table = strings_.load(std::memory_order_acquire);
+  if (table == nullptr) return Status::OK();
+  std::string bucket;
+  Status st = table->Get(slot, &bucket);
+  if (st.IsNotFound()) return Status::OK();
+  FLATKV_RETURN_IF_ERROR(st);
+  if (BucketDamaged(bucket)) return UnknownInBucket(slot);
+  for (auto& [k, v] : LiveBucketEntries(bucket)) live->push_back({std::move(k), std::move(v)});
+  return Status::OK();
+}
+
+Status Store::SWriteBucket(int64_t slot, const std::vector<StringKeyValue>& live) {
+  if (slot < 0 || static_cast<uint64_t>(slot) >= options_.string_slots) {
+    return Status::InvalidArgument("string-key slot " + std::to_string(slot) + " outside [0, " +
+                                   std::to_string(options_.string_slots) + ")");
+  }
+  std::string bucket;
+  for (const StringKeyValue& kv : live) {
+    FLATKV_RETURN_IF_ERROR(CheckStringKey(kv.key));
+    FLATKV_RETURN_IF_ERROR(CheckValue(kv.value.size()));
+    if (StringSlot(kv.key) != slot) {
+      return Status::InvalidArgument("string key of " + std::to_string(kv.key.size()) +
+                                     " bytes is not in slot " + std::to_string(slot));
+    }
+    AppendBucketPut(&bucket, kv.key, kv.value);
+  }
+  bucket = CompactBucket(bucket);  // one entry per key, the last given wins
+  WaitForCompactor(RecordSize(bucket.size()));
+  return NoteWrite([&]() -> Status {
+    Guard guard(this);
+    if (closed_.load(std::memory_order_relaxed)) {
+      return Status::IOError("store " + options_.path + " is closed");
+    }
+    FlatTable* table;
+    FLATKV_RETURN_IF_ERROR(GetOrCreateStringTable(&table));
+    std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(slot) % kStringStripes]);
+    if (bucket.empty()) return table->Remove(slot, nullptr);
+    return table->Put(slot, bucket);
+  }());
+}
+
 Status Store::SScan(std::string_view cursor, size_t limit, std::vector<StringKeyValue>* out,
-                    std::string* next_cursor, bool* done) const {
+                    std::string* next_cursor, bool* done, std::vector<int64_t>* corrupt) const {
   // Cursor: version u8 | next bucket u64 | has_last u8 | last key emitted.
   out->clear();
   *done = true;
@@ -860,9 +953,12 @@ Status Store::SScan(std::string_view cursor, size_t limit, std::vector<StringKey
     uint64_t work = kScanWork;
     FLATKV_RETURN_IF_ERROR(table->Scan(static_cast<int64_t>(from),
                                        static_cast<int64_t>(options_.string_slots - 1), false, 16,
-                                       &work, &buckets, &next, &table_done));
+                                       &work, &buckets, &next, &table_done, corrupt));
     for (const KeyValue& b : buckets) {
       const auto ikey = static_cast<uint64_t>(b.key);
+      if (corrupt != nullptr && (!has_last || ikey != from) && BucketDamaged(b.value)) {
+        corrupt->push_back(b.key);
+      }
       bool emitted_here = false;
       for (auto& [k, v] : LiveBucketEntries(b.value)) {
         if (has_last && ikey == from && k <= last) continue;
@@ -1069,6 +1165,7 @@ EngineStats Store::GetStats() const {
   s.recovery_bytes_scanned = counters_->recovery_bytes_scanned.load();
   s.recovery_records = counters_->recovery_records.load();
   s.corrupt_records = counters_->corrupt_records.load();
+  s.buckets_damaged = damaged_buckets_.load();
   s.index_rebuilds = counters_->index_rebuilds.load();
   s.scan_slots_visited = counters_->scan_slots_visited.load();
   s.scan_regions_skipped = counters_->scan_regions_skipped.load();

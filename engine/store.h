@@ -87,6 +87,8 @@ struct EngineStats {
   uint64_t recovery_records = 0;    // records applied to an index by recovery/rebuild
   uint64_t corrupt_records = 0;     // bad records found inside a log (torn tails
                                     // after a crash are expected and not counted)
+  uint64_t buckets_damaged = 0;     // string-key buckets written anew with a
+                                    // damaged mark (a write met a bad record)
   uint64_t index_rebuilds = 0;      // tables whose index was rebuilt from the logs
   uint64_t scan_slots_visited = 0;  // index slots read by key-order scans
   uint64_t scan_regions_skipped = 0;  // empty slot groups/chunks/segments they jumped
@@ -210,10 +212,27 @@ class Store {
   Status SPut(std::string_view key, std::string_view value);
   Status SRemove(std::string_view key, bool* existed = nullptr);
 
+  // A write into a bucket whose record fails its checksum succeeds: the
+  // bucket is written anew with a damaged mark and the new entry (see
+  // string_keys.h), so its other keys read as Corruption, never as absent,
+  // until the bucket is written whole again (SWriteBucket).
+  //
   // Iterates string keys in hash order, resumable: an empty cursor starts,
-  // *next_cursor resumes; at most "limit" pairs per call.
+  // *next_cursor resumes; at most "limit" pairs per call. A bucket that
+  // fails its checksum is skipped (counted and logged); a damaged one gives
+  // the keys written since. Either adds its slot to *corrupt when given.
   Status SScan(std::string_view cursor, size_t limit, std::vector<StringKeyValue>* out,
-               std::string* next_cursor, bool* done) const;
+               std::string* next_cursor, bool* done,
+               std::vector<int64_t>* corrupt = nullptr) const;
+
+  // Buckets, for repair: a string key lives in bucket StringSlot(key), in
+  // [0, string_slots). SReadBucket gives a bucket's live pairs (none if
+  // absent); Corruption if its record fails its checksum or it is damaged.
+  // SWriteBucket replaces a bucket whole with "live" without reading it
+  // (none: removes it); InvalidArgument for a key of another slot.
+  int64_t StringSlot(std::string_view key) const;
+  Status SReadBucket(int64_t slot, std::vector<StringKeyValue>* live) const;
+  Status SWriteBucket(int64_t slot, const std::vector<StringKeyValue>& live);
 
   // Starts a round of online compaction of every table (one at a time, in
   // the background); returns at once. Reads and writes continue meanwhile.
@@ -379,7 +398,10 @@ class Store {
   // Appends one entry to the bucket of "ikey"; rewrites the bucket with its
   // live entries when it has grown past twice its base (+4 KiB).
   Status AppendToBucket(FlatTable* table, int64_t ikey, std::string_view entry);
-  int64_t StringSlot(std::string_view key) const;
+  // A write met a bucket failing its checksum ("bad"): writes the bucket
+  // anew as a damaged mark followed by "entry".
+  Status MarkDamaged(FlatTable* table, int64_t ikey, std::string_view entry, const Status& bad);
+  std::atomic<uint64_t> damaged_buckets_{0};
   std::atomic<FlatTable*> strings_{nullptr};
   std::unique_ptr<FlatTable> strings_owner_;  // GUARDED_BY(tables_mu_)
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 namespace flatkv::engine {
 namespace {
@@ -56,6 +57,10 @@ void AppendBucketRemove(std::string* bucket, std::string_view key) {
   bucket->append(key);
 }
 
+void AppendBucketDamaged(std::string* bucket) {
+  bucket->push_back(static_cast<char>(BucketEntryKind::kDamaged));
+}
+
 bool ForEachBucketEntry(
     std::string_view bucket,
     const std::function<void(BucketEntryKind, std::string_view, std::string_view)>& fn) {
@@ -63,6 +68,10 @@ bool ForEachBucketEntry(
     const auto kind = static_cast<BucketEntryKind>(bucket.front());
     bucket.remove_prefix(1);
     std::string_view key, value;
+    if (kind == BucketEntryKind::kDamaged) {
+      fn(kind, key, value);
+      continue;
+    }
     if (!GetSized(&bucket, &key)) return false;
     if (kind == BucketEntryKind::kPut) {
       if (!GetSized(&bucket, &value)) return false;
@@ -74,16 +83,53 @@ bool ForEachBucketEntry(
   return true;
 }
 
-bool FindInBucket(std::string_view bucket, std::string_view key, std::string* value) {
-  bool found = false;
+BucketLookup FindInBucket(std::string_view bucket, std::string_view key, std::string* value) {
+  BucketLookup result = BucketLookup::kAbsent;
   std::string_view newest;
   ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view k, std::string_view v) {
-    if (k != key) return;
-    found = kind == BucketEntryKind::kPut;
-    newest = v;
+    if (kind == BucketEntryKind::kDamaged) {
+      result = BucketLookup::kUnknown;  // what came before is lost
+    } else if (k == key) {
+      result = kind == BucketEntryKind::kPut ? BucketLookup::kFound : BucketLookup::kAbsent;
+      newest = v;
+    }
   });
-  if (found) value->assign(newest.data(), newest.size());
-  return found;
+  if (result == BucketLookup::kFound) value->assign(newest.data(), newest.size());
+  return result;
+}
+
+bool BucketDamaged(std::string_view bucket) {
+  bool damaged = false;
+  ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view, std::string_view) {
+    if (kind == BucketEntryKind::kDamaged) damaged = true;
+  });
+  return damaged;
+}
+
+std::string CompactBucket(std::string_view bucket) {
+  // Newest entry per key: a put's value, or nullopt for a remove.
+  std::map<std::string_view, std::optional<std::string_view>> newest;
+  bool damaged = false;
+  ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view k, std::string_view v) {
+    if (kind == BucketEntryKind::kDamaged) {
+      damaged = true;
+      newest.clear();  // lost, like everything before the mark
+    } else if (kind == BucketEntryKind::kPut) {
+      newest[k] = v;
+    } else {
+      newest[k] = std::nullopt;
+    }
+  });
+  std::string out;
+  if (damaged) AppendBucketDamaged(&out);
+  for (const auto& [k, v] : newest) {
+    if (v) {
+      AppendBucketPut(&out, k, *v);
+    } else if (damaged) {
+      AppendBucketRemove(&out, k);
+    }
+  }
+  return out;
 }
 
 std::vector<std::pair<std::string, std::string>> LiveBucketEntries(std::string_view bucket) {
@@ -91,8 +137,10 @@ std::vector<std::pair<std::string, std::string>> LiveBucketEntries(std::string_v
   ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view k, std::string_view v) {
     if (kind == BucketEntryKind::kPut) {
       live[k] = v;
-    } else {
+    } else if (kind == BucketEntryKind::kRemove) {
       live.erase(k);
+    } else {
+      live.clear();
     }
   });
   std::vector<std::pair<std::string, std::string>> out;

@@ -11,6 +11,14 @@
 //
 //   entry := kind u8 (1 = put, 2 = remove) | varint key_size | key
 //            | (put only) varint value_size | value
+//          | kind u8 (3 = damaged)
+//
+// "Damaged" (written by FlatKV of 2026-11-24 and later; older builds read
+// such a bucket as a bad record) marks a bucket rebuilt after its record
+// failed its checksum: the entries before it were lost. A key with an entry
+// after it reads as that entry says; any other key of the bucket is
+// unknown (Corruption) until the bucket is written whole again from a good
+// copy (Store::SWriteBucket, read repair in a chain).
 //
 // HashStringKey is XXH64 with seed 0 (the xxHash specification, from Debian's
 // libxxhash), fixed so that files and the ring stay valid across versions.
@@ -28,20 +36,34 @@ namespace flatkv::engine {
 
 uint64_t HashStringKey(std::string_view key);
 
-enum class BucketEntryKind : uint8_t { kPut = 1, kRemove = 2 };
+enum class BucketEntryKind : uint8_t { kPut = 1, kRemove = 2, kDamaged = 3 };
 
 void AppendBucketPut(std::string* bucket, std::string_view key, std::string_view value);
 void AppendBucketRemove(std::string* bucket, std::string_view key);
+void AppendBucketDamaged(std::string* bucket);
 
-// Calls fn for each entry in order; returns false if the bucket is malformed.
+// Calls fn for each entry in order (a kDamaged one with empty key and
+// value); returns false if the bucket is malformed.
 bool ForEachBucketEntry(
     std::string_view bucket,
     const std::function<void(BucketEntryKind, std::string_view key, std::string_view value)>& fn);
 
-// The newest entry for "key": true and *value set if it is a put.
-bool FindInBucket(std::string_view bucket, std::string_view key, std::string* value);
+// What a bucket says of one key: its newest entry is a put (*value set) or
+// a remove, or there is none (kAbsent, or kUnknown past a damaged mark).
+enum class BucketLookup { kFound, kAbsent, kUnknown };
+BucketLookup FindInBucket(std::string_view bucket, std::string_view key, std::string* value);
 
-// The live (key, value) pairs of a bucket, sorted by key.
+// The live (key, value) pairs of a bucket, sorted by key (of a damaged
+// bucket: those written since it was damaged).
 std::vector<std::pair<std::string, std::string>> LiveBucketEntries(std::string_view bucket);
+
+// Whether the bucket carries a damaged mark.
+bool BucketDamaged(std::string_view bucket);
+
+// The bucket rewritten with only what a lookup needs: its live puts; for a
+// damaged bucket the mark first and then the newest entry of each key
+// written since, removes included (a removed key is absent, not unknown).
+// Empty if nothing is left (the bucket can be dropped).
+std::string CompactBucket(std::string_view bucket);
 
 }  // namespace flatkv::engine

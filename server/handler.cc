@@ -464,6 +464,7 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["engine.bytes_appended"] = static_cast<int64_t>(e.bytes_appended);
   result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
   result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
+  result["engine.buckets_damaged"] = static_cast<int64_t>(e.buckets_damaged);
   result["engine.live_bytes"] = static_cast<int64_t>(store_->LiveBytesEstimate());
   // Compaction progress, as compactionStatus() gives it (percent in
   // hundredths: stats are integers).

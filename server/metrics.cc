@@ -71,6 +71,8 @@ constexpr KnownStat kKnownStats[] = {
     {"engine.fdatasyncs", "engine_fdatasyncs_total", "counter", "fdatasync calls made by the engine."},
     {"engine.corrupt_records", "engine_corrupt_records_total", "counter",
      "Records skipped because their checksum did not match."},
+    {"engine.buckets_damaged", "engine_buckets_damaged_total", "counter",
+     "String-key buckets written anew with a damaged mark after a write met a bad record."},
     {"engine.live_bytes", "engine_live_bytes", "gauge",
      "Bytes of live records in the data files (estimated; the rest is garbage compaction reclaims)."},
     {"compaction.running", "compaction_running", "gauge", "1 while a compaction round runs."},

@@ -3,6 +3,10 @@
 // promise that a crowded bucket does not make puts quadratic.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -14,6 +18,7 @@
 using flatkv::Status;
 using flatkv::engine::EngineOptions;
 using flatkv::engine::Store;
+using flatkv::engine::BucketLookup;
 using flatkv::engine::StringKeyValue;
 
 namespace {
@@ -57,14 +62,153 @@ TEST_CASE("A bucket resolves to the newest entry per key", "[engine][strings]") 
   flatkv::engine::AppendBucketPut(&b, "k", "v2");
   flatkv::engine::AppendBucketRemove(&b, std::string("\0x", 2));
   std::string v;
-  REQUIRE(flatkv::engine::FindInBucket(b, "k", &v));
+  REQUIRE(flatkv::engine::FindInBucket(b, "k", &v) == BucketLookup::kFound);
   REQUIRE(v == "v2");
-  REQUIRE_FALSE(flatkv::engine::FindInBucket(b, std::string("\0x", 2), &v));
+  REQUIRE(flatkv::engine::FindInBucket(b, std::string("\0x", 2), &v) == BucketLookup::kAbsent);
   const auto live = flatkv::engine::LiveBucketEntries(b);
   REQUIRE(live.size() == 1);
   REQUIRE(live[0].second == "v2");
   REQUIRE_FALSE(flatkv::engine::ForEachBucketEntry(b.substr(0, b.size() - 1),
                                                    [](auto, auto, auto) {}));
+}
+
+TEST_CASE("A damaged mark leaves earlier keys unknown and later entries exact", "[engine][strings]") {
+  std::string b;
+  flatkv::engine::AppendBucketPut(&b, "lost", "old");
+  flatkv::engine::AppendBucketDamaged(&b);
+  flatkv::engine::AppendBucketPut(&b, "new", "v");
+  flatkv::engine::AppendBucketRemove(&b, "gone");
+  std::string v;
+  CHECK(flatkv::engine::FindInBucket(b, "lost", &v) == BucketLookup::kUnknown);
+  CHECK(flatkv::engine::FindInBucket(b, "never", &v) == BucketLookup::kUnknown);
+  CHECK(flatkv::engine::FindInBucket(b, "gone", &v) == BucketLookup::kAbsent);
+  REQUIRE(flatkv::engine::FindInBucket(b, "new", &v) == BucketLookup::kFound);
+  CHECK(v == "v");
+  // Compaction keeps the mark and the remove (else "gone" would be unknown).
+  const std::string c = flatkv::engine::CompactBucket(b);
+  CHECK(flatkv::engine::BucketDamaged(c));
+  CHECK(flatkv::engine::FindInBucket(c, "gone", &v) == BucketLookup::kAbsent);
+  CHECK(flatkv::engine::FindInBucket(c, "lost", &v) == BucketLookup::kUnknown);
+  CHECK(flatkv::engine::LiveBucketEntries(c).size() == 1);
+  // A bucket that is not damaged compacts to its live puts only.
+  std::string plain;
+  flatkv::engine::AppendBucketPut(&plain, "a", "1");
+  flatkv::engine::AppendBucketRemove(&plain, "a");
+  CHECK(flatkv::engine::CompactBucket(plain).empty());
+}
+
+namespace {
+
+// Flips one byte of every copy of "needle" in the files of "dir".
+void DamageOnDisk(const std::string& dir, const std::string& needle) {
+  bool hit = false;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::string path = e.path().string();
+    const std::string data = flatkv::test::ReadFile(path);
+    const int fd = ::open(path.c_str(), O_WRONLY);
+    REQUIRE(fd >= 0);
+    for (size_t at = data.find(needle); at != std::string::npos; at = data.find(needle, at + 1)) {
+      const size_t pos = at + needle.size() / 2;
+      const char flipped = static_cast<char>(data[pos] ^ 0x20);
+      REQUIRE(pwrite(fd, &flipped, 1, static_cast<off_t>(pos)) == 1);
+      hit = true;
+    }
+    ::close(fd);
+  }
+  REQUIRE(hit);
+}
+
+}  // namespace
+
+TEST_CASE("A write into a bucket failing its checksum keeps the write and leaves the bucket's "
+          "other keys bad until the bucket is written whole",
+          "[engine][strings][repair]") {
+  flatkv::test::TempDir dir;
+  // Two slots: the keys share buckets.
+  const EngineOptions o = Options(dir / "s", 2);
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  std::map<std::string, std::string> model;
+  for (int i = 0; i < 40; ++i) {
+    const std::string k = "key-" + std::to_string(i);
+    model[k] = "value-of-" + k + "-" + std::string(40, static_cast<char>('a' + i % 26));
+    REQUIRE(store->SPut(k, model[k]).ok());
+  }
+  // Rewrite slot 0 whole (one record), then damage that record.
+  std::vector<StringKeyValue> slot0;
+  REQUIRE(store->SReadBucket(0, &slot0).ok());
+  REQUIRE(slot0.size() > 2);
+  REQUIRE(store->SWriteBucket(0, slot0).ok());
+  DamageOnDisk(o.path, slot0[1].value);
+  const std::string written = slot0[0].key;   // written after the damage
+  const std::string removed = slot0[1].key;   // removed after it
+  const std::string unknown = slot0[2].key;   // untouched: unknown until repaired
+  std::string v;
+  REQUIRE(store->SGet(unknown, &v).IsCorruption());
+  REQUIRE(store->SPut(written, "after").ok());
+  bool existed = true;
+  REQUIRE(store->SRemove(removed, &existed).ok());
+  CHECK_FALSE(existed);  // not known: the record holding it is lost
+  CHECK(store->GetStats().buckets_damaged == 1);
+  auto check_damaged = [&] {
+    std::string got;
+    Status wst = store->SGet(written, &got);
+    INFO(wst.ToString());
+    REQUIRE(wst.ok());
+    CHECK(got == "after");
+    CHECK(store->SGet(removed, &got).IsNotFound());
+    Status st = store->SGet(unknown, &got);
+    REQUIRE(st.IsCorruption());
+    CHECK(st.message().find("slot 0") != std::string::npos);
+    std::vector<StringKeyValue> live;
+    CHECK(store->SReadBucket(0, &live).IsCorruption());
+    Store::VerifyReport report;
+    REQUIRE(store->Verify(&report).ok());
+    CHECK(report.corrupt_buckets == std::vector<int64_t>{0});
+    // Scans give the keys known and name the damaged slot.
+    std::vector<StringKeyValue> out;
+    std::vector<int64_t> corrupt;
+    std::string next;
+    bool done = false;
+    REQUIRE(store->SScan("", 1000, &out, &next, &done, &corrupt).ok());
+    CHECK(done);
+    CHECK(corrupt == std::vector<int64_t>{0});
+    for (const StringKeyValue& kv : out) {
+      if (kv.key == written) continue;
+      CHECK(store->StringSlot(kv.key) == 1);
+      CHECK(model.at(kv.key) == kv.value);
+    }
+  };
+  check_damaged();
+  // The mark survives a reopen and a compaction.
+  store.reset();
+  REQUIRE(Store::Open(o, &store).ok());
+  check_damaged();
+  REQUIRE(store->CompactAndWait().ok());
+  check_damaged();
+  // Written whole from a good copy: every key reads right again.
+  slot0[0].value = "after";
+  slot0.erase(slot0.begin() + 1);
+  StringKeyValue other{"key-in-slot-1", "x"};
+  for (int i = 0; store->StringSlot(other.key) != 1; ++i) other.key = "k" + std::to_string(i);
+  std::vector<StringKeyValue> wrong = slot0;
+  wrong.push_back(other);
+  CHECK(store->SWriteBucket(0, wrong).IsInvalidArgument());
+  REQUIRE(store->SWriteBucket(0, slot0).ok());
+  for (const StringKeyValue& kv : slot0) {
+    REQUIRE(store->SGet(kv.key, &v).ok());
+    CHECK(v == kv.value);
+  }
+  CHECK(store->SGet(removed, &v).IsNotFound());
+  std::vector<StringKeyValue> live;
+  REQUIRE(store->SReadBucket(0, &live).ok());
+  CHECK(live.size() == slot0.size());
+  Store::VerifyReport report;
+  REQUIRE(store->Verify(&report).ok());
+  CHECK(report.corrupt_buckets.empty());
+  REQUIRE(store->SWriteBucket(0, {}).ok());
+  CHECK(store->SGet(unknown, &v).IsNotFound());
 }
 
 TEST_CASE("String keys of any bytes work, including colliding ones, across reopens",

@@ -17,13 +17,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view key = all.substr(all.size() - key_len);
   const std::string_view bucket = all;
   std::string value;
-  const bool found = FindInBucket(bucket, key, &value);
+  const BucketLookup found = FindInBucket(bucket, key, &value);
   const auto live = LiveBucketEntries(bucket);
   // What LiveBucketEntries lists, FindInBucket finds with the same value.
   for (const auto& [k, v] : live) {
     std::string got;
-    if (!FindInBucket(bucket, k, &got) || got != v) __builtin_trap();
-    if (k == key && (!found || value != v)) __builtin_trap();
+    if (FindInBucket(bucket, k, &got) != BucketLookup::kFound || got != v) __builtin_trap();
+    if (k == key && (found != BucketLookup::kFound || value != v)) __builtin_trap();
+  }
+  // Only a damaged bucket leaves a key unknown.
+  if (found == BucketLookup::kUnknown && !BucketDamaged(bucket)) __builtin_trap();
+  // Compacting changes no lookup: the same live entries, the same mark, and
+  // the looked-up key answers the same.
+  const std::string compact = CompactBucket(bucket);
+  if (LiveBucketEntries(compact) != live || BucketDamaged(compact) != BucketDamaged(bucket)) {
+    __builtin_trap();
+  }
+  std::string again;
+  if (FindInBucket(compact, key, &again) != found ||
+      (found == BucketLookup::kFound && again != value)) {
+    __builtin_trap();
   }
   // Re-encoding the live entries gives a bucket that decodes to the same.
   std::string rebuilt;
@@ -31,6 +44,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (LiveBucketEntries(rebuilt) != live) __builtin_trap();
   AppendBucketRemove(&rebuilt, key);
   std::string ignored;
-  if (FindInBucket(rebuilt, key, &ignored)) __builtin_trap();
+  if (FindInBucket(rebuilt, key, &ignored) != BucketLookup::kAbsent) __builtin_trap();
   return 0;
 }
