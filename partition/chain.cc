@@ -450,6 +450,14 @@ const ChainEntry* ChainMember::NewestUncommitted(uint64_t key) const {
   return nullptr;
 }
 
+std::vector<const ChainEntry*> ChainMember::Uncommitted() const {
+  std::vector<const ChainEntry*> out;
+  for (const ChainEntry& e : log_) {
+    if (e.seq > chain_committed_) out.push_back(&e);
+  }
+  return out;
+}
+
 ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, ChainOutput* out) {
   (void)out;
   if (fenced_ || !in_chain() || !verified_) return Read::kRefuse;

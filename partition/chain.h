@@ -303,6 +303,8 @@ class ChainMember {
   // "key", or null. Read repair at the head: such a write holds the key's
   // newest value; without one, every member holds it.
   const ChainEntry* NewestUncommitted(uint64_t key) const;
+  // Every such write, oldest first (read repair of a string-key bucket).
+  std::vector<const ChainEntry*> Uncommitted() const;
   // The current chain's members, head first (empty before the first config).
   const std::vector<std::string>& members() const { return config_.members; }
   // The member after this one (successor, or a joiner at the tail), its

@@ -16,7 +16,7 @@ constexpr const char* kMethodNames[] = {
     "ring", "peerGet", "peerPut", "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
     "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove", "peerChain", "peerSnapshot",
     "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop", "removeMark", "abortChange",
-    "backup", "backupStatus", "peerTrack", "peerDelta"};
+    "backup", "backupStatus", "peerTrack", "peerDelta", "peerBucket"};
 
 // Room a frame needs beside the value: the call's name, sequence id, fields.
 constexpr uint64_t kFrameOverhead = 4096;
@@ -224,8 +224,9 @@ void Handler::LocalScanLog(rpc::LogScanResult& result, const std::string& cursor
 void Handler::LocalSGet(rpc::GetResult& result, const std::string& key) {
   CheckRead(StringHash(key));
   Status st = cache_->SGet(key, &result.value);
-  if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
   result.found = st.ok();
+  if (st.IsCorruption()) st = RepairStringRead(key, st, &result);
+  if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
 }
 
 void Handler::LocalSPut(const std::string& key, const std::string& value) {

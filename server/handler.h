@@ -44,7 +44,7 @@ class Handler : public rpc::FlatKVIf {
     kRing, kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut,
     kPeerScan, kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove, kPeerChain, kPeerSnapshot,
     kDigest, kPeerRepair, kVerify, kPeerExport, kPeerFence, kPeerDrop, kRemoveMark, kAbortChange,
-    kBackup, kBackupStatus, kPeerTrack, kPeerDelta, kMethods
+    kBackup, kBackupStatus, kPeerTrack, kPeerDelta, kPeerBucket, kMethods
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
@@ -98,6 +98,8 @@ class Handler : public rpc::FlatKVIf {
                        const rpc::SnapshotPage& page) override;
   void digest(rpc::Digest& result, const std::string& token) override;
   void peerRepair(rpc::GetResult& result, const rpc::PeerContext& ctx, int64_t key) override;
+  void peerBucket(std::string& result, const rpc::PeerContext& ctx, int64_t slots, int64_t slot,
+                  bool repair) override;
   void verify(rpc::VerifyResult& result, const std::string& token, bool repair) override;
   // Online backup (engine/backup.h): flushes the cache, then copies the
   // store into "dir" in the background.
@@ -240,12 +242,20 @@ class Handler : public rpc::FlatKVIf {
   // failed. Inline on an I/O thread it asks to run on a worker instead
   // (EventServer::RedoOnWorker, sets redo_) and returns "bad".
   Status RepairRead(int64_t key, const Status& bad, rpc::GetResult* result);
+  // The same for a string key, by its bucket (RepairBucket).
+  Status RepairStringRead(const std::string& key, const Status& bad, rpc::GetResult* result);
+  // Rewrites this member's bucket "slot" through the chain (at the head:
+  // Replicator::RepairBucket; elsewhere asked with peerBucket); *bucket gets
+  // the pairs written. Blocks: a worker's call.
+  Status RepairBucket(int64_t slot, std::string* bucket);
   // Throws NOT_OWNER unless this instance is the head of ctx.mark's chain
   // (and ctx's token and mark are right).
   void CheckHeadOf(const rpc::PeerContext& ctx, const char* what);
   // The head's side of a repair: another member's copy of "key" (peerGet
   // with ownCopy), from the first member after the head that has a good one.
   Status FetchCopy(int64_t key, rpc::GetResult* result);
+  // The same for a string-key bucket (peerBucket without repair).
+  Status FetchBucket(int64_t slots, int64_t slot, std::string* bucket);
 
   engine::Store* const store_;
   engine::cache::WriteBackCache* const cache_;

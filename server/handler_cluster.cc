@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include "engine/string_keys.h"
 #include "server/event_server.h"
 #include "server/handler.h"
 #include "server/migration.h"
@@ -112,7 +113,8 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
        name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
        name == "peerSPut" || name == "peerSRemove" || name == "digest" ||
        name == "peerRepair" || name == "peerExport" || name == "peerFence" ||
-       name == "peerDrop" || name == "peerTrack" || name == "peerDelta")) {
+       name == "peerDrop" || name == "peerTrack" || name == "peerDelta" ||
+       name == "peerBucket")) {
     return true;
   }
   // Calls that never forward: served here whatever the ring says.
@@ -519,8 +521,27 @@ void Handler::verify(rpc::VerifyResult& result, const std::string& token, bool r
       }
     }
     for (int64_t slot : report.corrupt_buckets) {
-      note("string-key bucket " + std::to_string(slot) +
-           ": fails its checksum (string keys are not repaired; the log names the file)");
+      std::vector<engine::StringKeyValue> live;
+      Status bad = store_->SReadBucket(slot, &live);
+      const std::string what = "string-key bucket " + std::to_string(slot);
+      if (!bad.IsCorruption()) {
+        note(what + ": bad when read, rewritten since");
+        continue;
+      }
+      if (!repair || replicator_ == nullptr || cluster_ == nullptr ||
+          cluster_->OwnChain().size() < 2) {
+        note(what + ": " + bad.message() +
+             (repair ? ": not repaired (no other member holds a copy)" : ""));
+        continue;
+      }
+      std::string bucket;
+      Status st = RepairBucket(slot, &bucket);
+      if (st.ok()) {
+        ++result.repaired;
+        note(what + ": " + bad.message() + ": repaired from the chain");
+      } else {
+        note(what + ": " + bad.message() + "; repair from the chain failed: " + st.message());
+      }
     }
   });
 }
@@ -803,6 +824,91 @@ Status Handler::RepairRead(int64_t key, const Status& bad, rpc::GetResult* resul
     return Status::Corruption(bad.message() + "; repair from the chain failed: " + st.message());
   }
   return Status::OK();
+}
+
+Status Handler::RepairStringRead(const std::string& key, const Status& bad,
+                                 rpc::GetResult* result) {
+  if (replicator_ == nullptr || cluster_ == nullptr) return bad;
+  if (cluster_->OwnChain().size() < 2) return bad;  // no other copy
+  if (EventServer::RedoOnWorker()) {
+    redo_ = true;  // this may block: again, on a worker
+    return bad;
+  }
+  const int64_t slot = store_->StringSlot(key);
+  spdlog::warn("string key of {} bytes (bucket {}): {}; repairing the bucket from the chain",
+               key.size(), slot, bad.message());
+  std::string bucket;
+  Status st = RepairBucket(slot, &bucket);
+  if (!st.ok()) {
+    spdlog::error("string-key bucket {}: repair failed: {}", slot, st.ToString());
+    return Status::Corruption(bad.message() + "; repair from the chain failed: " + st.message());
+  }
+  result->found = engine::FindInBucket(bucket, key, &result->value) == engine::BucketLookup::kFound;
+  return result->found ? Status::OK() : Status::NotFound("string key");
+}
+
+Status Handler::RepairBucket(int64_t slot, std::string* bucket) {
+  const auto slots = static_cast<int64_t>(store_->options().string_slots);
+  if (replicator_->head() == cluster_->advertise()) {
+    return replicator_->RepairBucket(
+        slots, slot, [&](std::string* copy) { return FetchBucket(slots, slot, copy); }, bucket);
+  }
+  std::vector<Cluster::Target> chain = cluster_->OwnChain();
+  if (chain.empty()) return Status::Unavailable("no chain for mark " + std::to_string(cluster_->mark()));
+  const Cluster::Target& head = chain.front();
+  return cluster_->Forward(head, "peerBucket", true, [&](rpc::FlatKVClient& c) {
+    c.peerBucket(*bucket, head.context, slots, slot, true);
+  });
+}
+
+Status Handler::FetchBucket(int64_t slots, int64_t slot, std::string* bucket) {
+  std::string why;
+  for (Cluster::Target& t : cluster_->OwnChain()) {
+    if (t.local) continue;
+    Status st = cluster_->Forward(t, "peerBucket", true, [&](rpc::FlatKVClient& c) {
+      c.peerBucket(*bucket, t.context, slots, slot, false);
+    });
+    if (st.ok()) return st;
+    why += "; " + st.ToString();
+  }
+  return Status::Corruption("no other member of mark " + std::to_string(cluster_->mark()) +
+                            " has a good copy of string-key bucket " + std::to_string(slot) + why);
+}
+
+void Handler::peerBucket(std::string& result, const rpc::PeerContext& ctx, int64_t slots,
+                         int64_t slot, bool repair) {
+  Run(kPeerBucket, [&] {
+    if (cluster_ == nullptr || replicator_ == nullptr) {
+      ThrowKvError(Status::NotOwner("this instance is not a member of a chain"));
+    }
+    ThrowIfError(cluster_->CheckPeerMark(ctx));
+    if (repair) {
+      CheckHeadOf(ctx, "repairing a string-key bucket");
+      ThrowIfError(replicator_->RepairBucket(
+          slots, slot, [&](std::string* copy) { return FetchBucket(slots, slot, copy); },
+          &result));
+      return;
+    }
+    // Read repair's question: this member's own copy, as peerGet's ownCopy.
+    const std::string role = replicator_->role();
+    if (role != "head" && role != "middle" && role != "tail") {
+      ThrowKvError(Status::Unavailable("member " + cluster_->advertise() + " is " + role +
+                                       ": no copy to repair from"));
+    }
+    if (slots != static_cast<int64_t>(store_->options().string_slots)) {
+      ThrowKvError(Status::InvalidArgument(
+          "storage.string_slots differs: " + std::to_string(slots) + " asked, " +
+          std::to_string(store_->options().string_slots) + " on member " +
+          cluster_->advertise()));
+    }
+    if (slot < 0 || slot >= slots) {
+      ThrowKvError(Status::InvalidArgument("string-key slot " + std::to_string(slot) +
+                                           " outside [0, " + std::to_string(slots) + ")"));
+    }
+    std::vector<engine::StringKeyValue> live;
+    ThrowIfError(cache_->SReadBucket(slot, &live));
+    result = EncodeBucket(live);
+  });
 }
 
 Status Handler::FetchCopy(int64_t key, rpc::GetResult* result) {

@@ -69,8 +69,13 @@ Status ExportRange(const engine::Store& store, int64_t hash_bound, int64_t lo, i
     std::vector<engine::StringKeyValue> out;
     std::string next;
     // At most what the page still has room for: each entry scanned may match.
+    std::vector<int64_t> bad;  // an export without a bucket's keys would hide them
     FLATKV_RETURN_IF_ERROR(
-        store.SScan(strings_cursor, limit - page->spairs.size(), &out, &next, &done));
+        store.SScan(strings_cursor, limit - page->spairs.size(), &out, &next, &done, &bad));
+    if (!bad.empty()) {
+      return Status::Corruption("export: string-key bucket " + std::to_string(bad.front()) +
+                                " fails its checksum (flatkv admin verify repairs it)");
+    }
     walked += out.size() + 1;
     for (engine::StringKeyValue& kv : out) {
       const int64_t h = partition::Ring::HashString(kv.key, hash_bound);

@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -26,6 +27,7 @@
 
 #include "client/client.h"
 #include "engine/crc32c.h"
+#include "engine/string_keys.h"
 #include "server/thrift_limits.h"
 
 namespace flatkv::server {
@@ -158,7 +160,13 @@ Status ForEachPage(const engine::Store& store, size_t page,
   while (!done) {
     std::vector<engine::StringKeyValue> out;
     std::string next;
-    FLATKV_RETURN_IF_ERROR(store.SScan(cursor, page, &out, &next, &done));
+    std::vector<int64_t> bad;
+    FLATKV_RETURN_IF_ERROR(store.SScan(cursor, page, &out, &next, &done, &bad));
+    if (!bad.empty()) {
+      return Status::Corruption("string-key bucket " + std::to_string(bad.front()) +
+                                " fails its checksum or lost entries to one (flatkv admin verify "
+                                "repairs it from the chain)");
+    }
     if (!strings(&out)) return Status::OK();
     cursor = std::move(next);
   }
@@ -189,13 +197,16 @@ Status DecodeChainOps(const std::string& bytes, std::vector<rpc::ChainOp>* ops) 
   }
   for (const rpc::ChainOp& op : *ops) {
     const int64_t kind = RawEnum(op.kind);
-    if (kind < rpc::ChainOpKind::PUT || kind > rpc::ChainOpKind::SREMOVE) {
+    if (kind < rpc::ChainOpKind::PUT || kind > rpc::ChainOpKind::SBUCKET) {
       return Status::InvalidArgument("malformed replicated write: unknown op kind " +
                                      std::to_string(kind));
     }
-    const bool int_key = kind == rpc::ChainOpKind::PUT || kind == rpc::ChainOpKind::REMOVE;
-    const bool has_value = kind == rpc::ChainOpKind::PUT || kind == rpc::ChainOpKind::SPUT;
-    if ((int_key ? !op.__isset.key : !op.__isset.skey) || (has_value && !op.__isset.value)) {
+    const bool int_key = kind == rpc::ChainOpKind::PUT || kind == rpc::ChainOpKind::REMOVE ||
+                         kind == rpc::ChainOpKind::SBUCKET;
+    const bool has_value = kind == rpc::ChainOpKind::PUT || kind == rpc::ChainOpKind::SPUT ||
+                           kind == rpc::ChainOpKind::SBUCKET;
+    if ((int_key ? !op.__isset.key : !op.__isset.skey) || (has_value && !op.__isset.value) ||
+        (kind == rpc::ChainOpKind::SBUCKET && !op.__isset.slots)) {
       return Status::InvalidArgument("malformed replicated write: op of kind " +
                                      std::to_string(kind) + " lacks its key or value");
     }
@@ -1126,6 +1137,127 @@ Status Replicator::Repair(int64_t key, const std::function<Status(rpc::GetResult
   return Status::Corruption("key " + std::to_string(key) + ": no good copy to repair from");
 }
 
+std::string EncodeBucket(const std::vector<engine::StringKeyValue>& live) {
+  std::string bucket;
+  for (const engine::StringKeyValue& kv : live) engine::AppendBucketPut(&bucket, kv.key, kv.value);
+  return bucket;
+}
+
+std::vector<engine::StringKeyValue> DecodeBucket(std::string_view bucket) {
+  std::vector<engine::StringKeyValue> live;
+  for (auto& [k, v] : engine::LiveBucketEntries(bucket)) {
+    live.push_back({std::move(k), std::move(v)});
+  }
+  return live;
+}
+
+Status Replicator::RepairBucket(int64_t slots, int64_t slot,
+                                const std::function<Status(std::string*)>& fetch,
+                                std::string* bucket) {
+  // As Repair, by bucket: shared with the loop's event.
+  struct State {
+    bool fetched = false;  // "copy" holds another member's bucket
+    std::string copy;
+    bool need_copy = false;
+    std::string bucket;    // what the rewrite writes
+  };
+  const engine::Store* store = cache_->store();
+  if (slots <= 0 || slot < 0 || slot >= slots) {
+    return Status::InvalidArgument("string-key slot " + std::to_string(slot) + " of " +
+                                   std::to_string(slots));
+  }
+  if (static_cast<uint64_t>(slots) != store->options().string_slots) {
+    return Status::InvalidArgument(
+        "storage.string_slots differs: " + std::to_string(slots) + " on the member asking, " +
+        std::to_string(store->options().string_slots) + " on the head " + options_.self +
+        " (string keys are repaired by bucket: give the members of a mark the same value)");
+  }
+  for (int round = 0; round < 2; ++round) {
+    auto state = std::make_shared<State>();
+    if (round == 1) {
+      FLATKV_RETURN_IF_ERROR(fetch(&state->copy));
+      state->fetched = true;
+    }
+    // The event reads the bucket under mu_, after flushing the cache's
+    // dirty entries (async write mode): most of them go here, first.
+    FLATKV_RETURN_IF_ERROR(cache_->Flush());
+    Status st = Wait(
+        [&](WriteDone done) {
+          Sequence(
+              true, "repair",
+              [this, store, slots, slot, state](uint64_t request, int64_t now, ChainOutput* out) {
+                std::vector<engine::StringKeyValue> live;
+                Status got = cache_->SReadBucket(slot, &live);
+                if (got.IsCorruption()) {
+                  if (!state->fetched) {
+                    state->need_copy = true;
+                    out->replies.push_back({request, Status::OK()});
+                    return;
+                  }
+                  // Another member's copy holds every committed write; the
+                  // ones not committed yet go on top, oldest first (each
+                  // sets its key: applying one it holds changes nothing).
+                  std::map<std::string, std::string> pairs;
+                  for (auto& kv : DecodeBucket(state->copy)) pairs[kv.key] = std::move(kv.value);
+                  for (const partition::ChainEntry* e : member_->Uncommitted()) {
+                    std::vector<rpc::ChainOp> ops;
+                    if (!DecodeChainOps(e->op, &ops).ok()) continue;
+                    for (const rpc::ChainOp& op : ops) {
+                      if (op.kind == rpc::ChainOpKind::SBUCKET && op.key == slot &&
+                          op.slots == slots) {
+                        pairs.clear();
+                        for (auto& kv : DecodeBucket(op.value)) {
+                          pairs[kv.key] = std::move(kv.value);
+                        }
+                      } else if ((op.kind == rpc::ChainOpKind::SPUT ||
+                                  op.kind == rpc::ChainOpKind::SREMOVE) &&
+                                 store->StringSlot(op.skey) == slot) {
+                        if (op.kind == rpc::ChainOpKind::SPUT) {
+                          pairs[op.skey] = op.value;
+                        } else {
+                          pairs.erase(op.skey);
+                        }
+                      }
+                    }
+                  }
+                  live.clear();
+                  for (auto& [k, v] : pairs) live.push_back({k, std::move(v)});
+                } else if (!got.ok()) {
+                  out->replies.push_back({request, got});
+                  return;
+                }
+                rpc::ChainOp op;
+                op.kind = rpc::ChainOpKind::SBUCKET;
+                op.__set_key(slot);
+                op.__set_slots(slots);
+                op.__set_value(EncodeBucket(live));
+                state->bucket = op.value;
+                // Tagged like each key's own writes (the ring's hash), so
+                // a read gate that waits for a key's newest write waits
+                // for this one too.
+                std::vector<uint64_t> hashes;
+                if (ring_ != nullptr) {
+                  for (const engine::StringKeyValue& kv : live) {
+                    hashes.push_back(static_cast<uint64_t>(
+                        partition::Ring::HashString(kv.key, ring_->settings().hash_bound)));
+                  }
+                }
+                member_->OnWrite(request, std::move(hashes), EncodeChainOps({op}), now, out);
+              },
+              std::move(done));
+        },
+        nullptr);
+    FLATKV_RETURN_IF_ERROR(st);
+    if (!state->need_copy) {
+      repairs_.fetch_add(1, std::memory_order_relaxed);
+      *bucket = std::move(state->bucket);
+      return Status::OK();
+    }
+  }
+  return Status::Corruption("string-key bucket " + std::to_string(slot) +
+                            ": no good copy to repair from");
+}
+
 Status Replicator::BeforeRead(uint64_t hash, bool* held) {
   std::unique_lock<std::mutex> lk(mu_);
   const uint64_t request = next_request_++;
@@ -1602,6 +1734,13 @@ Status ApplyChainEntries(engine::cache::WriteBackCache* cache, const std::vector
           break;
         case rpc::ChainOpKind::SREMOVE:
           st = cache->SRemove(op.skey, &had);
+          break;
+        case rpc::ChainOpKind::SBUCKET:
+          // With other slots this member's buckets differ, and it holds
+          // these pairs already: only a damaged bucket needs the rewrite.
+          if (static_cast<uint64_t>(op.slots) == cache->store()->options().string_slots) {
+            st = cache->SWriteBucket(op.key, DecodeBucket(op.value));
+          }
           break;
         default:
           break;

@@ -179,6 +179,15 @@ class Replicator {
   // and none since, or this member's record would be new). Blocks.
   Status Repair(int64_t key, const std::function<Status(rpc::GetResult*)>& fetch,
                 rpc::GetResult* result);
+  // The same for string keys, by bucket: the keys whose hash mod "slots" is
+  // "slot" (this member's storage.string_slots must be "slots":
+  // InvalidArgument otherwise). Rewrites the bucket through the chain
+  // (ChainOpKind SBUCKET) with this member's copy; if that is bad, with
+  // another member's ("fetch": a bucket of puts) and every write to the
+  // bucket the chain has not committed on top. *bucket gets what was
+  // written (a bucket of puts, engine/string_keys.h). Blocks.
+  Status RepairBucket(int64_t slots, int64_t slot, const std::function<Status(std::string*)>& fetch,
+                      std::string* bucket);
   // This member's store now holds a range imported from another mark
   // (issue 11; before it registers): its position becomes (epoch, 0),
   // intact, made durable with the store (a checkpoint). InvalidArgument if
@@ -445,6 +454,9 @@ Status ForEachPage(const engine::Store& store, size_t page,
 // untrusted bytes: InvalidArgument for anything malformed.
 std::string EncodeChainOps(const std::vector<rpc::ChainOp>& ops);
 Status DecodeChainOps(const std::string& bytes, std::vector<rpc::ChainOp>* ops);
+// A string-key bucket of puts (engine/string_keys.h) and back (SBUCKET, peerBucket).
+std::string EncodeBucket(const std::vector<engine::StringKeyValue>& live);
+std::vector<engine::StringKeyValue> DecodeBucket(std::string_view bucket);
 // A peerChain frame as the chain state machine takes it: InvalidArgument
 // for an unknown message kind (any i32 arrives from the wire).
 Status DecodeChainFrame(const rpc::ChainFrame& frame, partition::ChainMessage* msg);

@@ -123,12 +123,19 @@ struct PeerContext {
 // server/replicator.h). A replicated write is a list of idempotent
 // assignments: an append travels as the put of its result, so replaying a
 // write a member already holds changes nothing.
-enum ChainOpKind { PUT = 0, REMOVE = 1, SPUT = 2, SREMOVE = 3 }
+// SBUCKET (read repair of string keys): the string keys whose hash mod
+// "slots" is "key" are exactly the pairs of "value" (a bucket of puts,
+// engine/string_keys.h). A member whose storage.string_slots is "slots"
+// writes that bucket whole; another one holds the same pairs already (only
+// a member with a damaged bucket needs it) and skips it. Builds before
+// 2026-11-24 refuse it (unknown op kind).
+enum ChainOpKind { PUT = 0, REMOVE = 1, SPUT = 2, SREMOVE = 3, SBUCKET = 4 }
 struct ChainOp {
   1: required ChainOpKind kind,
-  2: optional i64 key,      // PUT, REMOVE
+  2: optional i64 key,      // PUT, REMOVE; SBUCKET: the slot
   3: optional binary skey,  // SPUT, SREMOVE
-  4: optional binary value, // PUT, SPUT
+  4: optional binary value, // PUT, SPUT, SBUCKET
+  5: optional i64 slots,    // SBUCKET
 }
 struct ChainOps {
   1: required list<ChainOp> ops,
@@ -313,6 +320,15 @@ service FlatKV {
   // or another member's copy) and answers that value once the chain has
   // acknowledged the rewrite.
   GetResult peerRepair(1: required PeerContext peer, 2: required i64 key) throws (1: KvError err),
+  // Read repair of string keys, by bucket: the live pairs (a bucket of puts,
+  // engine/string_keys.h) of the string keys whose hash mod "slots" is
+  // "slot". With repair, served by the head of peer.mark's chain, which
+  // rewrites that bucket through the chain (SBUCKET) from its own copy (or,
+  // if that is bad, another member's with the writes not yet committed on
+  // top) and answers once the chain acknowledged it; without, this
+  // member's own copy (STORAGE_ERROR if it is bad, INVALID_ARGUMENT if its
+  // storage.string_slots differs).
+  binary peerBucket(1: required PeerContext peer, 2: required i64 slots, 3: required i64 slot, 4: required bool repair) throws (1: KvError err),
   // The records of this member's store whose hash lies in [lo, hi]
   // (inclusive; peer.mark must own all of it): for a new mark that takes the
   // range over. At most "limit" records per page (fewer, even none, with

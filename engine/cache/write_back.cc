@@ -354,6 +354,16 @@ Status WriteBackCache::SPut(std::string_view key, std::string_view value) {
   return PutKey(Key::Str(key), value);
 }
 
+Status WriteBackCache::SReadBucket(int64_t slot, std::vector<StringKeyValue>* live) {
+  FLATKV_RETURN_IF_ERROR(Flush());
+  return store_->SReadBucket(slot, live);
+}
+
+Status WriteBackCache::SWriteBucket(int64_t slot, const std::vector<StringKeyValue>& live) {
+  FLATKV_RETURN_IF_ERROR(Flush());
+  return store_->SWriteBucket(slot, live);
+}
+
 Status WriteBackCache::PutKey(const Key& key, std::string_view value) {
   Dirty op;
   op.value.assign(value.data(), value.size());

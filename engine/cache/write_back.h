@@ -103,6 +103,11 @@ class WriteBackCache {
   Status SGet(std::string_view key, std::string* value);
   Status SPut(std::string_view key, std::string_view value);
   Status SRemove(std::string_view key, bool* existed = nullptr);
+  // Read repair of a string-key bucket (Store::SReadBucket/SWriteBucket):
+  // every dirty entry reaches the Store first. Cached entries stay: a
+  // repair writes the values they hold.
+  Status SReadBucket(int64_t slot, std::vector<StringKeyValue>* live);
+  Status SWriteBucket(int64_t slot, const std::vector<StringKeyValue>& live);
 
   // Safe -> async takes effect at once; async -> safe returns once every
   // dirty entry is in the Store.
@@ -112,6 +117,7 @@ class WriteBackCache {
   Status Flush();
   Status Close();
   CacheStats stats() const;
+  Store* store() const { return store_; }
 
   WriteBackCache(const WriteBackCache&) = delete;
   WriteBackCache& operator=(const WriteBackCache&) = delete;

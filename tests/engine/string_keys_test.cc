@@ -121,8 +121,8 @@ void DamageOnDisk(const std::string& dir, const std::string& needle) {
 
 }  // namespace
 
-TEST_CASE("A write into a bucket failing its checksum keeps the write and leaves the bucket's "
-          "other keys bad until the bucket is written whole",
+TEST_CASE("A write into a bad string bucket is kept; its other keys stay bad until the bucket "
+          "is written whole",
           "[engine][strings][repair]") {
   flatkv::test::TempDir dir;
   // Two slots: the keys share buckets.

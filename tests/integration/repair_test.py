@@ -11,14 +11,23 @@ Standalone: get of the bad key is STORAGE_ERROR naming the file and offset;
 multiGet answers every other key and marks only the bad one with its error;
 scan skips it and counts it; `flatkv admin verify` reports it (exit 5); a
 put over it makes the key good again; the server stays up throughout.
+String keys (storage.string_slots = 8, so a bucket holds several keys): a
+bad bucket makes its keys STORAGE_ERROR; an sput into it succeeds and
+reads back while the bucket's other keys stay STORAGE_ERROR (never "not
+found"); verify reports the bucket.
 
 A chain of three (cluster.replication: sync, one mark): a bad record on the
 tail is repaired at the first read (the head rewrites the key through the
 chain); a key bad on the head and the tail is repaired from the middle
 member's copy; `flatkv admin verify` on the head repairs a key bad only
 there; a key bad on every member is STORAGE_ERROR, and nothing else is
-lost. Afterwards every key reads its value from every member and the
-chain's digests are equal.
+lost. String keys are repaired by bucket the same way (bad on the tail;
+bad on head and tail), and a replicated sput into a bucket bad on the
+middle member (an sremove: it reads the bucket) no longer stops it
+(exit 3 before 2026-11-24): the bucket keeps the write with a
+damaged mark, `flatkv admin verify` there repairs it from the chain.
+Afterwards every key reads its value from every member and the chain's
+digests are equal.
 
 Usage: repair_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT"""
 import os
@@ -33,8 +42,9 @@ server_bin, cli_bin, thrift_bin, idl = sys.argv[1:5]
 work = harness.workdir("flatkv-repair-", thrift_bin, idl)
 from flatkv.ttypes import ErrorCode, KvError  # noqa: E402
 
-NO_CACHE = ("--set", "cache.capacity_bytes=0")
+NO_CACHE = ("--set", "cache.capacity_bytes=0", "--set", "storage.string_slots=8")
 KEYS = range(1, 201)
+SKEYS = [b"skey-%02d" % i for i in range(40)]
 
 
 def value(key):
@@ -42,11 +52,16 @@ def value(key):
     return b"repair-test key=%08d " % key + b"abcdefghij" * (3 + key % 7)
 
 
+def svalue(skey):
+    """The same for a string key."""
+    return b"repair-test skey=%s " % skey + b"klmnopqrst" * 4
+
+
 def corrupt(data_dir, key):
-    """Flips one byte in the middle of key's value wherever a data file of
-    data_dir holds it (not in the chain log, which is not read by gets);
-    returns how many copies it damaged."""
-    needle = value(key)
+    """Flips one byte in the middle of key's value (a string key's if key
+    is bytes) wherever a data file of data_dir holds it (not in the chain
+    log, which is not read by gets); returns how many copies it damaged."""
+    needle = svalue(key) if isinstance(key, bytes) else value(key)
     hits = 0
     for root, _, files in os.walk(data_dir):
         for name in files:
@@ -116,6 +131,28 @@ c.put(17, b"fresh")
 check(c.get(17).value == b"fresh", "a put over a bad record makes the key good again")
 r = cli(port, "admin", "verify")
 check(r.returncode == 5 and "corrupt 1" in r.stdout.decode(), "verify then finds one bad record")
+# String keys: a bad bucket fails the keys it holds, and takes new writes.
+for k in SKEYS:
+    c.sput(k, svalue(k))
+check(corrupt(data, b"skey-05") >= 1, "the bucket of skey-05 damaged")
+bad = [k for k in SKEYS if storage_error(lambda: c.sget(k))[0] == ErrorCode.STORAGE_ERROR]
+check(b"skey-05" in bad and len(bad) < len(SKEYS),
+      "the keys of the bad bucket are STORAGE_ERROR, the others read (%s)" % bad)
+check(all(c.sget(k).value == svalue(k) for k in SKEYS if k not in bad),
+      "every key of the other buckets reads its value")
+check(len(bad) >= 2, "the bad bucket holds other keys too")
+check(c.sremove(b"skey-05") is not None and not c.sget(b"skey-05").found,
+      "an sremove in the bad bucket succeeds (it read the bucket: the damage was found)")
+c.sput(b"skey-05", b"after the damage")
+check(c.sget(b"skey-05").value == b"after the damage",
+      "an sput into the bad bucket succeeds and reads back")
+check(all(storage_error(lambda: c.sget(k))[0] == ErrorCode.STORAGE_ERROR
+          for k in bad if k != b"skey-05"),
+      "the bucket's other keys stay STORAGE_ERROR, never 'not found'")
+check(c.stats()["engine.buckets_damaged"] == 1, "the damaged bucket is counted in stats")
+r = cli(port, "admin", "verify")
+check(r.returncode == 5 and "string-key bucket" in r.stdout.decode(),
+      "admin verify reports the damaged bucket: %r" % r.stdout.decode()[-300:])
 check(proc.poll() is None, "the standalone server stayed up")
 t.close()
 harness.stop(proc)
@@ -192,6 +229,42 @@ check(r.returncode == 0 and "corrupt 1" in out and "repaired 1" in out,
 r = cli(head.port, "admin", "verify")
 check(r.returncode == 0 and "corrupt 0" in r.stdout.decode(), "a second verify finds nothing")
 
+# String keys, repaired by bucket.
+for k in SKEYS:
+    head.call(lambda c: c.sput(k, svalue(k)))
+check(corrupt(tail.data, b"skey-01") >= 1, "the bucket of skey-01 damaged on the tail")
+before = repairs()
+got = middle.call(lambda c: c.sget(b"skey-01"))  # forwarded to the tail
+check(got.found and got.value == svalue(b"skey-01"),
+      "a read of a string key bad on the tail returns its value")
+check(repairs() == before + 1, "the head rewrote the bucket through the chain")
+check(all(tail.call(lambda c: c.sget(k)).value == svalue(k) for k in SKEYS),
+      "every string key reads its value from the tail after the repair")
+check(corrupt(head.data, b"skey-02") >= 1 and corrupt(tail.data, b"skey-02") >= 1,
+      "the bucket of skey-02 damaged on head and tail")
+got = tail.call(lambda c: c.sget(b"skey-02"))
+check(got.found and got.value == svalue(b"skey-02"),
+      "a bucket bad on head and tail is repaired from the middle member's copy")
+# Bad on the middle member, then a write into that bucket passes through
+# it: before 2026-11-24 that stopped the member (exit 3) at every restart.
+check(corrupt(middle.data, b"skey-03") >= 1, "the bucket of skey-03 damaged on the middle")
+head.call(lambda c: c.sremove(b"skey-03"))  # reads the bucket on every member
+check(not tail.call(lambda c: c.sget(b"skey-03")).found,
+      "the write through a member with a bad bucket is acknowledged and read")
+check(middle.call(lambda c: c.stats())["engine.buckets_damaged"] == 1,
+      "the middle member kept the write in a bucket marked damaged")
+check(middle.proc.poll() is None, "the middle member stayed up")
+r = cli(middle.port, "admin", "verify", "--no-repair")
+check(r.returncode == 5 and "string-key bucket" in r.stdout.decode(),
+      "verify on the middle member reports the damaged bucket: %r" % r.stdout.decode()[-300:])
+r = cli(middle.port, "admin", "verify")
+check(r.returncode == 0 and "repaired 1" in r.stdout.decode(),
+      "verify on the middle member repairs it from the chain: %r" % r.stdout.decode()[-300:])
+r = cli(middle.port, "admin", "verify")
+check(r.returncode == 0 and "corrupt 0" in r.stdout.decode(), "a second verify finds nothing")
+svals = dict((k, svalue(k)) for k in SKEYS)
+del svals[b"skey-03"]
+
 # Bad everywhere: an error, never a wrong value, and the members stay up.
 check(all(corrupt(m.data, 40) == 1 for m in members), "key 40 damaged on every member")
 code, msg = storage_error(lambda: tail.call(lambda c: c.get(40)))
@@ -210,7 +283,10 @@ for m in members:
           "%s: only key 40 is bad" % m.name)
 head.call(lambda c: c.put(40, value(40)))
 digests = [m.call(lambda c: c.digest("")) for m in members]
-check(len({(d.keys, d.digest) for d in digests}) == 1 and digests[0].keys == len(KEYS),
+check(len({(d.keys, d.stringKeys, d.digest) for d in digests}) == 1 and
+      digests[0].keys == len(KEYS) and digests[0].stringKeys == len(SKEYS) - 1,
       "equal digests across the chain after the rewrite of key 40")
+check(all(tail.call(lambda c: c.sget(k)).value == v for k, v in svals.items()) and
+      not tail.call(lambda c: c.sget(b"skey-03")).found, "every string key reads its value")
 check(all(m.proc.poll() is None for m in members), "every member stayed up")
 harness.finish(work)
