@@ -581,7 +581,8 @@ Status Store::Abandon(uint64_t segment, FlatTable* old, Room* room, const Status
   const std::string what = why.IsNoSpace() ? " (disk full)" : "";
   const std::string msg = HomeDir(segment) + ": compaction stopped midway" + what + ": " +
                           why.message() + "; undone, the table is kept as it was";
-  return why.IsNoSpace() ? Status::NoSpace(msg) : Status::IOError(msg);
+  if (why.IsNoSpace()) return Status::NoSpace(msg);
+  return why.IsCorruption() ? Status::Corruption(msg) : Status::IOError(msg);
 }
 
 void Store::CompactorLoop() {
@@ -646,7 +647,9 @@ void Store::CompactorLoop() {
       }
     }
     lock.lock();
-    if (result.IsNoSpace()) {
+    // A table holding a record that fails its checksum (and no lost_value)
+    // fails each time until it is repaired: it waits as a full disk does.
+    if (result.IsNoSpace() || result.IsCorruption()) {
       no_space_backoff_ = std::chrono::steady_clock::now() + kNoSpaceBackoff;
       SetAllowance(kNoLimit);
     }

@@ -1041,6 +1041,8 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
   std::string value;
   CopyBatch batch;
   uint64_t unreported = 0;  // bytes read since the last progress call
+  // Slots (of this file, by slot / n) whose live record the reader met.
+  std::vector<bool> seen((slots() + static_cast<uint64_t>(n) - 1) / static_cast<uint64_t>(n));
   while (reader.Next(&view, &pos)) {
     unreported += view.size;
     if (unreported >= kCopyBatchBytes || batch.bytes.size() >= kCopyBatchBytes) {
@@ -1057,6 +1059,7 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
     if (v0 == 0) continue;
     DecodeSlot(v0, &live_pos, &guess);
     if (live_pos != pos) continue;  // an older version: garbage
+    seen[slot / n] = true;
     // (A record's size fits CopyBatch's 32 bits unless its padding field is
     // huge: such a record takes the general path, which drops the padding.)
     if (verbatim && view.type == RecordType::kValue && view.size <= UINT32_MAX) {
@@ -1083,6 +1086,42 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
   FLATKV_RETURN_IF_ERROR(reader.status());
   FLATKV_RETURN_IF_ERROR(FlushCopies(file, &batch));
   if (unreported > 0 && !progress(unreported)) return Status::Busy("compaction stopped");
+  return CopyUnseen(file, end, seen);
+}
+
+// A live record the log reader skipped (it failed its checksum, or sat in a
+// damaged stretch the reader stepped over) would be dropped by the copy:
+// each is read through the index instead, and copied if it reads well.
+Status FlatTable::CopyUnseen(int file, uint64_t end, const std::vector<bool>& seen) {
+  FlatTable* next = successor();
+  FileState& fs = files_[file];
+  const LogFile* log = fs.log.load(std::memory_order_acquire);
+  const auto n = static_cast<uint64_t>(params_.index.data_files);
+  std::string value;
+  for (uint64_t slot = static_cast<uint64_t>(file); slot < slots(); slot += n) {
+    if (seen[slot / n] || ReadSlot(fs, slot) == 0) continue;
+    std::unique_lock<std::mutex> lk(fs.mu);
+    const uint64_t v = CurrentSlotLocked(fs, slot);
+    const int64_t key = static_cast<int64_t>(static_cast<uint64_t>(kmin()) + slot);
+    if (v == 0 || next->Contains(key)) continue;
+    uint64_t pos;
+    size_t guess;
+    DecodeSlot(v, &pos, &guess);
+    if (pos >= end) continue;  // written after the copy began: not this pass's
+    Status st = ReadValue(log, key, v, &value);
+    if (st.ok()) {
+      if (transform_ && !transform_(&value)) continue;
+      FLATKV_RETURN_IF_ERROR(next->PutCopy(key, value));
+      continue;
+    }
+    if (!st.IsCorruption()) return st;
+    if (!params_.lost_value) {
+      return Status::Corruption(st.message() + "; this table is not compacted until the key is "
+                                "repaired or overwritten (flatkv admin verify)");
+    }
+    spdlog::error("{}: compaction keeps key {} as lost: {}", params_.dir, key, st.message());
+    FLATKV_RETURN_IF_ERROR(next->PutCopy(key, *params_.lost_value));
+  }
   return Status::OK();
 }
 

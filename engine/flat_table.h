@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,6 +73,12 @@ struct TableParams {
   IndexParams index;      // range, slot width, data file count
   SyncMode sync = SyncMode::kNone;
   uint32_t max_value_bytes = 64u << 20;
+  // What a live record that fails its checksum becomes when compaction
+  // copies the table (the string table: a damaged bucket, string_keys.h).
+  // Without one, that compaction fails and the record stays where it is,
+  // read as Corruption until it is repaired or overwritten: never dropped,
+  // which would make an acknowledged key read as absent.
+  std::optional<std::string> lost_value;
 };
 
 class FlatTable {
@@ -187,6 +194,9 @@ class FlatTable {
   // record. Calls "progress" with the bytes read after each record; stops
   // with Busy if it returns false.
   Status CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress);
+  // CopyLive's second half: the live records of "file" below "end" that
+  // the log reader did not meet ("seen", by slot / data_files).
+  Status CopyUnseen(int file, uint64_t end, const std::vector<bool>& seen);
   // After the switch: the successor holds everything; this table forwards
   // all operations to it and is no longer consulted itself.
   void FinishCompaction() { successor_done_.store(true, std::memory_order_release); }

@@ -175,6 +175,8 @@ TableParams Store::ParamsFor(uint64_t segment) const {
     p.index.kmin = 0;
     p.index.slots = options_.string_slots;
     p.max_value_bytes = 1u << 30;  // a bucket holds many values; each is checked alone
+    p.lost_value.emplace();
+    AppendBucketDamaged(&*p.lost_value);
     return p;
   }
   const uint64_t start = segment * options_.segment_keys;

@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       "peerGet",     "peerPut",   "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
       "peerScan",    "peerScanLog", "peerSGet", "peerSPut",   "peerSRemove",  "peerChain",
       "peerSnapshot", "digest",   "scan",       "scanLog",    "multiGet",     "multiPut",
-      "append",      "compact",   "setWriteMode", "sput",     "sget",         "stats"};
+      "append",      "compact",   "setWriteMode", "sput",     "sget",         "stats",
+      "peerBucket"};
   if (size < 1) return 0;
   auto& f = flatkv::fuzz::ServerFixture::Get(false, false);
   auto in_buf = std::make_shared<TMemoryBuffer>();

@@ -40,7 +40,7 @@ from harness import check, free_port
 
 server_bin, cli_bin, thrift_bin, idl = sys.argv[1:5]
 work = harness.workdir("flatkv-repair-", thrift_bin, idl)
-from flatkv.ttypes import ErrorCode, KvError  # noqa: E402
+from flatkv.ttypes import ErrorCode, KvError, PeerContext  # noqa: E402
 
 NO_CACHE = ("--set", "cache.capacity_bytes=0", "--set", "storage.string_slots=8")
 KEYS = range(1, 201)
@@ -262,6 +262,19 @@ check(r.returncode == 0 and "repaired 1" in r.stdout.decode(),
       "verify on the middle member repairs it from the chain: %r" % r.stdout.decode()[-300:])
 r = cli(middle.port, "admin", "verify")
 check(r.returncode == 0 and "corrupt 0" in r.stdout.decode(), "a second verify finds nothing")
+# The peer call itself refuses what it cannot serve, precisely.
+ctx = PeerContext("", 0, MARK)
+code, msg = storage_error(lambda: tail.call(lambda c: c.peerBucket(ctx, 16, 0, False)))
+check(code == ErrorCode.INVALID_ARGUMENT and "string_slots" in msg,
+      "peerBucket for another storage.string_slots is INVALID_ARGUMENT saying so (%s)" % msg)
+code, msg = storage_error(lambda: tail.call(lambda c: c.peerBucket(ctx, 8, 8, False)))
+check(code == ErrorCode.INVALID_ARGUMENT, "peerBucket for a slot out of range is INVALID_ARGUMENT")
+code, msg = storage_error(lambda: middle.call(lambda c: c.peerBucket(ctx, 8, 0, True)))
+check(code == ErrorCode.NOT_OWNER and "head" in msg,
+      "a repair asked of a member that is not the head is NOT_OWNER (%s)" % msg)
+code, msg = storage_error(lambda: tail.call(lambda c: c.peerBucket(PeerContext("", 0, 7), 8, 0,
+                                                                       False)))
+check(code == ErrorCode.NOT_OWNER, "peerBucket routed to another mark is NOT_OWNER")
 svals = dict((k, svalue(k)) for k in SKEYS)
 del svals[b"skey-03"]
 
