@@ -479,66 +479,109 @@ class Replicator::SnapshotSender {
                  static_cast<double>(total) / 1e6, to_, at_.epoch, at_.seq);
     // Writes still in an async cache must be in the store it scans.
     (void)owner_->cache_->Flush();
-    constexpr size_t kPage = 512;
+    // The store is read a page ahead, on a second thread, while the joiner
+    // loads the page before it: reading and loading overlap rather than
+    // take turns (at most kAhead pages wait in memory).
+    constexpr size_t kPage = 2048;
     constexpr uint64_t kPageBytes = 1u << 20;
-    rpc::SnapshotPage page;
-    uint64_t page_bytes = 0;
-    bool failed = false;
-    // Sends the page once it is full; false (stopped, or the joiner did
-    // not take it) ends the walk.
-    auto flush = [&]() {
-      if (stop_.load()) {
-        failed = true;
-        return false;
-      }
-      if (page_bytes < kPageBytes && page.pairs.size() + page.spairs.size() < kPage) return true;
-      bytes += page_bytes;
-      if (!send(&page)) {
-        failed = true;
-        return false;
-      }
-      page = rpc::SnapshotPage();
-      page_bytes = 0;
-      return true;
+    constexpr size_t kAhead = 2;
+    struct Ready {
+      rpc::SnapshotPage page;
+      uint64_t bytes = 0;
     };
-    Status st = ForEachPage(
-        *owner_->store_, kPage,
-        [&](std::vector<engine::KeyValue>* out) {
-          for (engine::KeyValue& kv : *out) {
-            rpc::KvPair p;
-            p.key = kv.key;
-            page_bytes += kv.value.size() + 8;
-            p.value = std::move(kv.value);
-            page.pairs.push_back(std::move(p));
-          }
-          return flush();
-        },
-        [&](std::vector<engine::StringKeyValue>* out) {
-          for (engine::StringKeyValue& kv : *out) {
-            rpc::StringKvPair p;
-            page_bytes += kv.key.size() + kv.value.size();
-            p.key = std::move(kv.key);
-            p.value = std::move(kv.value);
-            page.spairs.push_back(std::move(p));
-          }
-          return flush();
-        });
-    if (!st.ok()) {
-      spdlog::warn("chain: snapshot to {}: reading the store: {}", to_, st.ToString());
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Ready> ready;
+    bool read_all = false;  // the reader pushed the last page (or failed)
+    bool quit = false;      // the sender stopped: the reader stops too
+    Status read_status;
+    std::thread reader([&] {
+      Ready next;
+      // Hands a full page (or the last one) over; false ends the walk.
+      auto push = [&](bool last) {
+        if (!last && next.bytes < kPageBytes &&
+            next.page.pairs.size() + next.page.spairs.size() < kPage) {
+          return !stop_.load();
+        }
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return quit || ready.size() < kAhead; });
+        if (quit) return false;
+        ready.push_back(std::move(next));
+        next = Ready();
+        cv.notify_all();
+        return !stop_.load();
+      };
+      Status st = ForEachPage(
+          *owner_->store_, kPage,
+          [&](std::vector<engine::KeyValue>* out) {
+            for (engine::KeyValue& kv : *out) {
+              rpc::KvPair p;
+              p.key = kv.key;
+              next.bytes += kv.value.size() + 8;
+              p.value = std::move(kv.value);
+              next.page.pairs.push_back(std::move(p));
+            }
+            return push(false);
+          },
+          [&](std::vector<engine::StringKeyValue>* out) {
+            for (engine::StringKeyValue& kv : *out) {
+              rpc::StringKvPair p;
+              next.bytes += kv.key.size() + kv.value.size();
+              p.key = std::move(kv.key);
+              p.value = std::move(kv.value);
+              next.page.spairs.push_back(std::move(p));
+            }
+            return push(false);
+          });
+      bool finished = st.ok() && !stop_.load();
+      if (finished) {
+        std::lock_guard<std::mutex> lk(mu);
+        finished = !quit;
+      }
+      if (finished) {
+        next.page.last = true;
+        // Read after the whole store: every write the copy holds was
+        // applied by the member first (the loop applies to the store after).
+        std::lock_guard<std::mutex> lock(owner_->mu_);
+        const partition::ChainPosition end = owner_->member_->applied();
+        next.page.__set_endEpoch(end.epoch);
+        next.page.__set_endSeq(static_cast<int64_t>(end.seq));
+      }
+      if (finished) (void)push(true);
+      std::lock_guard<std::mutex> lk(mu);
+      read_status = st;
+      read_all = true;
+      cv.notify_all();
+    });
+    bool sent_last = false;
+    for (;;) {
+      Ready r;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return !ready.empty() || read_all; });
+        if (ready.empty()) break;  // the reader is done and nothing waits
+        r = std::move(ready.front());
+        ready.pop_front();
+        cv.notify_all();
+      }
+      bytes += r.bytes;
+      if (stop_.load() || !send(&r.page)) break;
+      if (r.page.last) {
+        sent_last = true;
+        break;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      quit = true;
+      cv.notify_all();
+    }
+    reader.join();
+    if (!read_status.ok()) {
+      spdlog::warn("chain: snapshot to {}: reading the store: {}", to_, read_status.ToString());
       return;
     }
-    if (failed) return;
-    page.last = true;
-    {
-      // Read after the whole store: every write the copy holds was applied
-      // by the member first (the loop applies to the store after it).
-      std::lock_guard<std::mutex> lock(owner_->mu_);
-      const partition::ChainPosition end = owner_->member_->applied();
-      page.__set_endEpoch(end.epoch);
-      page.__set_endSeq(static_cast<int64_t>(end.seq));
-    }
-    bytes += page_bytes;
-    if (!send(&page)) return;
+    if (!sent_last) return;
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     owner_->snapshots_sent_.fetch_add(1, std::memory_order_relaxed);
