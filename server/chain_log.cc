@@ -236,6 +236,11 @@ Status ChainLog::Sync() {
   return Status::OK();
 }
 
+Status ChainLog::SyncAppended() {
+  if (::fdatasync(fd_) != 0) return Errno("cannot sync", path_);
+  return Status::OK();
+}
+
 Status ChainLog::Reset(const State& state) {
   const std::string tmp = path_ + ".new";
   std::string record;

@@ -73,6 +73,10 @@ class ChainLog {
   Status Append(const std::vector<partition::ChainEntry>& entries);
   // fdatasync, if anything was appended since the last.
   Status Sync();
+  // fdatasync now, for what was appended before the call, leaving dirty()
+  // alone. The one method another thread may call while Append runs
+  // (Replicator's syncer); not while Reset runs.
+  Status SyncAppended();
   bool dirty() const { return dirty_; }
   // A new log holding only "state", written beside and renamed over this
   // one, both synced. The store must durably hold every write before.

@@ -642,6 +642,7 @@ Replicator::Replicator(ReplicatorOptions options, engine::Store* store,
       intact_(intact) {}
 
 void Replicator::StartLoop() {
+  if (pipelined_) syncer_ = std::thread([this] { SyncLoop(); });
   loop_ = std::thread([this] { Loop(); });
 }
 
@@ -654,7 +655,13 @@ void Replicator::Stop() {
     stopping_ = true;
   }
   queue_cv_.notify_all();
-  if (loop_.joinable()) loop_.join();
+  if (loop_.joinable()) loop_.join();  // drains the pipeline
+  {
+    std::lock_guard<std::mutex> lock(sync_mu_);
+    sync_stop_ = true;
+  }
+  sync_cv_.notify_all();
+  if (syncer_.joinable()) syncer_.join();
   // Events the loop did not take: their callers are still waiting.
   std::deque<Event> left;
   {
@@ -750,7 +757,7 @@ void Replicator::RunHere() {
 bool Replicator::Heavy(const ChainOutput& out) const {
   return out.wipe || !out.record.empty() || !out.snapshots.empty() || out.deregister ||
          out.register_now || disk_full_.load() || (options_.sync_always && !out.apply.empty()) ||
-         checkpoint_due_ || intact_ != logged_intact_ || log_->bytes() > kLogCheckpointBytes;
+         (pipelined_ && !held_.empty()) || CheckpointWanted();
 }
 
 void Replicator::PostRun(std::function<void(int64_t now, ChainOutput* out)> run) {
@@ -1510,7 +1517,9 @@ void Replicator::Loop() {
     std::lock_guard<std::mutex> lock(queue_mu_);
     running_ = false;
   }
-  // Shutting down: the store made durable, the log emptied.
+  // Shutting down: what is held carried out, the store made durable, the
+  // log emptied.
+  Drain();
   Checkpoint();
 }
 
@@ -1518,23 +1527,28 @@ bool Replicator::RunEvents(std::deque<Event>* events, int64_t now, bool here) {
   ChainOutput out;
   std::vector<Waiter*> done;
   auto flush = [&] {
-    Process(&out);
+    Process(&out, &done);
     out = ChainOutput();
-    for (Waiter* w : done) SignalDone(w, Status::OK());
-    done.clear();
   };
   for (Event& ev : *events) {
-    if (ev.serial) flush();
+    if (ev.serial) {
+      // Runs on the store as the member's state says it is: everything
+      // before carried out, the pipeline's held writes too.
+      flush();
+      Drain();
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       ev.run(now, &out);
     }
     if (ev.serial) {
       Process(&out);
+      Drain();
       out = ChainOutput();
       if (ev.after) {
         ev.after(now, &out);
         Process(&out);
+        Drain();
         out = ChainOutput();
       }
     }
@@ -1595,7 +1609,135 @@ void Replicator::Tick(int64_t now, ChainOutput* out) {
   member_->OnTick(now, out);
 }
 
-void Replicator::Process(ChainOutput* out) {
+bool Replicator::CheckpointWanted() const {
+  return checkpoint_due_ || intact_ != logged_intact_ || log_->bytes() > kLogCheckpointBytes;
+}
+
+void Replicator::Process(ChainOutput* out, std::vector<Waiter*>* done) {
+  auto signal = [&] {
+    if (done == nullptr) return;
+    for (Waiter* w : *done) SignalDone(w, Status::OK());
+    done->clear();
+  };
+  if (!pipelined_) {
+    Carry(out, /*logged=*/false);
+    return signal();
+  }
+  ReleaseSynced();
+  // What reads or resets the store as the member's state names it, or
+  // waits on ZooKeeper, runs once everything before it is carried out.
+  const bool drain = out->wipe || !out->record.empty() || !out->snapshots.empty() ||
+                     out->deregister || out->register_now || disk_full_.load();
+  if (drain) Drain();
+  if (held_.empty() && (out->apply.empty() || drain)) {
+    Carry(out, /*logged=*/false);
+    return signal();
+  }
+  if (!out->apply.empty()) {
+    Status st = log_->Append(out->apply);
+    if (!st.ok()) {
+      // Nothing of this batch is logged: what was before it is carried out,
+      // then this one as without the pipeline (its Append fails again).
+      Drain();
+      Carry(out, /*logged=*/false);
+      return signal();
+    }
+    SendDownFirst(out);
+    ++logged_batch_;
+    {
+      std::lock_guard<std::mutex> lock(sync_mu_);
+      sync_want_ = logged_batch_;
+    }
+    sync_cv_.notify_all();
+  }
+  if (out->empty() && (done == nullptr || done->empty())) return;
+  Held h;
+  h.out = std::move(*out);
+  *out = ChainOutput();
+  if (done != nullptr) h.done.swap(*done);
+  h.batch = logged_batch_;
+  held_.push_back(std::move(h));
+  // A checkpoint restarts the log from the member's position, which the
+  // store must hold: everything logged is carried out first.
+  if (CheckpointWanted()) Drain();
+}
+
+void Replicator::ReleaseSynced() {
+  if (held_.empty()) return;
+  uint64_t synced;
+  Status error;
+  {
+    std::lock_guard<std::mutex> lock(sync_mu_);
+    synced = sync_done_;
+    error = sync_error_;
+  }
+  while (!held_.empty() && held_.front().batch <= synced) {
+    Held h = std::move(held_.front());
+    held_.pop_front();
+    Carry(&h.out, /*logged=*/true);
+    for (Waiter* w : h.done) SignalDone(w, Status::OK());
+  }
+  if (held_.empty() || error.ok()) return;
+  if (!error.IsNoSpace()) Fatal("syncing the chain log", error);
+  // The batches past the last good sync are logged (maybe not durably)
+  // and not applied: applied again at rejoin, like a batch whose apply
+  // failed, once the member rebuilt itself from the log.
+  // Nothing else held is carried out: its acks and answers may stand on
+  // those batches.
+  const Status why = Status::NoSpace("member " + options_.self + " left its chain: " +
+                                     error.message());
+  while (!held_.empty()) {
+    Held h = std::move(held_.front());
+    held_.pop_front();
+    unapplied_.insert(unapplied_.end(), h.out.apply.begin(), h.out.apply.end());
+    DropOutput(&h.out, why);
+    for (Waiter* w : h.done) SignalDone(w, why);
+  }
+  ChainOutput none;
+  LeaveForFullDisk("syncing replicated writes", error, &none);
+}
+
+void Replicator::Drain() {
+  if (held_.empty()) return;
+  {
+    std::unique_lock<std::mutex> lock(sync_mu_);
+    sync_cv_.wait(lock, [&] { return sync_done_ >= logged_batch_ || !sync_error_.ok(); });
+  }
+  ReleaseSynced();
+}
+
+void Replicator::SyncLoop() {
+  std::unique_lock<std::mutex> lock(sync_mu_);
+  while (true) {
+    // After an error, nothing until RejoinAfterFullDisk clears it.
+    sync_cv_.wait(lock, [&] {
+      return sync_stop_ || (sync_error_.ok() && sync_want_ > sync_done_);
+    });
+    if (sync_stop_ && (sync_want_ <= sync_done_ || !sync_error_.ok())) return;
+    const uint64_t target = sync_want_;
+    lock.unlock();
+    // Covers every batch logged before this call: at least "target".
+    Status st = log_->SyncAppended();
+    pipeline_syncs_.fetch_add(1, std::memory_order_relaxed);
+    lock.lock();
+    if (st.ok()) {
+      sync_done_ = target;
+    } else {
+      // Never again: after a failed fdatasync a later one may succeed
+      // without the lost pages (Linux), so the loop stops on this one.
+      sync_error_ = st;
+    }
+    sync_cv_.notify_all();
+    lock.unlock();
+    // Wake whoever runs events: the held outputs of these batches go now.
+    Event wake;
+    wake.run = [](int64_t, ChainOutput*) {};
+    Post(std::move(wake));
+    lock.lock();
+  }
+}
+
+void Replicator::Carry(ChainOutput* out, bool logged) {
   if (out->wipe) {
     Status st = Wipe();
     if (st.IsNoSpace()) return LeaveForFullDisk("emptying the store for a snapshot", st, out);
@@ -1603,7 +1745,9 @@ void Replicator::Process(ChainOutput* out) {
   }
   if (disk_full_.load() && !out->apply.empty()) {
     // Out of the chain for a full disk (LeaveForFullDisk): nothing applied,
-    // passed on or acknowledged until it rejoins.
+    // passed on or acknowledged until it rejoins. A batch the pipeline
+    // logged already is applied then.
+    if (logged) unapplied_.insert(unapplied_.end(), out->apply.begin(), out->apply.end());
     return DropOutput(out, Status::NoSpace("member " + options_.self +
                                            " left its chain: its disk is full"));
   }
@@ -1614,13 +1758,17 @@ void Replicator::Process(ChainOutput* out) {
     // than one after another: safe because nothing that answers a client
     // leaves before it. Acks (and replies) are sent below, once the batch
     // is durable and applied here; an ack from downstream is an event run
-    // after this one. So the commit point a member reports up, and the
-    // answer the head gives, still follow every member's sync.
-    Status st = log_->Append(out->apply);
-    if (st.ok()) SendDownFirst(out);
-    if (st.ok() && options_.sync_always) st = log_->Sync();
-    if (st.IsNoSpace()) return LeaveForFullDisk("logging replicated writes", st, out);
-    if (!st.ok()) Fatal("logging replicated writes", st);
+    // after this one (or held behind this batch by the pipeline). So the
+    // commit point a member reports up, and the answer the head gives,
+    // still follow every member's sync.
+    Status st;
+    if (!logged) {
+      st = log_->Append(out->apply);
+      if (st.ok()) SendDownFirst(out);
+      if (st.ok() && options_.sync_always) st = log_->Sync();
+      if (st.IsNoSpace()) return LeaveForFullDisk("logging replicated writes", st, out);
+      if (!st.ok()) Fatal("logging replicated writes", st);
+    }
     st = ApplyEntries(out->apply);
     if (st.IsNoSpace()) {
       unapplied_ = out->apply;  // logged, maybe partly applied: again at rejoin
@@ -1628,9 +1776,7 @@ void Replicator::Process(ChainOutput* out) {
     }
     if (!st.ok()) Fatal("applying replicated writes", st);
   }
-  if (checkpoint_due_ || intact_ != logged_intact_ || log_->bytes() > kLogCheckpointBytes) {
-    Checkpoint();
-  }
+  if (held_.empty() && CheckpointWanted()) Checkpoint();
   log_bytes_.store(log_->bytes(), std::memory_order_relaxed);
   if (!out->record.empty()) {
     Status st = coordinator_->RecordChain(out->record, out->record_version);
@@ -1725,7 +1871,12 @@ bool Replicator::RejoinAfterFullDisk(int64_t now, ChainOutput* out) {
     seq_of_request_.clear();
     if (ring_ != nullptr) member_->OnConfig(ConfigOf(*ring_), now, out);
   }
-  log_ = std::move(log);
+  {
+    std::lock_guard<std::mutex> lock(sync_mu_);  // the syncer is idle: nothing is held
+    log_ = std::move(log);
+    sync_error_ = Status::OK();
+    sync_want_ = sync_done_ = logged_batch_;
+  }
   logged_intact_ = intact_ = state.intact;
   unapplied_.clear();
   disk_full_.store(false);
@@ -1880,9 +2031,14 @@ void Replicator::SendDownFirst(ChainOutput* out) {
   // goes early only if none before it to the same member waits: each link
   // keeps its order.
   std::vector<ChainOutput::Send> later;
+  auto waits = [](const std::vector<ChainOutput::Send>& sends, const std::string& to) {
+    return std::any_of(sends.begin(), sends.end(),
+                       [&](const ChainOutput::Send& w) { return w.to == to; });
+  };
   for (ChainOutput::Send& s : out->sends) {
-    const bool blocked = std::any_of(later.begin(), later.end(),
-                                     [&](const ChainOutput::Send& w) { return w.to == s.to; });
+    const bool blocked =
+        waits(later, s.to) ||
+        std::any_of(held_.begin(), held_.end(), [&](const Held& h) { return waits(h.out.sends, s.to); });
     if (s.msg.kind == ChainMessage::Kind::kReplicate && !blocked) {
       Send(s.to, s.msg);
     } else {
@@ -2020,6 +2176,7 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
   (*out)["cluster.chain.checkpoints"] = checkpoints_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.repairs"] = repairs_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.reads_held"] = reads_held_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.log_syncs"] = pipeline_syncs_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.log_file_bytes"] =
       static_cast<int64_t>(log_bytes_.load(std::memory_order_relaxed));
   (*out)["cluster.chain.frames_sent"] = frames_sent_.load(std::memory_order_relaxed);

@@ -292,8 +292,16 @@ class Replicator {
   int64_t WriteTimeoutMs() const { return 2 * int64_t{options_.session_timeout_ms} + 2000; }
   void Loop();
   void Tick(int64_t now, partition::ChainOutput* out);
-  // Carries out "out" (outside mu_), in ChainOutput's order.
-  void Process(partition::ChainOutput* out);
+  // Carries out "out" (outside mu_), in ChainOutput's order, then signals
+  // "done" (the waiters of the events that made it; may be null). Under
+  // storage.sync: always the batch is logged and passed down now, and the
+  // rest waits in held_ for the syncer (below).
+  void Process(partition::ChainOutput* out, std::vector<Waiter*>* done = nullptr);
+  // Process's work once the output's writes are logged ("logged": and
+  // synced and sent down, by the pipeline) or not yet.
+  void Carry(partition::ChainOutput* out, bool logged);
+  // Would Carry checkpoint the log now (the store synced, the log restarted)?
+  bool CheckpointWanted() const;
   // Applies "entries" in order (consecutive puts as one batch: one group
   // commit); records remove's "existed" for the head's own writes.
   Status ApplyEntries(const std::vector<partition::ChainEntry>& entries);
@@ -304,8 +312,34 @@ class Replicator {
   void Checkpoint();
   void Send(const std::string& to, const partition::ChainMessage& msg);
   // Sends out's writes passed down the chain before the batch is synced
-  // and applied here (Process), and takes them out of out->sends.
+  // and applied here (Process), and takes them out of out->sends: each
+  // one unless a message to the same member waits before it (in out or
+  // in held_), so each link keeps its order.
   void SendDownFirst(partition::ChainOutput* out);
+  // The pipeline (storage.sync: always). Process logs a batch, passes it
+  // down and asks the syncer thread for an fdatasync, then goes on with the
+  // next events while it runs: the next batch is logged and passed down
+  // meanwhile and shares the next fdatasync. What each output does besides
+  // (apply to the store, ack up, answer clients, signal waiters) waits in
+  // held_, in order, until the sync that covers its batch is done. So
+  // nothing leaves this member that says "applied" before the disk holds
+  // it, as without the pipeline; the member's state runs ahead of the
+  // store (reads gate on the commit point, which only acks after the
+  // apply move). Whatever reads the store as the member's state says it
+  // is (serial events, a wipe, a snapshot, a checkpoint, ZooKeeper
+  // records) drains the pipeline first.
+  struct Held {
+    partition::ChainOutput out;
+    std::vector<Waiter*> done;
+    uint64_t batch = 0;  // the last batch logged before it: released once synced
+  };
+  // Carries out the held outputs whose batches are synced (any thread
+  // running events).
+  void ReleaseSynced();
+  // Waits for the sync of every logged batch and carries out everything
+  // held.
+  void Drain();
+  void SyncLoop();  // the syncer thread
   void StartSnapshot(const std::string& to, partition::ChainPosition at);
   void Finish(uint64_t request, const Status& status);
   // Answers the writes and reads waiting past their deadline (loop thread).
@@ -440,6 +474,19 @@ class Replicator {
   // The batch whose apply failed for a full disk (it is in the log), applied
   // again at rejoin; loop thread only.
   std::vector<partition::ChainEntry> unapplied_;
+
+  // The pipeline (SendDownFirst's comment), storage.sync: always only.
+  const bool pipelined_ = options_.sync_always;
+  std::deque<Held> held_;      // loop thread only (the thread running events)
+  uint64_t logged_batch_ = 0;  // loop thread only: batches logged so far
+  std::mutex sync_mu_;         // the syncer's fields below, and log_'s replacement
+  std::condition_variable sync_cv_;
+  uint64_t sync_want_ = 0;     // GUARDED_BY(sync_mu_): sync through this batch
+  uint64_t sync_done_ = 0;     // GUARDED_BY(sync_mu_): synced through this batch
+  Status sync_error_;          // GUARDED_BY(sync_mu_): the syncer stopped on it
+  bool sync_stop_ = false;     // GUARDED_BY(sync_mu_)
+  std::thread syncer_;
+  std::atomic<int64_t> pipeline_syncs_{0};
 };
 
 // Visits every live record of "store" in pages of up to "page": integer

@@ -16,7 +16,12 @@ timeout + 2 s). When the test frees the space, b rejoins by itself
 acknowledged write is readable at its newest version through both
 instances and the two members' digests are equal.
 
-Usage: disk_full_ring_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
+With a fourth argument "always" every member runs storage.sync: always,
+where a member's writes pass through its sync pipeline (server/replicator.h):
+the disk fills with batches logged and passed down whose fdatasync has not
+finished.
+
+Usage: disk_full_ring_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT [always]"""
 import http.client
 import os
 import random
@@ -28,6 +33,7 @@ import harness
 from harness import check, free_port
 
 server_bin, thrift_bin, idl = sys.argv[1:4]
+SYNC = sys.argv[4] if len(sys.argv) > 4 else "none"  # the default
 work = harness.workdir("flatkv-diskring-", thrift_bin, idl)
 from flatkv.ttypes import ErrorCode, KvError  # noqa: E402
 
@@ -65,7 +71,8 @@ class Member:
         self.proc = harness.start_member(
             server_bin, self.port, self.data, zk, MARK, "--set", "cluster.replication=sync",
             "--set", "server.http_port=%d" % self.http_port,
-            "--set", "storage.segment_keys=4096", log=self.log, session_timeout_ms=SESSION_MS)
+            "--set", "storage.segment_keys=4096", "--set", "storage.sync=" + SYNC,
+            log=self.log, session_timeout_ms=SESSION_MS)
 
     def call(self, fn, timeout_ms=3000):
         return harness.call(self.port, fn, timeout_ms)
