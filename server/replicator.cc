@@ -753,11 +753,13 @@ void Replicator::RunHere() {
 
 // What only the loop thread does: it may wait on ZooKeeper (a record, a
 // deregistration, a registration), on a whole store (a wipe, a checkpoint)
-// or on the disk (sync: always), or start a snapshot stream.
+// or on the disk (sync: always without the pipeline; the pipeline's Drain),
+// or start a snapshot stream. A batch under the pipeline is not heavy: it
+// is logged and sent, and its fdatasync is the syncer's.
 bool Replicator::Heavy(const ChainOutput& out) const {
   return out.wipe || !out.record.empty() || !out.snapshots.empty() || out.deregister ||
-         out.register_now || disk_full_.load() || (options_.sync_always && !out.apply.empty()) ||
-         (pipelined_ && !held_.empty()) || CheckpointWanted();
+         out.register_now || disk_full_.load() ||
+         (options_.sync_always && !pipelined_ && !out.apply.empty()) || CheckpointWanted();
 }
 
 void Replicator::PostRun(std::function<void(int64_t now, ChainOutput* out)> run) {
@@ -1625,9 +1627,12 @@ void Replicator::Process(ChainOutput* out, std::vector<Waiter*>* done) {
   }
   ReleaseSynced();
   // What reads or resets the store as the member's state names it, or
-  // waits on ZooKeeper, runs once everything before it is carried out.
+  // waits on ZooKeeper, runs once everything before it is carried out; so
+  // does a checkpoint, which restarts the log from the member's position.
+  // (All Heavy(): on the loop thread.)
   const bool drain = out->wipe || !out->record.empty() || !out->snapshots.empty() ||
-                     out->deregister || out->register_now || disk_full_.load();
+                     out->deregister || out->register_now || disk_full_.load() ||
+                     CheckpointWanted();
   if (drain) Drain();
   if (held_.empty() && (out->apply.empty() || drain)) {
     Carry(out, /*logged=*/false);
@@ -1657,9 +1662,6 @@ void Replicator::Process(ChainOutput* out, std::vector<Waiter*>* done) {
   if (done != nullptr) h.done.swap(*done);
   h.batch = logged_batch_;
   held_.push_back(std::move(h));
-  // A checkpoint restarts the log from the member's position, which the
-  // store must hold: everything logged is carried out first.
-  if (CheckpointWanted()) Drain();
 }
 
 void Replicator::ReleaseSynced() {
@@ -1699,7 +1701,16 @@ void Replicator::ReleaseSynced() {
 
 void Replicator::Drain() {
   if (held_.empty()) return;
-  {
+  if (std::this_thread::get_id() == syncer_.get_id()) {
+    // The syncer runs events itself (its wake-up's run_here) and met an
+    // output that drains (not expected: those are Heavy(), the loop's):
+    // it syncs here rather than wait for itself.
+    const uint64_t target = logged_batch_;
+    Status st = log_->SyncAppended();
+    std::lock_guard<std::mutex> lock(sync_mu_);
+    if (st.ok()) sync_done_ = std::max(sync_done_, target);
+    if (!st.ok() && sync_error_.ok()) sync_error_ = st;
+  } else {
     std::unique_lock<std::mutex> lock(sync_mu_);
     sync_cv_.wait(lock, [&] { return sync_done_ >= logged_batch_ || !sync_error_.ok(); });
   }
@@ -1729,10 +1740,12 @@ void Replicator::SyncLoop() {
     }
     sync_cv_.notify_all();
     lock.unlock();
-    // Wake whoever runs events: the held outputs of these batches go now.
+    // The held outputs of these batches go now: this thread carries them
+    // out itself if nothing else runs events (saving the loop's wake-up),
+    // else whoever runs them does.
     Event wake;
     wake.run = [](int64_t, ChainOutput*) {};
-    Post(std::move(wake));
+    Post(std::move(wake), /*run_here=*/true);
     lock.lock();
   }
 }

@@ -29,7 +29,11 @@ damaged mark, `flatkv admin verify` there repairs it from the chain.
 Afterwards every key reads its value from every member and the chain's
 digests are equal.
 
-Usage: repair_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT"""
+With a fifth argument "always" every server runs storage.sync: always, where
+a repair (a serial event reading the store) first drains the member's sync
+pipeline (server/replicator.h).
+
+Usage: repair_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT [always]"""
 import os
 import subprocess
 import sys
@@ -39,10 +43,12 @@ import harness
 from harness import check, free_port
 
 server_bin, cli_bin, thrift_bin, idl = sys.argv[1:5]
+SYNC = sys.argv[5] if len(sys.argv) > 5 else "none"  # the default
 work = harness.workdir("flatkv-repair-", thrift_bin, idl)
 from flatkv.ttypes import ErrorCode, KvError, PeerContext  # noqa: E402
 
-NO_CACHE = ("--set", "cache.capacity_bytes=0", "--set", "storage.string_slots=8")
+NO_CACHE = ("--set", "cache.capacity_bytes=0", "--set", "storage.string_slots=8",
+            "--set", "storage.sync=" + SYNC)
 KEYS = range(1, 201)
 SKEYS = [b"skey-%02d" % i for i in range(40)]
 
