@@ -1,4 +1,4 @@
-#include "client/bench_flags.h"
+#include "client/bench/bench_flags.h"
 
 #include <charconv>
 #include <limits>

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "client/bench_server.h"
-#include "client/bench_workload.h"
+#include "client/bench/bench_server.h"
+#include "client/bench/bench_workload.h"
 #include "engine/status.h"
 
 namespace flatkv::client {
@@ -25,7 +25,7 @@ enum class BenchMode { kEngine, kServer };
 struct BenchFlags {
   bool help = false;                      // --help / -h: print usage, exit 0
   BenchMode mode = BenchMode::kEngine;    // the first argument: engine | server
-  // `server` mode: all of its flags (client/bench_server.h). The fields
+  // `server` mode: all of its flags (client/bench/bench_server.h). The fields
   // below are engine mode's.
   ServerBenchFlags server;
   std::string engine;                     // --engine (required)

@@ -1,8 +1,8 @@
 // flatkv-bench: measures FlatKV's storage engine against the engines people
 // would otherwise use (RocksDB, LevelDB, Kyoto Cabinet), in-process, with the
 // same keys, values and threads for each; or, in server mode
-// (client/bench_server.h), a running flatkv-server over the network. See
-// client/README.md.
+// (client/bench/bench_server.h), a running flatkv-server over the network. See
+// client/bench/README.md.
 //
 //   flatkv-bench engine --engine flat --workload fillrandom,readrandom
 //       --num 1000000 --value-size 100 --threads 1 --dir /tmp/b --fresh --json
@@ -21,11 +21,11 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "client/bench_engine.h"
-#include "client/bench_flags.h"
-#include "client/bench_server.h"
-#include "client/bench_sys.h"
-#include "client/bench_workload.h"
+#include "client/bench/bench_engine.h"
+#include "client/bench/bench_flags.h"
+#include "client/bench/bench_server.h"
+#include "client/bench/bench_sys.h"
+#include "client/bench/bench_workload.h"
 
 namespace flatkv::client {
 namespace {
