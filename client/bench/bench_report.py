@@ -1,8 +1,9 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Summarizes flatkv-bench output, and charts growth runs.
 
   bench_report.py FILE...                  tables on stdout
-  bench_report.py --plot OUT.png FILE...   also draw the growth runs in OUT.png
+  bench_report.py --plot OUT.png [--title T] FILE...
+                                           also draw the growth runs in OUT.png
 
 FILEs hold `flatkv-bench engine|growth --json` lines, or `flatkv-bench growth
 --csv` output (a header line starting "engine,"); other lines are ignored.
@@ -11,7 +12,7 @@ Engine-mode lines give the matrix table: ops/s per engine and flat's ratio to
 each peer, per (threads, value size, workload). Growth lines ("mode":
 "growth") give one table row per run and, with --plot, one chart per (mix,
 value size, key kind, threads) in a grid of mixes (rows) by value sizes
-(columns), like the ZDB paper's Figures 5-10: records stored on the x axis,
+(columns; a single row of mixes when there is one value size), like the ZDB paper's Figures 5-10: records stored on the x axis,
 ops/s of each step on the y axis, one line per engine. The PNG carries a
 text chunk "flatkv:charts" (JSON: each chart's title and its series with
 their point counts), which tests read back.
@@ -170,8 +171,12 @@ def growth_table(charts):
                   f"{human(sum(rates) / len(rates))} |")
 
 
-def plot(charts, out):
-    import matplotlib
+def plot(charts, out, title=None):
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("bench_report: --plot needs matplotlib (Debian: apt-get install "
+                 "python3-matplotlib, then run with /usr/bin/python3)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
@@ -179,14 +184,16 @@ def plot(charts, out):
     keys = sorted(charts, key=chart_order)
     rows = sorted({k[0] for k in keys}, key=lambda m: list(MIXES).index(m) if m in MIXES else 99)
     cols = sorted({k[1:] for k in keys})
-    fig, axes = plt.subplots(len(rows), len(cols), figsize=(4.6 * len(cols), 3.4 * len(rows)),
-                             squeeze=False)
+    # Mixes down, value sizes across; with one value size, the mixes across.
+    across = len(cols) == 1
+    nrows, ncols = (1, len(rows)) if across else (len(rows), len(cols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
     manifest = []
     colors = {"flat": "#d62728", "rocksdb": "#1f77b4", "leveldb": "#2ca02c",
               "kyotocabinet": "#9467bd"}
     for r, mix in enumerate(rows):
         for c, rest in enumerate(cols):
-            ax = axes[r][c]
+            ax = axes[0][r] if across else axes[r][c]
             key = (mix,) + rest
             if key not in charts:
                 ax.set_visible(False)
@@ -208,6 +215,8 @@ def plot(charts, out):
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
             manifest.append(entry)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=80, metadata={"flatkv:charts": json.dumps(manifest)})
     plt.close(fig)
@@ -218,6 +227,7 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--plot", metavar="OUT.png",
                     help="draw the growth runs, one chart per (mix, value size), into OUT.png")
+    ap.add_argument("--title", help="a line above the charts (say what run made them)")
     ap.add_argument("files", nargs="+", metavar="FILE")
     a = ap.parse_args(argv)
     records = read_records(a.files)
@@ -228,7 +238,7 @@ def main(argv):
         if not charts:
             print("bench_report: --plot: no growth lines in the input", file=sys.stderr)
             return 1
-        manifest = plot(charts, a.plot)
+        manifest = plot(charts, a.plot, a.title)
         print(f"\nwrote {a.plot}: {len(manifest)} charts, " +
               "; ".join(f"{m['title']}: {len(m['series'])} series" for m in manifest))
     return 0
