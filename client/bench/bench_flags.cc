@@ -394,6 +394,7 @@ void PrintBenchUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: flatkv-bench engine --engine ENGINE --dir DIR [options]\n"
+      "       flatkv-bench growth --engine ENGINE --dir DIR [--mix M] [options]   (below)\n"
       "       flatkv-bench server [--host H] [--port P] [options]   (below)\n"
       "\n"
       "Runs storage-engine workloads in-process and prints one line per workload.\n"
