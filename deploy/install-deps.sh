@@ -15,7 +15,8 @@ packages=(
   libxxhash-dev
   # tests (the full-disk tests make and loop-mount a small ext4 file system)
   catch2 python3 python3-thrift strace e2fsprogs mount
-  # deploy/soak.sh draws its samples
+  # deploy/soak.sh draws its samples, client/bench/bench_report.py --plot its
+  # growth charts (ctest bench_report_plot fails without it)
   python3-matplotlib
   # fuzzing (tests/fuzz, deploy/fuzz.sh): clang 14, its libFuzzer, and the
   # sanitizer runtimes (libclang-rt-14-dev is only recommended by clang, so

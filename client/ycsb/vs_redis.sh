@@ -29,8 +29,8 @@ export FLATKV_YCSB_BUILD=$BUILD/client/ycsb FLATKV_YCSB_KEYS=$KEYS
 command -v redis-server >/dev/null || { echo "vs_redis: apt-get install -y redis-server" >&2; exit 2; }
 
 BENCH_NAME=vs_redis
-# shellcheck source=client/bench_lib.sh
-source "$here/../bench_lib.sh"
+# shellcheck source=client/bench/bench_lib.sh
+source "$here/../bench/bench_lib.sh"
 TMP=$(mktemp -d /tmp/flatkv-ycsb-vs-redis.XXXXXX)
 PIDS=()
 stop_servers() {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs flatkv-bench for every engine, value size and thread count and writes
 # one JSON line per workload to OUT (default bench-matrix.jsonl); then prints
-# flat's ops/s as a ratio of each peer's (client/bench_report.py).
-#   client/bench_matrix.sh [BUILD_DIR] [OUT] [DIR]
+# flat's ops/s as a ratio of each peer's (client/bench/bench_report.py).
+#   client/bench/bench_matrix.sh [BUILD_DIR] [OUT] [DIR]
 # Each fill starts from an empty directory; the read, overwrite and delete
 # workloads run on the database the fillrandom run just wrote.
 set -euo pipefail

@@ -35,7 +35,7 @@
 // threads. A put's keys are marked when its answer arrives; a get records,
 // when it is sent, which of its keys were marked, and only those must be
 // found (a key marked later may have been written after the server read it).
-#include "client/bench_server.h"
+#include "client/bench/bench_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -63,9 +63,9 @@
 #include <thrift/transport/TBufferTransports.h>
 
 #include "FlatKV.h"
-#include "client/bench_histogram.h"
+#include "client/bench/bench_histogram.h"
 #include "client/ring_client.h"
-#include "client/bench_workload.h"
+#include "client/bench/bench_workload.h"
 #include "engine/status.h"
 #include "partition/ring.h"
 #include "partition/router.h"
@@ -789,7 +789,7 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
-// Field names are a contract (client/README.md): add, never rename.
+// Field names are a contract (client/bench/README.md): add, never rename.
 void PrintJson(const ServerBenchFlags& f, const Report& r) {
   std::printf(
       "{\"mode\":\"server\",\"workload\":\"%s\",\"keys\":\"%s\",\"clients\":%d,\"threads\":%d,"

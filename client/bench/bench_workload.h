@@ -56,7 +56,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/bench_engine.h"
+#include "client/bench/bench_engine.h"
 #include "engine/status.h"
 
 namespace flatkv::client {
@@ -188,7 +188,7 @@ class KeyPermutation {
 // guide entries. Ranks are scattered over the keys by a KeyPermutation of
 // "seed", so the hot keys are not the lowest numbers and two tables with the
 // same (n, seed) have the same hot keys. Used by zipfoverwrite and zipfread
-// here and by `flatkv-bench server --keys zipf` (client/bench_server.h).
+// here and by `flatkv-bench server --keys zipf` (client/bench/bench_server.h).
 //
 // Thread safety: Draw() is const; threads share one table, each with its
 // own Rng.

@@ -10,7 +10,7 @@
 #               client of any language does)
 #   redis       redis-server (AOF everysec) with redis-benchmark, if installed
 #
-#   client/bench_ring.sh [BUILD_DIR]
+#   client/bench/bench_ring.sh [BUILD_DIR]
 #
 # Environment: PARTITIONS (default 3), NUM (keys, default 300000; the marks
 # split [0, NUM) evenly: deploy/ring.sh --key-max), OPS (per test, default
@@ -27,7 +27,7 @@
 # would gain. Not part of the tests.
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${1:-$REPO/build}
 PARTITIONS=${PARTITIONS:-3}
 NUM=${NUM:-300000}
@@ -59,7 +59,7 @@ cleanup() {
 trap cleanup EXIT
 
 BENCH_NAME=bench_ring
-# shellcheck source=client/bench_lib.sh
+# shellcheck source=client/bench/bench_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 
 FLATKV_SERVER=$SERVER_BIN FLATKV_CLI=$BUILD/client/flatkv \

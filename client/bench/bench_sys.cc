@@ -1,4 +1,4 @@
-#include "client/bench_sys.h"
+#include "client/bench/bench_sys.h"
 
 #include <sys/stat.h>
 

@@ -10,7 +10,7 @@
 
 #include <kchashdb.h>
 
-#include "client/bench_engine.h"
+#include "client/bench/bench_engine.h"
 
 namespace flatkv::client {
 namespace {

@@ -7,7 +7,7 @@ load (readheavy, 50 connections) on 200k keys that do not move, before and
 during the change (MEAS_DURING_OPS ops, 0 for no load). A real ZooKeeper
 and real servers, as the tests start them. Not a test: it prints figures.
 
-Usage: client/bench_ring_change.py [BUILD_DIR]   (default: build)"""
+Usage: client/bench/bench_ring_change.py [BUILD_DIR]   (default: build)"""
 import json
 import os
 import subprocess
@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(root, "tests", "integration"))
 import harness  # noqa: E402
 

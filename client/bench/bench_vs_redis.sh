@@ -4,7 +4,7 @@
 # and 1 KiB values, comparable durability (FlatKV storage.sync=interval, an
 # fdatasync every second; Redis appendonly with appendfsync everysec).
 #
-#   client/bench_vs_redis.sh [BUILD_DIR] [--set section.key=value ...]
+#   client/bench/bench_vs_redis.sh [BUILD_DIR] [--set section.key=value ...]
 #
 # BUILD_DIR (default: build) must hold a Release build of flatkv-server and
 # flatkv-bench; the --set arguments go to flatkv-server after the script's
@@ -69,7 +69,7 @@ cleanup() {
 trap cleanup EXIT
 
 BENCH_NAME=bench_vs_redis
-# shellcheck source=client/bench_lib.sh
+# shellcheck source=client/bench/bench_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 
 cpu_seconds() {  # pid: user + system CPU seconds so far

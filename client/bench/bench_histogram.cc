@@ -1,4 +1,4 @@
-#include "client/bench_histogram.h"
+#include "client/bench/bench_histogram.h"
 
 #include <algorithm>
 #include <cmath>

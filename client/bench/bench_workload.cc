@@ -10,7 +10,7 @@
 // overwrite runs and their baseline a plain readrandom run, each with a key
 // sequence of its own (PhasePosition). Reads during compaction run one more
 // thread alongside the readers, which makes the CompactAndWait call.
-#include "client/bench_workload.h"
+#include "client/bench/bench_workload.h"
 
 #include <algorithm>
 #include <atomic>
@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/bench_sys.h"
+#include "client/bench/bench_sys.h"
 
 namespace flatkv::client {
 namespace {

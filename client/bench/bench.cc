@@ -1,11 +1,14 @@
 // flatkv-bench: measures FlatKV's storage engine against the engines people
 // would otherwise use (RocksDB, LevelDB, Kyoto Cabinet), in-process, with the
-// same keys, values and threads for each; or, in server mode
-// (client/bench_server.h), a running flatkv-server over the network. See
-// client/README.md.
+// same keys, values and threads for each; in growth mode
+// (client/bench/bench_growth.h), as the store fills up; or, in server mode
+// (client/bench/bench_server.h), a running flatkv-server over the network. See
+// client/bench/README.md.
 //
 //   flatkv-bench engine --engine flat --workload fillrandom,readrandom
 //       --num 1000000 --value-size 100 --threads 1 --dir /tmp/b --fresh --json
+//   flatkv-bench growth --engine flat --mix readheavy --num 1000000
+//       --points 20 --value-size 1024 --dir /tmp/g --fresh --json
 //   flatkv-bench server --host 127.0.0.1 --port 9901 --clients 50
 //       --workload fill,get --ops 100000 --value-size 100 --json
 //
@@ -21,11 +24,11 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "client/bench_engine.h"
-#include "client/bench_flags.h"
-#include "client/bench_server.h"
-#include "client/bench_sys.h"
-#include "client/bench_workload.h"
+#include "client/bench/bench_engine.h"
+#include "client/bench/bench_flags.h"
+#include "client/bench/bench_server.h"
+#include "client/bench/bench_sys.h"
+#include "client/bench/bench_workload.h"
 
 namespace flatkv::client {
 namespace {
@@ -367,25 +370,7 @@ int RunEngineBench(const BenchFlags& f) {
     std::fprintf(stderr, "flatkv-bench: %s\n", s.message().c_str());
     return s.IsInvalidArgument() ? kExitUsage : kExitFailure;
   }
-  BenchEngineOptions options;
-  options.dir = f.dir;
-  options.sync = f.sync;
-  options.num = f.num;
-  options.value_size = f.value_size;
-  options.index_item_bytes = f.index_item_bytes;
-  options.data_files = f.data_files;
-  options.string_slots = StringSlotsFor(f);
-  options.compaction_mb_per_sec = f.compaction_mb_per_sec;
-  options.compaction_disk_ratio = f.compaction_disk_ratio;
-  if (CacheEnabled(f)) {
-    options.cache_policy = f.cache;
-    options.cache_bytes = f.cache_bytes;
-    options.write_async = f.write_async;
-    options.flush_interval_ms = f.flush_interval_ms;
-  }
-  for (Workload w : f.workloads) {
-    if (IsCompactionWorkload(w)) options.auto_compaction = false;
-  }
+  BenchEngineOptions options = EngineOptionsFor(f);
   s = engine->Open(options);
   if (!s.ok()) {
     std::fprintf(stderr, "flatkv-bench: cannot open %s in %s: %s\n", engine->name(),
@@ -425,6 +410,9 @@ int main(int argc, char** argv) {
   }
   if (flags.mode == flatkv::client::BenchMode::kServer) {
     return flatkv::client::RunServerBench(flags.server);
+  }
+  if (flags.mode == flatkv::client::BenchMode::kGrowth) {
+    return flatkv::client::RunGrowthBench(flags);
   }
   return flatkv::client::RunEngineBench(flags);
 }

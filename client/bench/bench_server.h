@@ -1,6 +1,6 @@
 // `flatkv-bench server`: drives a running flatkv-server over many connections
 // and reports throughput and per-call latency, like redis-benchmark does for
-// Redis (see client/README.md, "Server mode").
+// Redis (see client/bench/README.md, "Server mode").
 //
 //   flatkv-bench server --host 127.0.0.1 --port 9901 --clients 50 --ops 100000
 //       --value-size 100 --workload fill,get,readheavy [--keys zipf] [--batch 100]
@@ -71,7 +71,7 @@ bool ParseKeyDistribution(std::string_view name, KeyDistribution* distribution);
 const char* KeyDistributionName(KeyDistribution distribution);
 
 // Everything `flatkv-bench server` takes from the command line (parsed by
-// ParseBenchFlags, client/bench_flags.h), with its defaults.
+// ParseBenchFlags, client/bench/bench_flags.h), with its defaults.
 struct ServerBenchFlags {
   std::string host = "127.0.0.1";                 // --host (name or address)
   int port = 9901;                                // --port

@@ -9,7 +9,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 
-#include "client/bench_engine.h"
+#include "client/bench/bench_engine.h"
 
 namespace flatkv::client {
 namespace {

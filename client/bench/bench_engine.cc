@@ -1,4 +1,4 @@
-#include "client/bench_engine.h"
+#include "client/bench/bench_engine.h"
 
 #include <string>
 

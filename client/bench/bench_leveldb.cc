@@ -7,7 +7,7 @@
 #include <leveldb/db.h>
 #include <leveldb/options.h>
 
-#include "client/bench_engine.h"
+#include "client/bench/bench_engine.h"
 
 namespace flatkv::client {
 namespace {

@@ -1,4 +1,4 @@
-#include "client/bench_flags.h"
+#include "client/bench/bench_flags.h"
 
 #include <charconv>
 #include <limits>
@@ -17,6 +17,8 @@ constexpr uint64_t kMinAutoStringSlots = 1024;
 constexpr uint64_t kMaxCompactionMbPerSec = 1000000;
 // Highest --flush-interval-ms: one hour.
 constexpr uint64_t kMaxFlushIntervalMs = 3600000;
+// Most --points of a growth run.
+constexpr uint64_t kMaxPoints = 100000;
 // Server mode: connections, keys per call, and a key space whose
 // written-keys bitmap stays under 2 GiB.
 constexpr uint64_t kMaxClients = 10000;
@@ -127,6 +129,16 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
     }
     f->write_async = value == "async";
     f->cache_flags_given = true;
+  } else if (name == "mix") {
+    if (!ParseGrowthMix(value, &f->mix)) {
+      return Status::InvalidArgument("--mix: expected writeonly|readheavy|writeheavy, got '" +
+                                     std::string(value) + "'");
+    }
+    f->growth_flags_given = true;
+  } else if (name == "points") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxPoints, &n));
+    f->points = static_cast<int>(n);
+    f->growth_flags_given = true;
   } else if (name == "flush-interval-ms") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxFlushIntervalMs, &n));
     f->flush_interval_ms = static_cast<uint32_t>(n);
@@ -221,7 +233,9 @@ Status ValidateServer(const ServerBenchFlags& f) {
   return Status::OK();
 }
 
-bool IsBoolFlag(std::string_view name) { return name == "json" || name == "fresh"; }
+bool IsBoolFlag(std::string_view name) {
+  return name == "json" || name == "fresh" || name == "csv";
+}
 
 // Cross-flag checks once everything is parsed.
 Status Validate(const BenchFlags& f) {
@@ -246,6 +260,15 @@ Status Validate(const BenchFlags& f) {
   }
   if (f.string_slots != 0 && (f.engine != "flat" || f.keys != KeyKind::kString)) {
     return Status::InvalidArgument("--string-slots applies only to --engine flat --keys string");
+  }
+  if (f.mode == BenchMode::kGrowth) {
+    if (f.json && f.csv) return Status::InvalidArgument("--json and --csv exclude each other");
+    if (static_cast<uint64_t>(f.points) > f.num) {
+      return Status::InvalidArgument("--points " + std::to_string(f.points) + " exceeds --num " +
+                                     std::to_string(f.num) + " (each point adds records)");
+    }
+  } else if (f.growth_flags_given) {
+    return Status::InvalidArgument("--mix, --points and --csv apply only to 'growth'");
   }
   return Status::OK();
 }
@@ -285,6 +308,29 @@ Status ForEachFlag(int argc, char** argv, IsBool is_bool, OnBool on_bool, OnValu
 
 }  // namespace
 
+BenchEngineOptions EngineOptionsFor(const BenchFlags& f) {
+  BenchEngineOptions options;
+  options.dir = f.dir;
+  options.sync = f.sync;
+  options.num = f.num;
+  options.value_size = f.value_size;
+  options.index_item_bytes = f.index_item_bytes;
+  options.data_files = f.data_files;
+  options.string_slots = StringSlotsFor(f);
+  options.compaction_mb_per_sec = f.compaction_mb_per_sec;
+  options.compaction_disk_ratio = f.compaction_disk_ratio;
+  if (CacheEnabled(f)) {
+    options.cache_policy = f.cache;
+    options.cache_bytes = f.cache_bytes;
+    options.write_async = f.write_async;
+    options.flush_interval_ms = f.flush_interval_ms;
+  }
+  for (Workload w : f.workloads) {
+    if (f.mode == BenchMode::kEngine && IsCompactionWorkload(w)) options.auto_compaction = false;
+  }
+  return options;
+}
+
 uint64_t StringSlotsFor(const BenchFlags& flags) {
   if (flags.keys != KeyKind::kString) return 0;
   if (flags.string_slots != 0) return flags.string_slots;
@@ -302,7 +348,9 @@ Status ParseBenchFlags(int argc, char** argv, BenchFlags* flags) {
       return Status::OK();
     }
   }
-  if (argc < 2) return Status::InvalidArgument("missing command (expected 'engine' or 'server')");
+  if (argc < 2) {
+    return Status::InvalidArgument("missing command (expected 'engine', 'growth' or 'server')");
+  }
   std::string_view command = argv[1];
   if (command == "server") {
     flags->mode = BenchMode::kServer;
@@ -317,16 +365,26 @@ Status ParseBenchFlags(int argc, char** argv, BenchFlags* flags) {
         }));
     return ValidateServer(f);
   }
-  if (command != "engine") {
+  if (command != "engine" && command != "growth") {
     return Status::InvalidArgument("unknown command '" + std::string(command) +
-                                   "' (expected 'engine' or 'server')");
+                                   "' (expected 'engine', 'growth' or 'server')");
   }
+  if (command == "growth") flags->mode = BenchMode::kGrowth;
   // Without an explicit list, run what db_bench users reach for first.
-  FLATKV_RETURN_IF_ERROR(ParseWorkloadList("fillrandom,readrandom", &flags->workloads));
+  if (flags->mode == BenchMode::kEngine) {
+    FLATKV_RETURN_IF_ERROR(ParseWorkloadList("fillrandom,readrandom", &flags->workloads));
+  }
   FLATKV_RETURN_IF_ERROR(ForEachFlag(
       argc, argv, IsBoolFlag,
-      [&](std::string_view name) { (name == "json" ? flags->json : flags->fresh) = true; },
+      [&](std::string_view name) {
+        if (name == "csv") flags->growth_flags_given = true;
+        (name == "json" ? flags->json : name == "csv" ? flags->csv : flags->fresh) = true;
+      },
       [&](std::string_view name, std::string_view value) {
+        // A growth run's ops follow from --mix and --num, not a list.
+        if (name == "workload" && flags->mode == BenchMode::kGrowth) {
+          return Status::InvalidArgument("--workload does not apply to 'growth' (use --mix)");
+        }
         return ApplyFlag(name, value, flags);
       }));
   return Validate(*flags);
@@ -336,6 +394,7 @@ void PrintBenchUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: flatkv-bench engine --engine ENGINE --dir DIR [options]\n"
+      "       flatkv-bench growth --engine ENGINE --dir DIR [--mix M] [options]   (below)\n"
       "       flatkv-bench server [--host H] [--port P] [options]   (below)\n"
       "\n"
       "Runs storage-engine workloads in-process and prints one line per workload.\n"
@@ -392,7 +451,26 @@ void PrintBenchUsage(std::FILE* out) {
       "peers) first overwrite the keys 3 times (untimed), then time one full\n"
       "compaction, or reads during it against reads without it.\n"
       "Exit status: 0 ok, 1 an operation or the engine failed, 2 bad command line\n"
-      "or an engine not built into this binary.\n",
+      "or an engine not built into this binary.\n"
+      "\n"
+      "usage: flatkv-bench growth --engine ENGINE --dir DIR [--mix M] [options]\n"
+      "\n"
+      "Fills an empty store to --num records in --points steps, each inserting\n"
+      "num/points new records (random order) mixed with reads of records already\n"
+      "there, and prints one line per step: the records held and the ops/s of the\n"
+      "step (the ZDB paper's Figures 5-10; chart them with bench_report.py --plot).\n"
+      "Takes the engine flags above but --workload, and:\n"
+      "\n"
+      "  --mix M             writeonly: inserts only (default); readheavy: 90%%\n"
+      "                      reads, 10%% inserts; writeheavy: 10%% reads, 90%%\n"
+      "                      inserts (about num / (1 - reads) ops in all)\n"
+      "  --num N             records at the end (default 1000000)\n"
+      "  --points P          steps, one output line each (default 10, <= num)\n"
+      "  --csv               a header line, then one comma-separated row per point\n"
+      "                      (or --json: one object per point)\n"
+      "\n"
+      "--dir must be empty (or given with --fresh). Every read must find its\n"
+      "record: a miss counts as an error. Exit status as for engine.\n",
       WorkloadNameList());
   std::fprintf(
       out,

@@ -1,6 +1,7 @@
 // Command line of flatkv-bench:
 //
 //   flatkv-bench engine --engine E --workload W[,W...] --dir D [options]
+//   flatkv-bench growth --engine E --mix M --num N --points P --dir D [options]
 //   flatkv-bench server --host H --port P --workload W[,W...] [options]
 //
 // Flags take "--name value" or "--name=value". Parsing never exits or throws:
@@ -13,21 +14,26 @@
 #include <string>
 #include <vector>
 
-#include "client/bench_server.h"
-#include "client/bench_workload.h"
+#include "client/bench/bench_engine.h"
+#include "client/bench/bench_growth.h"
+#include "client/bench/bench_server.h"
+#include "client/bench/bench_workload.h"
 #include "engine/status.h"
 
 namespace flatkv::client {
 
-// The command: the storage engine in-process, or a running flatkv-server.
-enum class BenchMode { kEngine, kServer };
+// The command: the storage engine in-process (a workload list, or a growth
+// run: client/bench/bench_growth.h), or a running flatkv-server.
+enum class BenchMode { kEngine, kGrowth, kServer };
 
 struct BenchFlags {
   bool help = false;                      // --help / -h: print usage, exit 0
   BenchMode mode = BenchMode::kEngine;    // the first argument: engine | server
-  // `server` mode: all of its flags (client/bench_server.h). The fields
+  // `server` mode: all of its flags (client/bench/bench_server.h). The fields
   // below are engine mode's.
   ServerBenchFlags server;
+  // Engine and growth modes share the fields below, but for --workload
+  // (engine only) and the growth fields after the cache's (growth only).
   std::string engine;                     // --engine (required)
   std::vector<Workload> workloads;        // --workload, run in order
   std::string dir;                        // --dir (required)
@@ -50,6 +56,12 @@ struct BenchFlags {
   bool write_async = false;               // --write-mode safe|async
   uint32_t flush_interval_ms = 100;       // --flush-interval-ms (async flushers)
   bool cache_flags_given = false;         // any of the four above was on the command line
+  // `growth` mode only (client/bench/bench_growth.h); --num is the final
+  // record count.
+  GrowthMix mix = GrowthMix::kWriteOnly;  // --mix writeonly|readheavy|writeheavy
+  int points = 10;                        // --points: steps, one output line each
+  bool csv = false;                       // --csv: a header line, then one row a point
+  bool growth_flags_given = false;        // --mix, --points or --csv was given
 };
 
 // True if --cache is lru or arc (not none).
@@ -59,6 +71,9 @@ inline bool CacheEnabled(const BenchFlags& flags) { return flags.cache != "none"
 // else the smallest power of two >= num and >= 1024, so that a bucket holds
 // about one key. 0 (the engine's default) with --keys int.
 uint64_t StringSlotsFor(const BenchFlags& flags);
+
+// The options the engine adapters open with, from the engine/growth flags.
+BenchEngineOptions EngineOptionsFor(const BenchFlags& flags);
 
 // Parses argv (argv[0] is the program). On success fills *flags; on a bad
 // command line returns InvalidArgument with a one-line reason.

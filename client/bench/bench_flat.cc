@@ -14,7 +14,7 @@
 // cache first (which flushes whatever is dirty), then the Store.
 #include <memory>
 
-#include "client/bench_engine.h"
+#include "client/bench/bench_engine.h"
 #include "engine/cache/write_back.h"
 #include "engine/options.h"
 #include "engine/store.h"
