@@ -289,6 +289,16 @@ class Replicator {
   void Sequence(bool serial, const char* what, SequenceFn run, WriteDone done,
                 bool run_here = false);
   Status WaitFor(const std::function<void(WriteDone)>& start, int64_t timeout_ms, bool* existed);
+  // The two rounds both repairs share: "rewrite" runs in a serial event
+  // (the store holds every write sequenced before it) and either
+  // sequences the rewrite as write "request" or answers "request" itself
+  // (an error, or OK and true: this member's copy is bad and no write the
+  // chain has not committed covers it). Then "fetch" gets another
+  // member's copy on the caller's thread and "rewrite" runs again with
+  // "fetched". Corruption if the copy is needed twice.
+  using RewriteFn =
+      std::function<bool(bool fetched, uint64_t request, int64_t now, partition::ChainOutput* out)>;
+  Status RepairRounds(const std::function<Status()>& fetch, const RewriteFn& rewrite);
   int64_t WriteTimeoutMs() const { return 2 * int64_t{options_.session_timeout_ms} + 2000; }
   void Loop();
   void Tick(int64_t now, partition::ChainOutput* out);
