@@ -1098,7 +1098,20 @@ Status FlatTable::CopyUnseen(int file, uint64_t end, const std::vector<bool>& se
   const LogFile* log = fs.log.load(std::memory_order_acquire);
   const auto n = static_cast<uint64_t>(params_.index.data_files);
   std::string value;
-  for (uint64_t slot = static_cast<uint64_t>(file); slot < slots(); slot += n) {
+  uint64_t next_slot = static_cast<uint64_t>(file);
+  while (next_slot < slots()) {
+    const uint64_t slot = next_slot;
+    next_slot += n;
+    // Regions of the index with no live slot are skipped whole (the index
+    // keeps live counts per group and chunk): a table of 16M slots holding
+    // a few keys costs a few visits, not a read of its whole index (and no
+    // zero pages faulted in over its holes).
+    if (const uint64_t span = index_->EmptySpan(slot); span > 0) {
+      const uint64_t region_end = slot - slot % span + span;
+      // The first slot of this file at or after the region.
+      next_slot = region_end + (static_cast<uint64_t>(file) + n - region_end % n) % n;
+      continue;
+    }
     if (seen[slot / n] || ReadSlot(fs, slot) == 0) continue;
     std::unique_lock<std::mutex> lk(fs.mu);
     const uint64_t v = CurrentSlotLocked(fs, slot);

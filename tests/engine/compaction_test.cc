@@ -707,6 +707,50 @@ TEST_CASE("Compaction never drops a bad live record: it stops, the key stays bad
   ExpectModel(*store, model, {});
 }
 
+TEST_CASE("Compaction finds a bad live record among sparse keys, past the empty stretches it skips",
+          "[engine][compaction]") {
+  // The index's empty groups are skipped, not read slot by slot: a bad
+  // record in a populated group far from the others must still stop it.
+  flatkv::test::TempDir dir;
+  EngineOptions o = Options(dir / "s");
+  o.key_max = int64_t{1} << 22;
+  o.segment_keys = int64_t{1} << 20;  // one table; clusters of keys far apart
+  o.data_files = 4;
+  std::map<int64_t, std::string> model;
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(o, &store).ok());
+    for (int version = 0; version < 2; ++version) {
+      for (int64_t base : {int64_t{0}, int64_t{300000}, int64_t{700513}, int64_t{1048000}}) {
+        for (int64_t k = base; k < base + 50; ++k) {
+          model[k] = Value(k, version, 200);
+          REQUIRE(store->Put(k, model[k]).ok());
+        }
+      }
+    }
+  }
+  const int64_t bad = 700539;
+  const std::string path = o.path + "/seg-0000000000000000/data-00" +
+                           std::to_string(bad % o.data_files) + ".log";
+  std::string data = flatkv::test::ReadFile(path);
+  const size_t at = data.find(model.at(bad));
+  REQUIRE(at != std::string::npos);
+  data[at + 100] = static_cast<char>(data[at + 100] ^ 0x01);
+  flatkv::test::WriteFile(path, data);
+  model.erase(bad);
+
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  Status st = store->CompactAndWait();
+  REQUIRE(st.IsCorruption());
+  CHECK(st.message().find("key " + std::to_string(bad)) != std::string::npos);
+  ExpectModel(*store, model, {});
+  model[bad] = "rewritten";
+  REQUIRE(store->Put(bad, model[bad]).ok());
+  REQUIRE(store->CompactAndWait().ok());
+  ExpectModel(*store, model, {});
+}
+
 TEST_CASE("Compaction into a table with another data file count keeps every value",
           "[engine][compaction]") {
   // The new generation takes the data file count of the options, so keys
