@@ -11,6 +11,8 @@ packages=(
   thrift-compiler libthrift-dev libboost-dev libevent-dev
   libzookeeper-mt-dev zookeeper
   libspdlog-dev libyaml-cpp-dev
+  # flatkv-server's allocator (server/CMakeLists.txt says why)
+  libjemalloc-dev
   # the documented 64-bit hash of string keys (XXH64)
   libxxhash-dev
   # tests (the full-disk tests make and loop-mount a small ext4 file system)
