@@ -753,13 +753,12 @@ void Replicator::RunHere() {
 
 // What only the loop thread does: it may wait on ZooKeeper (a record, a
 // deregistration, a registration), on a whole store (a wipe, a checkpoint)
-// or on the disk (sync: always without the pipeline; the pipeline's Drain),
-// or start a snapshot stream. A batch under the pipeline is not heavy: it
-// is logged and sent, and its fdatasync is the syncer's.
+// or on the disk (the pipeline's Drain), or start a snapshot stream. A
+// batch of writes is not heavy: under storage.sync: always it is logged and
+// sent, and its fdatasync is the syncer's.
 bool Replicator::Heavy(const ChainOutput& out) const {
   return out.wipe || !out.record.empty() || !out.snapshots.empty() || out.deregister ||
-         out.register_now || disk_full_.load() ||
-         (options_.sync_always && !pipelined_ && !out.apply.empty()) || CheckpointWanted();
+         out.register_now || disk_full_.load() || CheckpointWanted();
 }
 
 void Replicator::PostRun(std::function<void(int64_t now, ChainOutput* out)> run) {

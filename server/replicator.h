@@ -21,8 +21,8 @@
 // the writes or frames, at the end of its round (Post's run_here,
 // ReplicatorOptions::defer: a thread wake-up per hop saved), else the loop
 // thread. Whatever may block (Heavy(): ZooKeeper records, checkpoints,
-// wipes, snapshots, every batch under sync: always) is handed to the loop,
-// which also runs the ticks, ring events and calls that wait.
+// wipes, snapshots) is handed to the loop, which also runs the ticks, ring
+// events and calls that wait.
 //
 // Messages to a neighbour go through a PeerLink: one connection that sends
 // the frames in order as oneway peerChain calls (nothing answers a frame),
@@ -43,7 +43,8 @@
 //
 // Durability: every batch of writes is appended to the chain log
 // (<storage.path>/CHAINLOG, server/chain_log.h) before it is applied, and
-// under storage.sync: always synced with one fdatasync (the engine below
+// under storage.sync: always synced with one fdatasync, on the syncer
+// thread while later batches go on (the pipeline, below; the engine below
 // then runs as sync: interval). The log names the member's position and
 // whether its store is intact (holds every write it applied: false from a
 // wipe until the member registered again, and for a data directory that

@@ -78,28 +78,6 @@ struct StepThread {
                    (s.IsNotFound() ? std::string("not found (it was inserted)") : s.ToString());
 }
 
-template <KeyKind kKind>
-Status PutKey(BenchEngine* engine, int64_t key, std::string_view value) {
-  if constexpr (kKind == KeyKind::kString) {
-    char k[kStringKeyBytes];
-    StringKey(static_cast<uint64_t>(key), k);
-    return engine->SPut(std::string_view(k, sizeof(k)), value);
-  } else {
-    return engine->Put(key, value);
-  }
-}
-
-template <KeyKind kKind>
-Status GetKey(BenchEngine* engine, int64_t key, std::string* value) {
-  if constexpr (kKind == KeyKind::kString) {
-    char k[kStringKeyBytes];
-    StringKey(static_cast<uint64_t>(key), k);
-    return engine->SGet(std::string_view(k, sizeof(k)), value);
-  } else {
-    return engine->Get(key, value);
-  }
-}
-
 // Thread t's part of a step: its inserts, with reads drawn in between.
 template <KeyKind kKind>
 void RunStepThread(BenchEngine* engine, const StepPlan& p, int t, StepThread* r) {

@@ -128,40 +128,6 @@ Op OpOf(Workload w) {
   }
 }
 
-// One op on the key of index "key": the integer itself, or its string key.
-template <KeyKind kKind>
-Status PutKey(BenchEngine* engine, int64_t key, std::string_view value) {
-  if constexpr (kKind == KeyKind::kString) {
-    char k[kStringKeyBytes];
-    StringKey(static_cast<uint64_t>(key), k);
-    return engine->SPut(std::string_view(k, sizeof(k)), value);
-  } else {
-    return engine->Put(key, value);
-  }
-}
-
-template <KeyKind kKind>
-Status GetKey(BenchEngine* engine, int64_t key, std::string* value) {
-  if constexpr (kKind == KeyKind::kString) {
-    char k[kStringKeyBytes];
-    StringKey(static_cast<uint64_t>(key), k);
-    return engine->SGet(std::string_view(k, sizeof(k)), value);
-  } else {
-    return engine->Get(key, value);
-  }
-}
-
-template <KeyKind kKind>
-Status DeleteKey(BenchEngine* engine, int64_t key) {
-  if constexpr (kKind == KeyKind::kString) {
-    char k[kStringKeyBytes];
-    StringKey(static_cast<uint64_t>(key), k);
-    return engine->SDelete(std::string_view(k, sizeof(k)));
-  } else {
-    return engine->Delete(key);
-  }
-}
-
 // Runs ops [begin, end) of one thread.
 template <KeyKind kKind, class Keys>
 void RunSlice(BenchEngine* engine, Op op, Keys keys, uint64_t begin, uint64_t end,

@@ -146,6 +146,41 @@ inline void StringKey(uint64_t i, char* out) {
   EncodeBigEndianKey(static_cast<int64_t>(SplitMix64(i ^ kSalt)), out + 8);
 }
 
+// One op on the key of index "key": the integer itself, or its string key
+// (engine workloads and growth mode).
+template <KeyKind kKind>
+inline Status PutKey(BenchEngine* engine, int64_t key, std::string_view value) {
+  if constexpr (kKind == KeyKind::kString) {
+    char k[kStringKeyBytes];
+    StringKey(static_cast<uint64_t>(key), k);
+    return engine->SPut(std::string_view(k, sizeof(k)), value);
+  } else {
+    return engine->Put(key, value);
+  }
+}
+
+template <KeyKind kKind>
+inline Status GetKey(BenchEngine* engine, int64_t key, std::string* value) {
+  if constexpr (kKind == KeyKind::kString) {
+    char k[kStringKeyBytes];
+    StringKey(static_cast<uint64_t>(key), k);
+    return engine->SGet(std::string_view(k, sizeof(k)), value);
+  } else {
+    return engine->Get(key, value);
+  }
+}
+
+template <KeyKind kKind>
+inline Status DeleteKey(BenchEngine* engine, int64_t key) {
+  if constexpr (kKind == KeyKind::kString) {
+    char k[kStringKeyBytes];
+    StringKey(static_cast<uint64_t>(key), k);
+    return engine->SDelete(std::string_view(k, sizeof(k)));
+  } else {
+    return engine->Delete(key);
+  }
+}
+
 // A seeded bijection of [0, n): a random permutation that costs no memory,
 // so a billion-key fillrandom does not inflate rss_bytes by 8 GB. It mixes
 // within the smallest power of two >= n and walks the cycle until it lands
