@@ -71,8 +71,10 @@ struct EngineOptions {
   // it. A compaction needs room for one table's live bytes besides (the new
   // generation), so the disk peaks near this ratio plus the largest table's
   // share of the live data. Should the writes outrun the compactor and the
-  // ratio pass this + 0.1, each write waits (at most 100 ms) for it: the
-  // disk stays bounded and the writes slow down instead. 0 turns this rule
+  // ratio pass this + 0.1 (plus, while a table compacts, its share of the
+  // live bytes times its dead bytes, which its switch frees), each write
+  // waits (at most 100 ms) for it: the disk stays bounded and the writes
+  // slow down instead. 0 turns this rule
   // (and the waits) off, leaving only compaction_garbage_ratio; so does
   // compaction_garbage_ratio 0, which turns all automatic compaction off.
   // Otherwise at least 1.1.
