@@ -385,9 +385,6 @@ Status Store::CompactPinned(uint64_t segment) {
       old_arrays = RetireArraysLocked();
     }
   }
-  // The writes' allowance no longer counts the old generation: renew it
-  // now, or writers that spent it wait through the deletion and syncs below.
-  (void)PickAutomatic();
   SynchronizeReaders();
   old_arrays.clear();  // every reader of them has drained
   const std::string old_dir = retired->dir();
@@ -399,6 +396,9 @@ Status Store::CompactPinned(uint64_t segment) {
     std::error_code ec;
     std::filesystem::remove_all(old_dir, ec);
   }
+  // The old generation is gone: renew the writes' allowance without it
+  // now, or writers that spent it wait through the sync below as well.
+  (void)PickAutomatic();
   FLATKV_RETURN_IF_ERROR(SyncDirectory(home));
   const uint64_t after = next->TotalBytes();
   spdlog::info("{}: compacted generation {} -> {}: {} -> {} log bytes", home, gen, gen + 1, before,
@@ -432,8 +432,9 @@ Status Store::CompactPinned(uint64_t segment) {
 // compactions). A compactor that keeps up never lets it run out.
 //
 // While a table compacts, writes may also borrow from the dead bytes its
-// switch will free, in proportion to its share of the live bytes (the
-// share its copy walks, so the time it takes). The margin alone left the
+// switch will free (at most (disk_ratio - 1) x its live bytes), in
+// proportion to its share of the live bytes (the share its copy walks, so
+// the time it takes). The margin alone left the
 // writes 0.1 x live for a whole compaction: a one-table store (the default
 // up to 16M integer keys) copies all its live bytes, so its writes stalled
 // through most of every compaction unless the compactor copied ten times
@@ -476,7 +477,11 @@ uint64_t Store::PickAutomatic() {
   if (disk_ratio > 0) {
     double loan = 0;
     for (const auto& [dead, table_live] : compacting) {
-      if (live > 0) loan += static_cast<double>(dead) * table_live / static_cast<double>(live);
+      // At most what a table compacted on time frees, (disk_ratio - 1) x
+      // its live bytes: a table that piled up garbage behind a slow
+      // compactor lends no more.
+      const double frees = std::min(static_cast<double>(dead), (disk_ratio - 1) * table_live);
+      if (live > 0) loan += frees * table_live / static_cast<double>(live);
     }
     const double cap = std::max((disk_ratio + kStallMargin) * static_cast<double>(live) + loan,
                                 static_cast<double>(options_.compaction_min_bytes));

@@ -558,7 +558,9 @@ TEST_CASE("A one-table store's writes go on through its compactions while the co
   INFO(Describe(r));
   std::printf("one table: %s\n", Describe(r).c_str());
   CHECK(r.compacted >= 2);
-  CHECK(r.stall_us < 4 * seconds * 1e6 * 0.1);  // under 10 % of the four writers' time
+  // Under a quarter of the four writers' time (about 5 % measured, 15 %
+  // under AddressSanitizer on a loaded machine; 70 % before).
+  CHECK(r.stall_us < 4 * seconds * 1e6 * 0.25);
   // 1.5 + 0.1 + the 0.5 lent + the copy (1.0), and what the 16 data files
   // have allocated ahead (the margin, about 0.3x here).
   CHECK(r.worst <= 3.8);
