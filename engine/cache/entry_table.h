@@ -25,7 +25,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <string_view>
 
@@ -97,6 +96,26 @@ class EntryTable {
     char key[kInlineKey];  // the key if key_size <= kInlineKey
   };
   static_assert(sizeof(Slot) == 64, "a slot is one cache line");
+  // The slot array: new[] while small, from 2 MiB an anonymous mapping
+  // with MADV_HUGEPAGE (THP is often "madvise" only). A cold key's probe is
+  // a cache miss anyway; on 4 KiB pages a table of a million slots spans
+  // 16k pages and the probe was a TLB miss as well.
+  class SlotArray {
+   public:
+    explicit SlotArray(uint32_t slots);  // zeroed
+    ~SlotArray();
+    Slot& operator[](uint32_t i) { return p_[i]; }
+    const Slot& operator[](uint32_t i) const { return p_[i]; }
+    const Slot* get() const { return p_; }
+    void swap(SlotArray& other);
+    SlotArray(const SlotArray&) = delete;
+    SlotArray& operator=(const SlotArray&) = delete;
+
+   private:
+    Slot* p_;
+    size_t bytes_;
+    bool mapped_ = false;
+  };
   struct ListEnds {
     uint32_t head = kNil;
     uint32_t tail = kNil;
@@ -117,7 +136,7 @@ class EntryTable {
   void Relink(uint32_t slot);
   void Grow();
 
-  std::unique_ptr<Slot[]> slots_;
+  SlotArray slots_;
   uint32_t mask_;
   uint64_t size_ = 0;
   ListEnds lists_[kMaxLists];
