@@ -5,12 +5,15 @@
 // size p of T1: a B1 ghost says recency deserved more room, a B2 ghost says
 // frequency did. A one-time scan only ever flows through T1, so a reused
 // working set in T2 survives it, where LRU would be flushed.
+//
+// All four lists are intrusive lists in one EntryTable (open addressing, key
+// inline): a hit is one hash lookup and a relink, a ghost is a slot with
+// its key and size but no value bytes.
 #pragma once
 
-#include <list>
 #include <string>
-#include <unordered_map>
 
+#include "engine/cache/entry_table.h"
 #include "engine/cache/policy.h"
 
 namespace flatkv::engine::cache {
@@ -24,8 +27,8 @@ class ArcPolicy final : public Policy {
   void Erase(std::string_view key) override;
   bool Update(std::string_view key, std::string_view value) override;
   bool Contains(std::string_view key) const override {
-    auto it = map_.find(key);
-    return it != map_.end() && (it->second.list == kT1 || it->second.list == kT2);
+    const uint32_t slot = table_.Find(key, EntryTable::Hash(key));
+    return slot != EntryTable::kNil && Resident(slot);
   }
   PolicyStats stats() const override;
   const char* name() const override { return "arc"; }
@@ -33,30 +36,28 @@ class ArcPolicy final : public Policy {
   // The adaptive target for T1, in bytes (for tests and metrics).
   uint64_t target_t1() const { return p_; }
 
- private:
   enum ListId { kT1 = 0, kT2 = 1, kB1 = 2, kB2 = 3 };
-  struct Entry {
-    std::string key;
-    std::string value;  // empty for ghosts
-    uint64_t charge;
-  };
-  using List = std::list<Entry>;  // front = most recent
-  struct Loc {
-    ListId list;
-    List::iterator it;
-  };
+  // Charged bytes on one list, and the table, for tests.
+  uint64_t TEST_list_bytes(ListId list) const { return bytes_[list]; }
+  const EntryTable& TEST_table() const { return table_; }
 
-  void MoveTo(Loc* loc, ListId to);
+ private:
+  bool Resident(uint32_t slot) const { return table_.list(slot) <= kT2; }
+  uint64_t ChargeOf(uint32_t slot) const {
+    return Charge(table_.key(slot), table_.value_size(slot));
+  }
+  void MoveTo(uint32_t slot, ListId to);
   void DropLru(ListId list);  // removes the LRU entry of a list for good
+  void EraseSlot(uint32_t slot);
   // Evicts the LRU of T1 (into B1) or of T2 (into B2), as ARC's REPLACE.
+  // Moves no slot (a ghost stays where it was), so slot indices survive.
   void Replace(bool hit_in_b2);
   void MakeRoom(uint64_t charge, bool hit_in_b2);
   // A resident entry gets a new value; counts as a reuse (moves to T2).
-  void Rewrite(Loc* loc, std::string_view key, std::string_view value);
+  void Rewrite(uint32_t slot, std::string_view value);
 
-  List lists_[4];
+  EntryTable table_;
   uint64_t bytes_[4] = {0, 0, 0, 0};
-  std::unordered_map<std::string_view, Loc> map_;  // views into the entries' keys
   uint64_t p_ = 0;
   PolicyStats stats_;
 };

@@ -3,46 +3,78 @@
 namespace flatkv::engine::cache {
 
 bool LruPolicy::Lookup(std::string_view key, std::string* value) {
-  auto it = map_.find(key);
-  if (it == map_.end()) {
+  const uint32_t slot = table_.Find(key, EntryTable::Hash(key));
+  if (slot == EntryTable::kNil) {
     ++stats_.misses;
     return false;
   }
   ++stats_.hits;
-  list_.splice(list_.begin(), list_, it->second);
-  *value = it->second->value;
+  table_.MoveToFront(slot, kList);
+  const std::string_view v = table_.value(slot);
+  value->assign(v.data(), v.size());
   return true;
 }
 
-void LruPolicy::Insert(std::string_view key, std::string_view value) {
-  Erase(key);
-  const uint64_t charge = Charge(key, value.size());
-  if (charge > capacity_) return;
-  while (bytes_ + charge > capacity_ && !list_.empty()) {
-    const Entry& victim = list_.back();
-    bytes_ -= Charge(victim.key, victim.value.size());
-    map_.erase(victim.key);
-    list_.pop_back();
+void LruPolicy::EvictUntil(uint64_t room) {
+  while (bytes_ + room > capacity_ && table_.size() > 0) {
+    const uint32_t victim = table_.tail(kList);
+    bytes_ -= ChargeOf(victim);
+    table_.Remove(victim);
     ++stats_.evictions;
   }
-  list_.push_front(Entry{std::string(key), std::string(value)});
-  map_.emplace(list_.front().key, list_.begin());
+}
+
+void LruPolicy::Rewrite(uint32_t slot, std::string_view value) {
+  bytes_ -= ChargeOf(slot);
+  table_.SetValue(slot, value);
+  bytes_ += ChargeOf(slot);
+  table_.MoveToFront(slot, kList);
+  EvictUntil(0);
+}
+
+void LruPolicy::Insert(std::string_view key, std::string_view value) {
+  const uint64_t hash = EntryTable::Hash(key);
+  const uint32_t slot = table_.Find(key, hash);
+  const uint64_t charge = Charge(key, value.size());
+  if (charge > capacity_) {  // not kept; nor is the old value
+    if (slot != EntryTable::kNil) {
+      bytes_ -= ChargeOf(slot);
+      table_.Remove(slot);
+    }
+    return;
+  }
+  if (slot != EntryTable::kNil) {
+    Rewrite(slot, value);
+    return;
+  }
+  EvictUntil(charge);
+  table_.Add(key, hash, value, kList);
   bytes_ += charge;
 }
 
+bool LruPolicy::Update(std::string_view key, std::string_view value) {
+  const uint32_t slot = table_.Find(key, EntryTable::Hash(key));
+  if (slot == EntryTable::kNil) return false;
+  if (Charge(key, value.size()) > capacity_) {
+    bytes_ -= ChargeOf(slot);
+    table_.Remove(slot);
+    return true;
+  }
+  Rewrite(slot, value);
+  return true;
+}
+
 void LruPolicy::Erase(std::string_view key) {
-  auto it = map_.find(key);
-  if (it == map_.end()) return;
-  bytes_ -= Charge(it->second->key, it->second->value.size());
-  List::iterator node = it->second;
-  map_.erase(it);
-  list_.erase(node);
+  const uint32_t slot = table_.Find(key, EntryTable::Hash(key));
+  if (slot == EntryTable::kNil) return;
+  bytes_ -= ChargeOf(slot);
+  table_.Remove(slot);
 }
 
 PolicyStats LruPolicy::stats() const {
   PolicyStats s = stats_;
   s.bytes = bytes_;
-  s.entries = list_.size();
+  s.entries = table_.size();
   return s;
 }
 

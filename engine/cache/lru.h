@@ -1,10 +1,11 @@
-// LruPolicy: evicts the least recently used entry first.
+// LruPolicy: evicts the least recently used entry first. Entries live in an
+// EntryTable (open addressing, key inline) on one intrusive list whose head
+// is the most recently used; a hit is one hash lookup and a relink.
 #pragma once
 
-#include <list>
 #include <string>
-#include <unordered_map>
 
+#include "engine/cache/entry_table.h"
 #include "engine/cache/policy.h"
 
 namespace flatkv::engine::cache {
@@ -15,20 +16,30 @@ class LruPolicy final : public Policy {
 
   bool Lookup(std::string_view key, std::string* value) override;
   void Insert(std::string_view key, std::string_view value) override;
+  bool Update(std::string_view key, std::string_view value) override;
   void Erase(std::string_view key) override;
-  bool Contains(std::string_view key) const override { return map_.count(key) > 0; }
+  bool Contains(std::string_view key) const override {
+    return table_.Find(key, EntryTable::Hash(key)) != EntryTable::kNil;
+  }
   PolicyStats stats() const override;
   const char* name() const override { return "lru"; }
 
- private:
-  struct Entry {
-    std::string key;
-    std::string value;
-  };
-  using List = std::list<Entry>;  // front = most recently used
+  // The table, for tests (EntryTable::TEST_CheckInvariants).
+  const EntryTable& TEST_table() const { return table_; }
 
-  List list_;
-  std::unordered_map<std::string_view, List::iterator> map_;  // views into list_ keys
+ private:
+  static constexpr int kList = 0;
+
+  uint64_t ChargeOf(uint32_t slot) const {
+    return Charge(table_.key(slot), table_.value_size(slot));
+  }
+  // A resident entry gets a new value and becomes the most recent; then
+  // evicts from the tail until the bytes fit (never this entry, which is
+  // at the head and fits alone).
+  void Rewrite(uint32_t slot, std::string_view value);
+  void EvictUntil(uint64_t room);  // evicts LRU entries until bytes_ + room fits
+
+  EntryTable table_;
   uint64_t bytes_ = 0;
   PolicyStats stats_;
 };
