@@ -625,10 +625,11 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
   // bytes written per appended byte are O(log size), not O(size).
   std::vector<std::string> merged;
   size_t acc = value.size();
+  uint64_t folded = 0;  // record bytes the merge leaves dead, counted once it wrote
   while (acc > 0 && !parts.empty() && parts.back().payload_size <= 2 * acc) {
     std::string piece;
     FLATKV_RETURN_IF_ERROR(ReadPayload(log, key, parts.back(), &piece));
-    dead_bytes_.fetch_add(parts.back().record_size, std::memory_order_relaxed);
+    folded += parts.back().record_size;
     acc += piece.size();
     merged.push_back(std::move(piece));
     parts.pop_back();
@@ -642,8 +643,11 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
     data.append(value.data(), value.size());
     value = data;
   }
-  if (parts.empty()) return Write(fs, lk, file, key, RecordType::kValue, {}, value);
-  return Write(fs, lk, file, key, RecordType::kAppend, EncodeAppendParts(parts), value);
+  Status st = parts.empty()
+                  ? Write(fs, lk, file, key, RecordType::kValue, {}, value)
+                  : Write(fs, lk, file, key, RecordType::kAppend, EncodeAppendParts(parts), value);
+  if (st.ok() && folded > 0) dead_bytes_.fetch_add(folded, std::memory_order_relaxed);
+  return st;
 }
 
 uint64_t FlatTable::LiveKeys() const {

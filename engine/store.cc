@@ -722,7 +722,14 @@ int64_t Store::StringSlot(std::string_view key) const {
 
 Status Store::AppendToBucket(FlatTable* table, int64_t ikey, std::string_view entry) {
   FlatTable::AppendInfo info;
-  FLATKV_RETURN_IF_ERROR(table->Append(ikey, entry, &info));
+  // Append reads the bucket too (its newest record's part list; the whole
+  // value when a compaction must move it first): a bad record found there
+  // makes a damaged bucket like one found by the read before, and the write
+  // is kept. Before 2026-11-24 the Corruption went back to the caller, and a
+  // chain member applying a replicated sput stopped (exit 3).
+  Status appended = table->Append(ikey, entry, &info);
+  if (appended.IsCorruption()) return MarkDamaged(table, ikey, entry, appended);
+  FLATKV_RETURN_IF_ERROR(appended);
   // Rewrite when the appends since the last whole write outgrow it, or when
   // Append's part merging has just folded everything into one record (that
   // happens after about half the base's size was appended): either way at

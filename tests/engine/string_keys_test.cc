@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "engine/store.h"
 #include "engine/string_keys.h"
@@ -316,4 +317,54 @@ TEST_CASE("Puts into a crowded bucket cost about their own size, not the bucket'
   INFO("bytes written " << written << " for " << entries << " bytes of entries");
   REQUIRE(written < 12 * entries);  // O(log) merging of appended parts, bounded rewrites
   REQUIRE(ScanAll(*store, 10).size() == 100);
+}
+
+TEST_CASE("A write into a bad bucket while its table compacts is kept",
+          "[engine][strings][repair]") {
+  // While the string-key table compacts, a put into a bucket not yet
+  // copied moves the whole bucket to the new generation (FlatTable::Append
+  // reads it). Finding it bad there returned Corruption to the writer before
+  // 2026-11-24, and a chain member applying the put stopped (exit 3; found
+  // by repair_test's repairs under writes). Now the bucket is marked
+  // damaged and the write kept, as when the read before the append finds it.
+  flatkv::test::TempDir dir;
+  EngineOptions o = Options(dir / "s", 2);
+  o.compaction_mb_per_sec = 1;       // slow: the put lands mid-compaction
+  o.compaction_garbage_ratio = 0;    // only the compaction asked for below
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  std::vector<std::string> slot0;
+  for (int i = 0; slot0.size() < 2; ++i) {
+    const std::string k = "key-" + std::to_string(i);
+    if (store->StringSlot(k) == 0) slot0.push_back(k);
+  }
+  // 2 MB of the bucket's old versions ahead of its live record: the copier
+  // reads them first, at 1 MB/s.
+  for (int i = 0; i < 500; ++i) {
+    REQUIRE(store->SPut(slot0[0], std::string(4000, 'g') + std::to_string(i)).ok());
+  }
+  const std::string live = "the-live-value-" + std::string(30, 'z');
+  REQUIRE(store->SPut(slot0[0], live).ok());
+  DamageOnDisk(o.path, live);
+  REQUIRE(store->Compact().ok());
+  for (int i = 0; i < 2000 && store->GetCompactionStatus().bytes_done == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(store->GetCompactionStatus().bytes_done > 0);  // copying: the bucket goes last
+  Status st = store->SPut(slot0[1], "after");
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  CHECK(store->GetCompactionStatus().running);  // it did land mid-compaction
+  CHECK(store->GetStats().buckets_damaged == 1);
+  auto check = [&] {
+    std::string v;
+    REQUIRE(store->SGet(slot0[1], &v).ok());
+    CHECK(v == "after");
+    CHECK(store->SGet(slot0[0], &v).IsCorruption());  // lost with the bad record: bad, not absent
+  };
+  check();
+  while (store->GetCompactionStatus().running) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  check();
 }

@@ -26,6 +26,12 @@ bad on head and tail), and a replicated sput into a bucket bad on the
 middle member (an sremove: it reads the bucket) no longer stops it
 (exit 3 before 2026-11-24): the bucket keeps the write with a
 damaged mark, `flatkv admin verify` there repairs it from the chain.
+Then a bucket is damaged on the tail and repaired by a read in 12 rounds
+while a writer puts 30 other string keys through the head (some into that
+bucket; the string-key table compacts meanwhile): every put is
+acknowledged, no member stops (before 2026-11-24 a put into a bad bucket
+not yet copied by a running compaction stopped the member applying it),
+and every key reads its last acknowledged value afterwards.
 Afterwards every key reads its value from every member and the chain's
 digests are equal.
 
@@ -35,8 +41,10 @@ pipeline (server/replicator.h).
 
 Usage: repair_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT [always]"""
 import os
+import random
 import subprocess
 import sys
+import threading
 import time
 
 import harness
@@ -284,6 +292,74 @@ check(code == ErrorCode.NOT_OWNER, "peerBucket routed to another mark is NOT_OWN
 svals = dict((k, svalue(k)) for k in SKEYS)
 del svals[b"skey-03"]
 
+# A bucket repaired again and again while a writer keeps putting string
+# keys (30 keys over the 8 buckets, so about 4 share each bucket, the bad
+# one too): a repair rewrites the bucket from the head's copy with the
+# writes the chain has not committed yet laid over it, and must never put
+# back an older value of a key written meanwhile, nor drop a key.
+WKEYS = [b"wkey-%02d" % i for i in range(30)]
+acked = {}  # key -> the last version acknowledged
+stop_writer = threading.Event()
+writer_errors = []
+
+
+def wvalue(skey, version):
+    return b"repair-writer %s v%06d " % (skey, version) + b"uvwxyz" * 5
+
+
+def writer():
+    rng = random.Random(7)
+    c, t = harness.client(head.port, 10000)
+    version = 0
+    try:
+        while not stop_writer.is_set():
+            version += 1
+            k = rng.choice(WKEYS)
+            for _ in range(50):  # the same put again until acknowledged
+                try:
+                    c.sput(k, wvalue(k, version))
+                    acked[k] = version
+                    break
+                except KvError as e:
+                    writer_errors.append(e.message)
+                    time.sleep(0.01)
+            else:
+                writer_errors.append("sput of %r never acknowledged" % k)
+                return
+    finally:
+        t.close()
+
+
+wt = threading.Thread(target=writer, daemon=True)  # a failed check must not hang on it
+wt.start()
+time.sleep(0.3)
+before = repairs()
+rounds_bad = 0
+for _ in range(12):
+    if corrupt(tail.data, b"skey-05") == 0:
+        continue
+    rounds_bad += 1
+    got = tail.call(lambda c: c.sget(b"skey-05"))
+    check(got.found and got.value == svalue(b"skey-05"),
+          "a read of a bucket bad on the tail while writes go into it returns the value")
+    time.sleep(0.05)
+stop_writer.set()
+wt.join()
+check(rounds_bad >= 10 and repairs() >= before + 1,
+      "the bucket was damaged in %d rounds and repaired %d times under writes" %
+      (rounds_bad, repairs() - before))
+check(not writer_errors, "every sput beside the repairs was acknowledged (%s)" % writer_errors[:3])
+check(len(acked) == len(WKEYS), "the writer wrote every key (%d)" % len(acked))
+for m in members:
+    r = cli(m.port, "admin", "verify", "--no-repair")
+    check(r.returncode == 0 and "corrupt 0" in r.stdout.decode(),
+          "%s: nothing bad after the repairs under writes: %r" % (m.name, r.stdout.decode()[-200:]))
+for m in members:
+    vals = [m.call(lambda c: c.sget(k)) for k in WKEYS]
+    check(all(v.found and v.value == wvalue(k, acked[k]) for k, v in zip(WKEYS, vals)),
+          "through %s: every key the writer wrote reads its last acknowledged value" % m.name)
+svals.update((k, wvalue(k, acked[k])) for k in WKEYS)
+
 # Bad everywhere: an error, never a wrong value, and the members stay up.
 check(all(corrupt(m.data, 40) == 1 for m in members), "key 40 damaged on every member")
 code, msg = storage_error(lambda: tail.call(lambda c: c.get(40)))
@@ -303,7 +379,7 @@ for m in members:
 head.call(lambda c: c.put(40, value(40)))
 digests = [m.call(lambda c: c.digest("")) for m in members]
 check(len({(d.keys, d.stringKeys, d.digest) for d in digests}) == 1 and
-      digests[0].keys == len(KEYS) and digests[0].stringKeys == len(SKEYS) - 1,
+      digests[0].keys == len(KEYS) and digests[0].stringKeys == len(SKEYS) - 1 + len(WKEYS),
       "equal digests across the chain after the rewrite of key 40")
 check(all(tail.call(lambda c: c.sget(k)).value == v for k, v in svals.items()) and
       not tail.call(lambda c: c.sget(b"skey-03")).found, "every string key reads its value")
