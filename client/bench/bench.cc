@@ -337,9 +337,8 @@ int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
       // workload's timed flush.
       if (IsWriteWorkload(w) && f.num > 0) {
         rep.engine_writes_per_put =
-            f.write_async && f.keys == KeyKind::kInt  // string keys bypass the cache
-                ? static_cast<double>(rep.cache.flushes) / static_cast<double>(f.num)
-                : 1.0;
+            f.write_async ? static_cast<double>(rep.cache.flushes) / static_cast<double>(f.num)
+                          : 1.0;
       }
     }
     if (f.json) {
