@@ -9,8 +9,8 @@
 // index. No tombstones, so probe runs never fill with dead slots.
 //
 // The table grows to twice its slots when an Add would pass 3/4 load. Growth
-// re-adds each list's entries from head to tail, appending to the same list
-// of the new array: order is kept and no old-to-new index map is needed.
+// re-adds each list's entries from tail to head, each at the head of the same
+// list of the new array: order is kept and no old-to-new index map is needed.
 #include "engine/cache/entry_table.h"
 
 #include <xxhash.h>
@@ -209,21 +209,6 @@ void EntryTable::PushFront(uint32_t slot, int list) {
   ++l.count;
 }
 
-void EntryTable::PushBack(uint32_t slot, int list) {
-  Slot& s = slots_[slot];
-  ListEnds& l = lists_[list];
-  s.list = static_cast<uint8_t>(list);
-  s.next = kNil;
-  s.prev = l.tail;
-  if (l.tail != kNil) {
-    slots_[l.tail].next = slot;
-  } else {
-    l.head = slot;
-  }
-  l.tail = slot;
-  ++l.count;
-}
-
 void EntryTable::Unlink(uint32_t slot) {
   Slot& s = slots_[slot];
   ListEnds& l = lists_[s.list];
@@ -267,10 +252,10 @@ void EntryTable::Grow() {
     lists_[l] = ListEnds();
   }
   for (int l = 0; l < kMaxLists; ++l) {
-    for (uint32_t i = old_lists[l].head; i != kNil; i = old[i].next) {
+    for (uint32_t i = old_lists[l].tail; i != kNil; i = old[i].prev) {  // tail first
       const uint32_t j = EmptySlotFor(slots_.get(), mask_, old[i].hash);
       slots_[j] = old[i];
-      PushBack(j, l);
+      PushFront(j, l);
     }
   }
 }

@@ -129,7 +129,6 @@ class EntryTable {
   // The first empty slot of hash's probe run in slots (mask = size - 1).
   static uint32_t EmptySlotFor(const Slot* slots, uint32_t mask, uint64_t hash);
   void PushFront(uint32_t slot, int list);
-  void PushBack(uint32_t slot, int list);
   void Unlink(uint32_t slot);
   // After an entry moved into "slot", points its neighbours (or its list's
   // ends) at its new place.
