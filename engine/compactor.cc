@@ -183,14 +183,16 @@ void Store::SynchronizeReaders() const {
 }
 
 // String buckets move to the new generation with only their live entries
-// (CompactBucket);
-// an empty bucket is dropped. Integer values move as they are.
-std::function<bool(std::string*)> Store::BucketTransform(uint64_t segment) {
-  if (segment != kStringsSegment) return nullptr;
-  return [](std::string* bucket) {
-    *bucket = CompactBucket(*bucket);  // a damaged bucket keeps its mark
-    return !bucket->empty();
-  };
+// (CompactBucket); an empty bucket is dropped, and one already compact (as
+// SPut writes a small bucket) is copied as it is. Integer values move as
+// they are.
+CopyTransform Store::BucketTransform(uint64_t segment) {
+  if (segment != kStringsSegment) return {};
+  return {[](std::string* bucket) {
+            *bucket = CompactBucket(*bucket);  // a damaged bucket keeps its mark
+            return !bucket->empty();
+          },
+          BucketIsCompact};
 }
 
 // ---------------------------------------------------------------------------

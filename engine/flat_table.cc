@@ -376,7 +376,11 @@ Status FlatTable::Get(int64_t key, std::string* value) const {
 Status FlatTable::ReadIfSmall(int64_t key, size_t max_bytes, std::string* value,
                               bool* small) const {
   *small = false;
-  if (successor() != nullptr) return Status::OK();  // callers take the general path
+  if (FlatTable* next = successor()) {
+    // Compacting: as Get(), the successor first; what it lacks is still here.
+    Status st = next->ReadIfSmall(key, max_bytes, value, small);
+    if (!st.IsNotFound() || successor_done_.load(std::memory_order_acquire)) return st;
+  }
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const FileState& fs = files_[slot % params_.index.data_files];
   const uint64_t v = ReadSlot(fs, slot);
@@ -387,8 +391,23 @@ Status FlatTable::ReadIfSmall(int64_t key, size_t max_bytes, std::string* value,
   if (guess > RecordSize(max_bytes) * 2) return Status::OK();  // the hint says: too big
   thread_local std::string scratch;
   RecordView view;
-  FLATKV_RETURN_IF_ERROR(
-      ReadRecord(fs.log.load(std::memory_order_acquire), key, pos, guess, &scratch, &view));
+  const LogFile* log = fs.log.load(std::memory_order_acquire);
+  FLATKV_RETURN_IF_ERROR(ReadRecord(log, key, pos, guess, &scratch, &view));
+  if (view.type == RecordType::kAppend) {
+    // Appended to (a bucket that was large once, or written while its table
+    // compacted): small if all its parts together are, and then read whole,
+    // so the caller's rewrite makes it one record again.
+    std::vector<AppendPart> parts;
+    std::string_view tail;
+    if (!DecodeAppendParts(view.value, &parts, &tail)) return Status::OK();  // Get() reports it
+    uint64_t total = tail.size();
+    for (const AppendPart& p : parts) total += p.payload_size;
+    if (total > max_bytes) return Status::OK();
+    const std::string newest(view.value);  // Assemble reads into the scratch
+    FLATKV_RETURN_IF_ERROR(Assemble(log, key, newest, value));
+    *small = true;
+    return Status::OK();
+  }
   if (view.type != RecordType::kValue || view.value.size() > max_bytes) return Status::OK();
   value->assign(view.value.data(), view.value.size());
   *small = true;
@@ -563,7 +582,7 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
     std::string whole;
     FLATKV_RETURN_IF_ERROR(ReadValue(fs.log.load(std::memory_order_acquire), key,
                                      CurrentSlotLocked(fs, slot), &whole));
-    if (transform_ && !transform_(&whole)) whole.clear();
+    if (transform_ && !transform_.rewrite(&whole)) whole.clear();
     if (whole.size() + value.size() > params_.max_value_bytes) {
       return Status::ValueTooLarge("appending to key " + std::to_string(key) +
                                    " would exceed max_value_bytes");
@@ -586,9 +605,17 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
   uint64_t pos;
   size_t guess;
   DecodeSlot(cur, &pos, &guess);
-  std::string head(std::min(guess, kHeadBytes), '\0');
-  size_t got = 0;
-  FLATKV_RETURN_IF_ERROR(log->Read(pos, head.size(), head.data(), &got));
+  // The head: from the read mapping when it lies within one page (no system
+  // call), else one pread.
+  std::string head;
+  const size_t head_bytes = std::min(guess, kHeadBytes);
+  size_t got = head_bytes;
+  if (const char* mapped = log->MappedRange(pos, head_bytes)) {
+    head.assign(mapped, head_bytes);
+  } else {
+    head.resize(head_bytes);
+    FLATKV_RETURN_IF_ERROR(log->Read(pos, head.size(), head.data(), &got));
+  }
   RecordView view;
   const char* reason = "unreadable";
   if (ParseRecord(head.data(), got, &view, &reason) == ParseResult::kBad) {
@@ -923,7 +950,7 @@ uint64_t FlatTable::AllocatedBytes() const {
 }
 
 void FlatTable::BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends,
-                                std::function<bool(std::string*)> transform, bool track) {
+                                CopyTransform transform, bool track) {
   const int n = params_.index.data_files;
   // Taking every file mutex means no write is half-way into this table when
   // the successor appears: each later write sees it under its file mutex.
@@ -1016,27 +1043,28 @@ Status FlatTable::AbortCompaction() {
       }
     }
   }
-  transform_ = nullptr;
+  transform_ = {};
   forwarded_.reset();
   successor_.store(nullptr, std::memory_order_release);
   return Status::OK();
 }
 
-// Copying a record that is a whole value of an integer key, into a
-// successor with the same layout, needs no decoding: its bytes (checksum
-// verified by the LogReader) are appended as they are, a batch at a time.
-// Such a copy keeps the record's timestamp (when its value was written).
-// Append fragments (merged into one value), buckets of string keys
-// (rewritten by transform_) and successors with another data file count
-// take the general path: decode, re-encode, one record at a time.
+// Copying a record that is a whole value, into a successor with the same
+// layout, needs no decoding when the transform (if any) keeps it as it is
+// (an integer key's value; a string bucket already compact): its bytes
+// (checksum verified by the LogReader) are appended as they are, a batch at
+// a time. Such a copy keeps the record's timestamp (when its value was
+// written). Append fragments (merged into one value), buckets the transform
+// rewrites and successors with another data file count take the general
+// path: decode, re-encode, one record at a time.
 Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint64_t)>& progress) {
   FlatTable* next = successor();
   FileState& fs = files_[file];
   const LogFile* log = fs.log.load(std::memory_order_acquire);
   if (next == nullptr || log == nullptr) return Status::OK();
   const int n = params_.index.data_files;
-  const bool verbatim = !transform_ && next->data_files() == n && next->kmin() == kmin() &&
-                        next->slots() == slots();
+  const bool same_layout =
+      next->data_files() == n && next->kmin() == kmin() && next->slots() == slots();
   LogReader reader(log, 0, end, [&](uint64_t off, uint64_t bytes, const char* why) {
     spdlog::warn("{}: compaction skipped {} bytes at offset {}: {}", log->path(), bytes, off, why);
   });
@@ -1066,7 +1094,8 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
     seen[slot / n] = true;
     // (A record's size fits CopyBatch's 32 bits unless its padding field is
     // huge: such a record takes the general path, which drops the padding.)
-    if (verbatim && view.type == RecordType::kValue && view.size <= UINT32_MAX) {
+    if (same_layout && view.type == RecordType::kValue && view.size <= UINT32_MAX &&
+        (!transform_ || (transform_.keeps && transform_.keeps(view.value)))) {
       // Checked again under the file mutex when the batch is flushed.
       const std::string_view rec = reader.record();
       batch.items.push_back({view.key, v0, static_cast<uint32_t>(batch.bytes.size()),
@@ -1084,7 +1113,7 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
     } else {
       value.assign(view.value.data(), view.value.size());
     }
-    if (transform_ && !transform_(&value)) continue;
+    if (transform_ && !transform_.rewrite(&value)) continue;
     FLATKV_RETURN_IF_ERROR(next->PutCopy(view.key, value));
   }
   FLATKV_RETURN_IF_ERROR(reader.status());
@@ -1127,7 +1156,7 @@ Status FlatTable::CopyUnseen(int file, uint64_t end, const std::vector<bool>& se
     if (pos >= end) continue;  // written after the copy began: not this pass's
     Status st = ReadValue(log, key, v, &value);
     if (st.ok()) {
-      if (transform_ && !transform_(&value)) continue;
+      if (transform_ && !transform_.rewrite(&value)) continue;
       FLATKV_RETURN_IF_ERROR(next->PutCopy(key, value));
       continue;
     }

@@ -81,6 +81,17 @@ struct TableParams {
   std::optional<std::string> lost_value;
 };
 
+// How a compaction rewrites the values it moves to the successor (the string
+// table compacts its buckets).
+struct CopyTransform {
+  // Rewrites a value, or returns false to drop the key.
+  std::function<bool(std::string*)> rewrite;
+  // Optional: whether rewrite would leave this value exactly as it is. Such
+  // a whole record is copied verbatim, in a batch, without being decoded.
+  std::function<bool(std::string_view)> keeps;
+  explicit operator bool() const { return static_cast<bool>(rewrite); }
+};
+
 class FlatTable {
  public:
   // Opens the table in params.dir (creating it if "create"). See Store::Open
@@ -97,10 +108,11 @@ class FlatTable {
   Status Get(int64_t key, std::string* value) const;
   bool Contains(int64_t key) const;
   Status Remove(int64_t key, bool* existed);
-  // If the key's newest record is a whole value of at most max_bytes, reads
-  // it (one pread) into *value and sets *small; otherwise (an appended value,
-  // a larger one, or while compacting) only sets *small = false. NotFound if
-  // the key is absent.
+  // If the key's value is at most max_bytes, reads it into *value and sets
+  // *small (one read for a whole value; one per part for a value built by
+  // Append()); otherwise only sets *small = false, reading nothing when the
+  // size hint already says it is larger. While compacting, reads as Get()
+  // does. NotFound if the key is absent.
   Status ReadIfSmall(int64_t key, size_t max_bytes, std::string* value, bool* small) const;
   // For a value built by Append() whose reading fails its checksum: the
   // parts after the last bad one, concatenated (what survives of the
@@ -172,7 +184,7 @@ class FlatTable {
   // With "track", every write forwarded to a fresh successor is noted, so
   // AbortCompaction can undo the compaction.
   void BeginCompaction(FlatTable* next, std::vector<uint64_t>* ends,
-                       std::function<bool(std::string*)> transform = nullptr, bool track = false);
+                       CopyTransform transform = {}, bool track = false);
   // Undoes BeginCompaction (a copy that failed midway, e.g. for a full
   // disk): under every file mutex, writes each value a write forwarded to
   // the successor back into this table (kNoWait: the successor holds them
@@ -328,7 +340,7 @@ class FlatTable {
   std::atomic<uint64_t> copied_bytes_{0};
   std::atomic<FlatTable*> successor_{nullptr};  // set under every file mutex
   std::atomic<bool> successor_done_{false};
-  std::function<bool(std::string*)> transform_;  // set with successor_
+  CopyTransform transform_;  // set with successor_
   // Per data file, a bit per key of that file: a write was forwarded to the
   // successor (set under the file's mutex; null when not tracked).
   std::unique_ptr<std::vector<uint64_t>[]> forwarded_;

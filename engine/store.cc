@@ -794,15 +794,19 @@ Status Store::SPut(std::string_view key, std::string_view value) {
     // appended entries (amortized O(entry) bytes per put, whatever the size).
     // "Small" = a few entries' worth, so a rewrite costs a few times the entry.
     const size_t limit = std::min<size_t>(4 * entry.size() + 256, 64u << 10);
-    std::string bucket;
+    thread_local std::string bucket, rewritten;
     bool small = false;
     Status st = table->ReadIfSmall(ikey, limit, &bucket, &small);
     if (st.IsNotFound()) return table->Put(ikey, entry);
     if (st.IsCorruption()) return MarkDamaged(table, ikey, entry, st);
     FLATKV_RETURN_IF_ERROR(st);
     if (small) {
-      bucket += entry;
-      return table->Put(ikey, CompactBucket(bucket));
+      // Almost always compact already (this path writes it so): one pass.
+      if (!PutInCompactBucket(bucket, key, value, &rewritten)) {
+        bucket += entry;
+        rewritten = CompactBucket(bucket);
+      }
+      return table->Put(ikey, rewritten);
     }
     return AppendToBucket(table, ikey, entry);
   }());

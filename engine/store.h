@@ -43,6 +43,7 @@ namespace flatkv::engine {
 
 class FlatTable;
 class Room;
+struct CopyTransform;
 struct EngineCounters;
 struct TableParams;
 
@@ -423,7 +424,7 @@ class Store {
   void CompactorLoop();
   std::unique_ptr<FlatTable>& OwnerLocked(uint64_t segment);
   TableParams ParamsFor(uint64_t segment) const;
-  static std::function<bool(std::string*)> BucketTransform(uint64_t segment);
+  static CopyTransform BucketTransform(uint64_t segment);
   // The automatic policy (compactor.cc): the next table to compact
   // (kNoSegment if none is due). Also renews the write allowance.
   uint64_t PickAutomatic();

@@ -132,6 +132,72 @@ std::string CompactBucket(std::string_view bucket) {
   return out;
 }
 
+namespace {
+
+// Walks a bucket in CompactBucket's form: an optional damaged mark first,
+// then entries in strictly increasing key order (std::map's), puts only, or
+// puts and removes after a mark. Calls fn(key, whole entry) for each entry;
+// returns false as soon as the bucket is not in that form.
+template <typename Fn>
+bool ForEachCompactEntry(std::string_view bucket, bool* damaged, Fn fn) {
+  *damaged = !bucket.empty() && static_cast<BucketEntryKind>(bucket.front()) ==
+                                    BucketEntryKind::kDamaged;
+  if (*damaged) bucket.remove_prefix(1);
+  std::string_view last;
+  bool first = true;
+  while (!bucket.empty()) {
+    const std::string_view entry = bucket;
+    const auto kind = static_cast<BucketEntryKind>(bucket.front());
+    if (kind != BucketEntryKind::kPut && !(kind == BucketEntryKind::kRemove && *damaged)) {
+      return false;
+    }
+    bucket.remove_prefix(1);
+    std::string_view key, value;
+    if (!GetSized(&bucket, &key)) return false;
+    if (kind == BucketEntryKind::kPut && !GetSized(&bucket, &value)) return false;
+    if (!first && !(last < key)) return false;
+    last = key;
+    first = false;
+    fn(key, entry.substr(0, entry.size() - bucket.size()));
+  }
+  return true;
+}
+
+}  // namespace
+
+bool BucketIsCompact(std::string_view bucket) {
+  bool damaged;
+  bool any = false;
+  return ForEachCompactEntry(bucket, &damaged, [&](std::string_view, std::string_view) {
+           any = true;
+         }) &&
+         (any || damaged);
+}
+
+bool PutInCompactBucket(std::string_view bucket, std::string_view key, std::string_view value,
+                        std::string* out) {
+  out->clear();
+  out->reserve(bucket.size() + key.size() + value.size() + 21);  // 1 + two varints
+  bool damaged;
+  if (!bucket.empty() && static_cast<BucketEntryKind>(bucket.front()) == BucketEntryKind::kDamaged) {
+    AppendBucketDamaged(out);
+  }
+  bool placed = false;
+  const bool ok = ForEachCompactEntry(bucket, &damaged, [&](std::string_view k,
+                                                            std::string_view entry) {
+    if (!placed && !(k < key)) {
+      AppendBucketPut(out, key, value);  // before k, or in place of it
+      placed = true;
+      if (k == key) return;
+    }
+    out->append(entry);
+  });
+  if (!ok) return false;
+  // (A damaged mark alone or with removes only is compact: BucketIsCompact.)
+  if (!placed) AppendBucketPut(out, key, value);
+  return true;
+}
+
 std::vector<std::pair<std::string, std::string>> LiveBucketEntries(std::string_view bucket) {
   std::map<std::string_view, std::string_view> live;
   ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view k, std::string_view v) {

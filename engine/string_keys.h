@@ -66,4 +66,15 @@ bool BucketDamaged(std::string_view bucket);
 // Empty if nothing is left (the bucket can be dropped).
 std::string CompactBucket(std::string_view bucket);
 
+// Whether CompactBucket(bucket) == bucket, without building it: live puts
+// in strictly increasing key order; or a damaged mark first, then puts and
+// removes in that order.
+bool BucketIsCompact(std::string_view bucket);
+
+// CompactBucket(bucket + a put of key), in one pass and one allocation, for
+// a compact bucket (BucketIsCompact) or an empty one: stores it in *out and
+// returns true. Returns false, *out unspecified, for any other bucket.
+bool PutInCompactBucket(std::string_view bucket, std::string_view key, std::string_view value,
+                        std::string* out);
+
 }  // namespace flatkv::engine
