@@ -820,6 +820,20 @@ Status UnknownInBucket(int64_t slot) {
                             "not repaired yet (flatkv admin verify repairs it from the chain)");
 }
 
+// SGet's answer from the bucket of "slot".
+Status AnswerFromBucket(std::string_view bucket, std::string_view key, std::string* value,
+                        int64_t slot) {
+  switch (FindInBucket(bucket, key, value)) {
+    case BucketLookup::kFound:
+      return Status::OK();
+    case BucketLookup::kAbsent:
+      return Status::NotFound("string key");
+    case BucketLookup::kUnknown:
+      break;
+  }
+  return UnknownInBucket(slot);
+}
+
 }  // namespace
 
 Status Store::SGet(std::string_view key, std::string* value) const {
@@ -832,19 +846,14 @@ Status Store::SGet(std::string_view key, std::string* value) const {
     return Status::NotFound("string key");
   }
   const int64_t slot = StringSlot(key);
-  std::string bucket;
+  thread_local std::string bucket;  // a get allocates nothing once warm
   Status st = table->Get(slot, &bucket);
   if (st.IsNotFound()) return Status::NotFound("string key");
   FLATKV_RETURN_IF_ERROR(st);
-  switch (FindInBucket(bucket, key, value)) {
-    case BucketLookup::kFound:
-      return Status::OK();
-    case BucketLookup::kAbsent:
-      return Status::NotFound("string key");
-    case BucketLookup::kUnknown:
-      break;
-  }
-  return UnknownInBucket(slot);
+  st = AnswerFromBucket(bucket, key, value, slot);
+  // A huge bucket read once should not pin its memory in the thread.
+  if (bucket.capacity() > (1u << 20)) std::string().swap(bucket);
+  return st;
 }
 
 Status Store::SRemove(std::string_view key, bool* existed) {

@@ -39,6 +39,27 @@ bool GetSized(std::string_view* in, std::string_view* out) {
   return true;
 }
 
+template <typename Fn>
+bool WalkBucket(std::string_view bucket, Fn&& fn) {
+  while (!bucket.empty()) {
+    const auto kind = static_cast<BucketEntryKind>(bucket.front());
+    bucket.remove_prefix(1);
+    std::string_view key, value;
+    if (kind == BucketEntryKind::kDamaged) {
+      fn(kind, key, value);
+      continue;
+    }
+    if (!GetSized(&bucket, &key)) return false;
+    if (kind == BucketEntryKind::kPut) {
+      if (!GetSized(&bucket, &value)) return false;
+    } else if (kind != BucketEntryKind::kRemove) {
+      return false;
+    }
+    fn(kind, key, value);
+  }
+  return true;
+}
+
 }  // namespace
 
 uint64_t HashStringKey(std::string_view key) { return XXH64(key.data(), key.size(), 0); }
@@ -64,29 +85,13 @@ void AppendBucketDamaged(std::string* bucket) {
 bool ForEachBucketEntry(
     std::string_view bucket,
     const std::function<void(BucketEntryKind, std::string_view, std::string_view)>& fn) {
-  while (!bucket.empty()) {
-    const auto kind = static_cast<BucketEntryKind>(bucket.front());
-    bucket.remove_prefix(1);
-    std::string_view key, value;
-    if (kind == BucketEntryKind::kDamaged) {
-      fn(kind, key, value);
-      continue;
-    }
-    if (!GetSized(&bucket, &key)) return false;
-    if (kind == BucketEntryKind::kPut) {
-      if (!GetSized(&bucket, &value)) return false;
-    } else if (kind != BucketEntryKind::kRemove) {
-      return false;
-    }
-    fn(kind, key, value);
-  }
-  return true;
+  return WalkBucket(bucket, fn);
 }
 
 BucketLookup FindInBucket(std::string_view bucket, std::string_view key, std::string* value) {
   BucketLookup result = BucketLookup::kAbsent;
   std::string_view newest;
-  ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view k, std::string_view v) {
+  WalkBucket(bucket, [&](BucketEntryKind kind, std::string_view k, std::string_view v) {
     if (kind == BucketEntryKind::kDamaged) {
       result = BucketLookup::kUnknown;  // what came before is lost
     } else if (k == key) {
