@@ -142,7 +142,9 @@ class LogFile {
   // Writes iov (size bytes in all) at end_ with pwritev, reserving first.
   Status WriteAtEnd(iovec* iov, int cnt, size_t size);
   void Unmap();
-  void Populate(uint64_t need);
+  // Faults in the window's pages for an append of [start, need), and more
+  // ahead when appends through the window follow each other.
+  void Populate(uint64_t start, uint64_t need);
 
   // One chunk of the read mappings. base is set once (the reservation,
   // before valid turns nonzero); valid only grows until UnmapReads().
