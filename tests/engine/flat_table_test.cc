@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/flat_index.h"
 #include "engine/flat_table.h"
@@ -160,6 +161,14 @@ std::map<int64_t, std::string> Populate(const TableParams& p, int n) {
   REQUIRE(ok);
   REQUIRE(t->Close().ok());
   return model;
+}
+
+// A compaction's copy of every data file (up to "ends"), then its switch.
+void CopyAllAndSwitch(FlatTable* t, const std::vector<uint64_t>& ends) {
+  for (int f = 0; f < kFiles; ++f) {
+    REQUIRE(t->CopyLive(f, ends[f], [](uint64_t) { return true; }).ok());
+  }
+  t->FinishCompaction();
 }
 
 }  // namespace
@@ -563,8 +572,7 @@ TEST_CASE("FlatTable::ReadIfSmall reads appended values whole and reads through 
   REQUIRE(t->ReadIfSmall(7, 100, &v, &small).ok());
   REQUIRE(small);
   CHECK(v == "SEVEN");
-  for (int f = 0; f < kFiles; ++f) REQUIRE(t->CopyLive(f, ends[f], [](uint64_t) { return true; }).ok());
-  t->FinishCompaction();
+  CopyAllAndSwitch(t.get(), ends);
   REQUIRE(t->ReadIfSmall(5, 100, &v, &small).ok());
   REQUIRE(small);
   CHECK(v == "base+one+two");
@@ -591,8 +599,7 @@ TEST_CASE("A compaction copies values its transform keeps as they are, and rewri
       },
       [](std::string_view v) { return v.substr(0, 4) == "keep"; }};
   t->BeginCompaction(next.get(), &ends, transform);
-  for (int f = 0; f < kFiles; ++f) REQUIRE(t->CopyLive(f, ends[f], [](uint64_t) { return true; }).ok());
-  t->FinishCompaction();
+  CopyAllAndSwitch(t.get(), ends);
   CHECK(rewritten == 2);  // "keep me" went verbatim
   CHECK(MustGet(*next, 1) == "keep me");
   CHECK(MustGet(*next, 2) == "rewritten");
