@@ -806,7 +806,11 @@ Status Store::SPut(std::string_view key, std::string_view value) {
         bucket += entry;
         rewritten = CompactBucket(bucket);
       }
-      return table->Put(ikey, rewritten);
+      Status put = table->Put(ikey, rewritten);
+      // A large value put beside a small bucket should not pin its memory
+      // in the thread (the bucket read itself is at most 64 KiB).
+      if (rewritten.capacity() > (1u << 20)) std::string().swap(rewritten);
+      return put;
     }
     return AppendToBucket(table, ikey, entry);
   }());
