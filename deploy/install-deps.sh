@@ -29,6 +29,11 @@ packages=(
   python3-kazoo python3-xxhash
   # peer engines for flatkv-bench
   librocksdb-dev libleveldb-dev libkyotocabinet-dev
+  # the server against Redis: flatkv-loadgen's hiredis client and the Redis
+  # it is measured against (client/bench/loadgen_vs_redis.sh, bench_vs_redis.sh,
+  # ctest loadgen_smoke). On a machine with systemd the package also starts
+  # Debian's redis-server service on 127.0.0.1:6379; nothing here uses it.
+  libhiredis-dev redis-server redis-tools
   # client examples in Java and Go, and the YCSB binding (client/examples,
   # client/ycsb): Maven and Go fetch libthrift 0.17.0 / YCSB 0.17.0 and the
   # Go module github.com/apache/thrift v0.17.0 on the first build
