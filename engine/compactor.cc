@@ -340,6 +340,7 @@ Status Store::CompactPinned(uint64_t segment) {
   // while the old table can still take them back.
   Room room(next->dir() + "/" + kRoomFile);
   Status st = room.Grow(kRoomInitial);
+  uint64_t written = 0;  // copied since the last StartWriteback
   auto progress = [&](uint64_t bytes) {
     if (const uint64_t at = test_fail_after_.load(); at > 0 && copy_bytes_ >= at) {
       st = Status::NoSpace(next->dir() + ": TEST_FailCompactionAfter: No space left on device");
@@ -353,6 +354,14 @@ Status Store::CompactPinned(uint64_t segment) {
     if (need > room.size()) {
       st = room.Grow(need + kRoomStep);
       if (!st.ok()) return false;
+    }
+    // Start writing the copies back as they go (as RocksDB's
+    // bytes_per_sync does), so the sync before the switch, which writes
+    // wait through once they pass the disk bound, finds little left.
+    written += bytes;
+    if (written >= kWritebackStep) {
+      next->StartWriteback();
+      written = 0;
     }
     return CompactionProgress(bytes);
   };

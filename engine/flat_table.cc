@@ -851,6 +851,13 @@ Status FlatTable::ScanLog(int file, uint64_t offset, size_t limit, std::vector<K
   return Status::OK();
 }
 
+void FlatTable::StartWriteback() {
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log != nullptr) log->StartWriteback();
+  }
+}
+
 Status FlatTable::Sync() {
   if (FlatTable* next = successor(); next != nullptr && !successor_done_.load()) {
     FLATKV_RETURN_IF_ERROR(next->Sync());  // writes go there while compacting

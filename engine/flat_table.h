@@ -150,6 +150,10 @@ class FlatTable {
                  int* next_file, uint64_t* next_offset, bool* done) const;
 
   Status Sync();
+  // LogFile::StartWriteback on every data file: a compaction calls it on
+  // the new generation as it copies, so the Sync() that must finish before
+  // the switch (while writes wait on the disk bound) finds little left.
+  void StartWriteback();
   Status Checkpoint();
   Status Close();
   // Closes without syncing or marking the index clean: for a table whose

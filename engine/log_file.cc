@@ -317,6 +317,10 @@ Status LogFile::Sync() {
   return Status::OK();
 }
 
+void LogFile::StartWriteback() {
+  if (fd_ >= 0) (void)sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+}
+
 Status LogFile::Truncate(uint64_t end) {
   Unmap();
   UnmapReads();  // they may cover what is cut; no reader is inside (see the header)

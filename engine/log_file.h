@@ -110,6 +110,11 @@ class LogFile {
 
   // fdatasync: everything appended so far is durable when it returns OK.
   Status Sync();
+  // Starts writing back what is dirty in the page cache (sync_file_range
+  // SYNC_FILE_RANGE_WRITE), without waiting for it and without the
+  // metadata: a later Sync() then has less to wait for. A hint only: it
+  // makes nothing durable, and an I/O error shows at that Sync().
+  void StartWriteback();
 
   // Sets the logical end to "end" and the file's size to match, dropping
   // reserved space and anything past it. Used by recovery and Close().

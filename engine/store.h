@@ -439,6 +439,9 @@ class Store {
   void WaitForCompactor(uint64_t bytes);
   void SetAllowance(int64_t bytes);
   static constexpr double kStallMargin = 0.1;
+  // Bytes a compaction copies between starts of the new generation's
+  // writeback (FlatTable::StartWriteback).
+  static constexpr uint64_t kWritebackStep = 8 << 20;
   static constexpr std::chrono::milliseconds kMaxStall{100};
   static constexpr int64_t kNoLimit = int64_t{1} << 62;
   std::atomic<int64_t> allowance_{kNoLimit};
