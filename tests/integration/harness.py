@@ -88,16 +88,16 @@ def _kill_servers():
             p.wait()
 
 
-def wait_port(port, proc, tries=600):
+def wait_port(port, proc, tries=600, name="flatkv-server"):
     for _ in range(tries):
         if proc.poll() is not None:
-            raise RuntimeError("flatkv-server exited with %d" % proc.returncode)
+            raise RuntimeError("%s exited with %d" % (name, proc.returncode))
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
             return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError("flatkv-server did not listen on %d" % port)
+    raise RuntimeError("%s did not listen on %d" % (name, port))
 
 
 def start(server_bin, port, data, *extra, stderr=subprocess.DEVNULL, env=None):

@@ -18,13 +18,16 @@ Usage: loadgen_smoke_test.py --loadgen L --server S --cli C
 """
 import argparse
 import json
+import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "integration"))
+import harness  # noqa: E402
+from harness import free_port  # noqa: E402
 
 FIELDS = ["tool", "target", "workload", "threads", "ops", "seconds", "ops_per_sec",
           "p50_us", "p99_us", "p999_us", "max_us", "mean_us", "errors", "found",
@@ -46,27 +49,6 @@ def run(cmd, timeout=120):
     sys.stderr.write(p.stderr)
     sys.stderr.write(p.stdout)
     return p
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def wait_port(proc, port, name):
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return
-        except OSError:
-            if proc.poll() is not None:
-                fail("%s exited with %d" % (name, proc.returncode))
-            time.sleep(0.05)
-    proc.kill()
-    fail("%s did not start" % name)
 
 
 def resp(port, *args):
@@ -96,10 +78,8 @@ class Flat:
     def __init__(self, server_bin, cli, tmp):
         self.cli = cli
         self.port = free_port()
-        self.proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % self.port,
-                                      "--set", "storage.path=" + tmp + "/flatkv",
-                                      "--set", "log.level=warn"])
-        wait_port(self.proc, self.port, "flatkv-server")
+        self.proc = harness.start(server_bin, self.port, tmp + "/flatkv",
+                                  "--set", "log.level=warn", stderr=None)
 
     def calls(self):
         p = run([self.cli, "--port", str(self.port), "admin", "stats"])
@@ -112,8 +92,7 @@ class Flat:
             fail("flatkv put 0 failed")
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
+        harness.stop(self.proc, timeout=30)
 
 
 class Redis:
@@ -125,7 +104,7 @@ class Redis:
                                       "127.0.0.1", "--save", "", "--appendonly", "no",
                                       "--dir", tmp, "--daemonize", "no", "--logfile",
                                       tmp + "/redis.log"])
-        wait_port(self.proc, self.port, "redis-server")
+        harness.wait_port(self.port, self.proc, name="redis-server")
 
     def calls(self):
         info = resp(self.port, "INFO", "commandstats").decode()
@@ -142,8 +121,7 @@ class Redis:
             fail("redis SET 0 failed")
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
+        harness.stop(self.proc, timeout=30)
 
 
 def check_target(loadgen, target):
@@ -196,7 +174,7 @@ def main():
     if shutil.which("redis-server") is None:
         fail("redis-server not found: run deploy/install-deps.sh")
 
-    tmp = tempfile.mkdtemp(prefix="loadgen-smoke-")
+    tmp = harness.workdir("loadgen-smoke-")
     targets = []
     try:
         targets.append(Flat(args.server, args.cli, tmp))
