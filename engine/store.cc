@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -104,6 +105,17 @@ Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result)
   FLATKV_RETURN_IF_ERROR(ValidateOptions(options));
   FLATKV_RETURN_IF_ERROR(MakeDirs(options.path));
   std::unique_ptr<Store> store(new Store(options));
+  // The bucket filter: reserved whole, backed by memory only where touched
+  // (a page of it covers 4096 slots).
+  store->filter_bytes_ = options.string_slots;
+  void* filter = mmap(nullptr, store->filter_bytes_, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (filter == MAP_FAILED) {
+    return Status::FromErrno("reserving the string-key bucket filter (" +
+                                 std::to_string(options.string_slots) + " bytes)",
+                             errno);
+  }
+  store->filter_ = static_cast<uint8_t*>(filter);
 
   DIR* dir = opendir(options.path.c_str());
   if (dir == nullptr) return Status::FromErrno("listing " + options.path, errno);
@@ -157,6 +169,7 @@ Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result)
 Store::~Store() {
   Status st = Close();
   if (!st.ok()) spdlog::error("closing store {}: {}", options_.path, st.ToString());
+  if (filter_ != nullptr) munmap(filter_, filter_bytes_);
 }
 
 std::string Store::SegmentDir(uint64_t segment) const {
@@ -720,6 +733,19 @@ int64_t Store::StringSlot(std::string_view key) const {
   return static_cast<int64_t>(HashStringKey(key) % options_.string_slots);
 }
 
+void Store::FilterBeforeWrite(uint64_t slot, uint8_t bits) {
+  const uint8_t f = FilterLoad(slot);
+  FilterStore(slot, (f & kFilterKnown) ? static_cast<uint8_t>(f | bits) : kFilterBlocked);
+}
+
+void Store::FilterLearn(uint64_t slot, uint8_t exact) const {
+  exact = KnownOrBlocked(exact);
+  uint8_t expected = 0;
+  // Fails if a writer came first: what this get read may be stale now.
+  std::atomic_ref<uint8_t>(filter_[slot]).compare_exchange_strong(
+      expected, exact, std::memory_order_acq_rel, std::memory_order_relaxed);
+}
+
 Status Store::AppendToBucket(FlatTable* table, int64_t ikey, std::string_view entry) {
   FlatTable::AppendInfo info;
   // Append reads the bucket too (its newest record's part list; the whole
@@ -743,8 +769,9 @@ Status Store::AppendToBucket(FlatTable* table, int64_t ikey, std::string_view en
   if (st.IsCorruption()) return MarkDamaged(table, ikey, entry, st);
   FLATKV_RETURN_IF_ERROR(st);
   const std::string compacted = CompactBucket(bucket);
-  if (compacted.empty()) return table->Remove(ikey, nullptr);
-  return table->Put(ikey, compacted);
+  st = compacted.empty() ? table->Remove(ikey, nullptr) : table->Put(ikey, compacted);
+  if (st.ok()) FilterStore(static_cast<uint64_t>(ikey), KnownOrBlocked(BucketFilter(compacted)));
+  return st;
 }
 
 Status Store::MarkDamaged(FlatTable* table, int64_t ikey, std::string_view entry,
@@ -753,6 +780,8 @@ Status Store::MarkDamaged(FlatTable* table, int64_t ikey, std::string_view entry
   // a new record after a damaged mark, so the keys it does not name read
   // as Corruption (not as absent) until the bucket is written whole again.
   damaged_buckets_.fetch_add(1, std::memory_order_relaxed);
+  // Its lost keys are unknown from now on, not absent.
+  FilterStore(static_cast<uint64_t>(ikey), kFilterBlocked);
   spdlog::error("string-key bucket {}: {}; rewritten with a damaged mark and the new entry "
                 "(its other keys read as bad until repaired)", ikey, bad.message());
   std::string bucket;
@@ -785,10 +814,13 @@ Status Store::SPut(std::string_view key, std::string_view value) {
     FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
     FlatTable* table;
     FLATKV_RETURN_IF_ERROR(GetOrCreateStringTable(&table));
-    const int64_t ikey = StringSlot(key);
+    const uint64_t hash = HashStringKey(key);
+    const int64_t ikey = static_cast<int64_t>(hash % options_.string_slots);
+    const auto slot = static_cast<uint64_t>(ikey);
     std::string entry;
     AppendBucketPut(&entry, key, value);
-    std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
+    std::lock_guard<std::mutex> lock(string_mu_[slot % kStringStripes]);
+    FilterBeforeWrite(slot, BucketFilterBit(hash));
     // A small bucket (the common case: about one key per slot) is rewritten
     // whole, so it stays one record and a get stays one read. Larger ones take
     // appended entries (amortized O(entry) bytes per put, whatever the size).
@@ -797,7 +829,11 @@ Status Store::SPut(std::string_view key, std::string_view value) {
     thread_local std::string bucket, rewritten;
     bool small = false;
     Status st = table->ReadIfSmall(ikey, limit, &bucket, &small);
-    if (st.IsNotFound()) return table->Put(ikey, entry);
+    if (st.IsNotFound()) {
+      st = table->Put(ikey, entry);
+      if (st.ok()) FilterStore(slot, kFilterKnown | BucketFilterBit(hash));
+      return st;
+    }
     if (st.IsCorruption()) return MarkDamaged(table, ikey, entry, st);
     FLATKV_RETURN_IF_ERROR(st);
     if (small) {
@@ -807,6 +843,11 @@ Status Store::SPut(std::string_view key, std::string_view value) {
         rewritten = CompactBucket(bucket);
       }
       Status put = table->Put(ikey, rewritten);
+      // A known filter has the key's bit already; an unknown one (blocked
+      // above) is learnt here, where the whole bucket is at hand.
+      if (put.ok() && !(FilterLoad(slot) & kFilterKnown)) {
+        FilterStore(slot, KnownOrBlocked(BucketFilter(rewritten)));
+      }
       // A large value put beside a small bucket should not pin its memory
       // in the thread (the bucket read itself is at most 64 KiB).
       if (rewritten.capacity() > (1u << 20)) std::string().swap(rewritten);
@@ -849,11 +890,21 @@ Status Store::SGet(std::string_view key, std::string* value) const {
   if (table == nullptr || key.size() > options_.max_key_bytes) {
     return Status::NotFound("string key");
   }
-  const int64_t slot = StringSlot(key);
+  const uint64_t hash = HashStringKey(key);
+  const int64_t slot = static_cast<int64_t>(hash % options_.string_slots);
+  const uint8_t filter = FilterLoad(static_cast<uint64_t>(slot));
+  if ((filter & kFilterKnown) && !(filter & BucketFilterBit(hash))) {
+    filter_skips_.fetch_add(1, std::memory_order_relaxed);
+    return Status::NotFound("string key");
+  }
   thread_local std::string bucket;  // a get allocates nothing once warm
   Status st = table->Get(slot, &bucket);
-  if (st.IsNotFound()) return Status::NotFound("string key");
+  if (st.IsNotFound()) {
+    if (filter == 0) FilterLearn(static_cast<uint64_t>(slot), kFilterKnown);
+    return Status::NotFound("string key");
+  }
   FLATKV_RETURN_IF_ERROR(st);
+  if (filter == 0) FilterLearn(static_cast<uint64_t>(slot), BucketFilter(bucket));
   st = AnswerFromBucket(bucket, key, value, slot);
   // A huge bucket read once should not pin its memory in the thread.
   if (bucket.capacity() > (1u << 20)) std::string().swap(bucket);
@@ -869,22 +920,41 @@ Status Store::SRemove(std::string_view key, bool* existed) {
     }
     FlatTable* table = strings_.load(std::memory_order_acquire);
     if (table == nullptr || key.size() > options_.max_key_bytes) return Status::OK();
-    const int64_t ikey = StringSlot(key);
-    std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(ikey) % kStringStripes]);
+    const uint64_t hash = HashStringKey(key);
+    const int64_t ikey = static_cast<int64_t>(hash % options_.string_slots);
+    const auto slot = static_cast<uint64_t>(ikey);
+    std::lock_guard<std::mutex> lock(string_mu_[slot % kStringStripes]);
+    const uint8_t filter = FilterLoad(slot);
+    if ((filter & kFilterKnown) && !(filter & BucketFilterBit(hash))) {
+      filter_skips_.fetch_add(1, std::memory_order_relaxed);
+      return Status::OK();
+    }
     std::string bucket, ignored;
     std::string entry;
     AppendBucketRemove(&entry, key);
+    // Nothing to add; blocks gets from filling in an unknown filter while
+    // this remove may write.
+    FilterBeforeWrite(slot, 0);
     Status st = table->Get(ikey, &bucket);
-    if (st.IsNotFound()) return Status::OK();
+    if (st.IsNotFound()) {
+      FilterStore(slot, kFilterKnown);
+      return Status::OK();
+    }
     if (st.IsCorruption()) return MarkDamaged(table, ikey, entry, st);
     FLATKV_RETURN_IF_ERROR(st);
     const BucketLookup found = FindInBucket(bucket, key, &ignored);
-    if (found == BucketLookup::kAbsent) return Status::OK();
+    if (found == BucketLookup::kAbsent) {
+      FilterStore(slot, KnownOrBlocked(BucketFilter(bucket)));  // the stripe holds it still
+      return Status::OK();
+    }
     // Present, or unknown in a damaged bucket: a remove entry makes it absent.
     if (found == BucketLookup::kFound && LiveBucketEntries(bucket).size() == 1 &&
         !BucketDamaged(bucket)) {
       FLATKV_RETURN_IF_ERROR(table->Remove(ikey, nullptr));  // its last key: drop the bucket
+      FilterStore(slot, kFilterKnown);
     } else {
+      // The key's bit stays (other keys may share it) until the bucket is
+      // next written whole.
       FLATKV_RETURN_IF_ERROR(AppendToBucket(table, ikey, entry));
     }
     if (existed != nullptr) *existed = found == BucketLookup::kFound;
@@ -937,9 +1007,13 @@ Status Store::SWriteBucket(int64_t slot, const std::vector<StringKeyValue>& live
     }
     FlatTable* table;
     FLATKV_RETURN_IF_ERROR(GetOrCreateStringTable(&table));
-    std::lock_guard<std::mutex> lock(string_mu_[static_cast<uint64_t>(slot) % kStringStripes]);
-    if (bucket.empty()) return table->Remove(slot, nullptr);
-    return table->Put(slot, bucket);
+    const auto s = static_cast<uint64_t>(slot);
+    std::lock_guard<std::mutex> lock(string_mu_[s % kStringStripes]);
+    const uint8_t exact = BucketFilter(bucket);  // a whole compact bucket: known
+    FilterBeforeWrite(s, exact);
+    Status st = bucket.empty() ? table->Remove(slot, nullptr) : table->Put(slot, bucket);
+    if (st.ok()) FilterStore(s, exact);
+    return st;
   }());
 }
 
@@ -1192,6 +1266,7 @@ EngineStats Store::GetStats() const {
   s.recovery_records = counters_->recovery_records.load();
   s.corrupt_records = counters_->corrupt_records.load();
   s.buckets_damaged = damaged_buckets_.load();
+  s.string_filter_skips = filter_skips_.load();
   s.index_rebuilds = counters_->index_rebuilds.load();
   s.scan_slots_visited = counters_->scan_slots_visited.load();
   s.scan_regions_skipped = counters_->scan_regions_skipped.load();

@@ -98,6 +98,8 @@ struct EngineStats {
   uint64_t write_stalls = 0;        // writes that waited for the compactor
                                     // (EngineOptions::compaction_disk_ratio)
   uint64_t write_stall_us = 0;      // and the microseconds they waited
+  uint64_t string_filter_skips = 0;  // string-key gets and removes answered
+                                     // "absent" by the bucket filter, no read
 };
 
 class Store {
@@ -404,6 +406,35 @@ class Store {
   Status MarkDamaged(FlatTable* table, int64_t ikey, std::string_view entry, const Status& bad);
   std::atomic<uint64_t> damaged_buckets_{0};
   std::atomic<FlatTable*> strings_{nullptr};
+  // The bucket filter (string_keys.h), one byte per slot of the string
+  // table in an anonymous mapping, so memory is taken only by the pages
+  // touched. 0: not known yet; a get that read the bucket may fill it in,
+  // from 0 only (compare-exchange). kFilterBlocked: not known, and not to be
+  // filled in by gets (a writer got there first, or the bucket is damaged).
+  // Otherwise known. Writers, holding their stripe, never set it back to 0:
+  // before writing a bucket they add their key's bit to a known byte or
+  // block an unknown one, after writing it whole they may store its exact
+  // filter. So a get fills in only a bucket no one has written since open,
+  // and a byte that says "absent" was true when the lookup began.
+  static constexpr uint8_t kFilterBlocked = 1;
+  uint8_t* filter_ = nullptr;
+  size_t filter_bytes_ = 0;
+  mutable std::atomic<uint64_t> filter_skips_{0};
+  uint8_t FilterLoad(uint64_t slot) const {
+    return std::atomic_ref<uint8_t>(filter_[slot]).load(std::memory_order_acquire);
+  }
+  void FilterStore(uint64_t slot, uint8_t v) {
+    std::atomic_ref<uint8_t>(filter_[slot]).store(v, std::memory_order_release);
+  }
+  // BucketFilter's answer as a filter byte: 0 (a damaged bucket, whose
+  // absent keys are unknown) becomes kFilterBlocked.
+  static uint8_t KnownOrBlocked(uint8_t exact) { return exact != 0 ? exact : kFilterBlocked; }
+  // Before writing bucket "slot" (its stripe held): adds "bits" to a known
+  // filter, blocks an unknown one.
+  void FilterBeforeWrite(uint64_t slot, uint8_t bits);
+  // A get of "slot" that saw "seen" (0) and read the bucket ("exact" is
+  // BucketFilter of what it read, or kFilterKnown if there was none).
+  void FilterLearn(uint64_t slot, uint8_t exact) const;
   std::unique_ptr<FlatTable> strings_owner_;  // GUARDED_BY(tables_mu_)
 
   // ---- Compaction (compactor.cc) ----

@@ -203,6 +203,29 @@ bool PutInCompactBucket(std::string_view bucket, std::string_view key, std::stri
   return true;
 }
 
+uint8_t BucketFilter(std::string_view bucket) {
+  uint8_t bits = kFilterKnown;
+  bool damaged;
+  // The common case, written so by every whole write: live puts only.
+  if (ForEachCompactEntry(bucket, &damaged, [&](std::string_view key, std::string_view) {
+        bits |= BucketFilterBit(HashStringKey(key));
+      })) {
+    return damaged ? 0 : bits;
+  }
+  bool bad = false;
+  bits = kFilterKnown;
+  if (!ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view, std::string_view) {
+        if (kind == BucketEntryKind::kDamaged) bad = true;
+      }) ||
+      bad) {
+    return 0;
+  }
+  for (const auto& [key, value] : LiveBucketEntries(bucket)) {
+    bits |= BucketFilterBit(HashStringKey(key));
+  }
+  return bits;
+}
+
 std::vector<std::pair<std::string, std::string>> LiveBucketEntries(std::string_view bucket) {
   std::map<std::string_view, std::string_view> live;
   ForEachBucketEntry(bucket, [&](BucketEntryKind kind, std::string_view k, std::string_view v) {

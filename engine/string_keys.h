@@ -71,6 +71,24 @@ std::string CompactBucket(std::string_view bucket);
 // removes in that order.
 bool BucketIsCompact(std::string_view bucket);
 
+// The bucket filter: one byte per bucket, kept by the Store in memory (never
+// on disk), so that a lookup of an absent key rarely reads a bucket. With
+// kFilterKnown set, bit BucketFilterBit(HashStringKey(k)) of the low seven is
+// set for every key k the bucket may hold (a removed key may keep its bit
+// until the bucket is written whole again); without it the byte says
+// nothing and the bucket must be read. A bucket of one key answers 6 of 7
+// absent keys without a read.
+inline constexpr uint8_t kFilterKnown = 0x80;
+inline uint8_t BucketFilterBit(uint64_t hash) {
+  // The high half of the hash (the slot, hash mod string_slots, is mostly
+  // the low half), scaled to 0..6.
+  return static_cast<uint8_t>(1u << (((hash >> 32) * 7) >> 32));
+}
+// The exact filter of a whole bucket: kFilterKnown with the bits of its
+// live keys (kFilterKnown alone for an empty one), or 0 (nothing known) for
+// a damaged or malformed bucket, whose other keys must read as unknown.
+uint8_t BucketFilter(std::string_view bucket);
+
 // CompactBucket(bucket + a put of key), in one pass and one allocation, for
 // a compact bucket (BucketIsCompact) or an empty one: stores it in *out and
 // returns true. Returns false, *out unspecified, for any other bucket.

@@ -466,6 +466,7 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
   result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
   result["engine.buckets_damaged"] = static_cast<int64_t>(e.buckets_damaged);
+  result["engine.string_filter_skips"] = static_cast<int64_t>(e.string_filter_skips);
   result["engine.live_bytes"] = static_cast<int64_t>(store_->LiveBytesEstimate());
   // Compaction progress, as compactionStatus() gives it (percent in
   // hundredths: stats are integers).

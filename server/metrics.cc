@@ -73,6 +73,9 @@ constexpr KnownStat kKnownStats[] = {
      "Records skipped because their checksum did not match."},
     {"engine.buckets_damaged", "engine_buckets_damaged_total", "counter",
      "String-key buckets written anew with a damaged mark after a write met a bad record."},
+    {"engine.string_filter_skips", "engine_string_filter_skips_total", "counter",
+     "String-key gets and removes of absent keys answered by the in-memory bucket filter, "
+     "without reading the bucket."},
     {"engine.live_bytes", "engine_live_bytes", "gauge",
      "Bytes of live records in the data files (estimated; the rest is garbage compaction reclaims)."},
     {"compaction.running", "compaction_running", "gauge", "1 while a compaction round runs."},
