@@ -468,7 +468,10 @@ class Store {
   // the live bytes; once it is spent they wait for the compactor to renew
   // it (at most kMaxStall, then they go on).
   void WaitForCompactor(uint64_t bytes);
-  void SetAllowance(int64_t bytes);
+  // Sets the allowance to "bytes"; a writer that takes it below
+  // "wake_below" wakes the compactor (-1: none does).
+  void SetAllowance(int64_t bytes, int64_t wake_below = -1);
+  void AskCompactor();  // renew_asked_ and a notify of compact_cv_
   static constexpr double kStallMargin = 0.1;
   // Bytes a compaction copies between starts of the new generation's
   // writeback (FlatTable::StartWriteback).
@@ -476,6 +479,7 @@ class Store {
   static constexpr std::chrono::milliseconds kMaxStall{100};
   static constexpr int64_t kNoLimit = int64_t{1} << 62;
   std::atomic<int64_t> allowance_{kNoLimit};
+  std::atomic<int64_t> wake_below_{-1};
   std::atomic<bool> renew_asked_{false};
   mutable std::mutex stall_mu_;
   mutable std::condition_variable stall_cv_;
