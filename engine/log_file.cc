@@ -110,6 +110,12 @@ Status LogFile::Reserve(size_t n) {
   void* p = mmap(nullptr, alloc_ - start, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
                  static_cast<off_t>(start));
   if (p == MAP_FAILED) return Status::FromErrno("mapping " + path_, errno);
+  // No read-around on a fault in the window: the pages past the end hold
+  // reserved zeros, and the kernel's mmap read-around would zero up to
+  // read_ahead_kb of them (8 MiB on some disks) around the faulted page,
+  // only for the next large write to overwrite them with pwrite. Populate()
+  // already faults in the pages that small appends will use.
+  madvise(p, alloc_ - start, MADV_RANDOM);
   window_ = static_cast<char*>(p);
   window_start_ = start;
   window_len_ = alloc_ - start;
