@@ -356,7 +356,15 @@ void LogFile::Populate(uint64_t start, uint64_t need) {
   const uint64_t ahead = jumped ? kPage - 1 : kPopulateBytes;
   const uint64_t to =
       std::min(window_start_ + window_len_, (std::max(need, from) + ahead) / kPage * kPage);
-  if (to > from) madvise(window_ + (from - window_start_), to - from, MADV_POPULATE_WRITE);
+  if (to > from) {
+    // The window is MADV_RANDOM (Reserve), so each fault would read its
+    // page alone: a run of pages ahead is put into the page cache in one
+    // batch first (reserved extents read as zeros without I/O), as
+    // read-around did before, only for the pages asked for.
+    if (!jumped) posix_fadvise(fd_, static_cast<off_t>(from), static_cast<off_t>(to - from),
+                               POSIX_FADV_WILLNEED);
+    madvise(window_ + (from - window_start_), to - from, MADV_POPULATE_WRITE);
+  }
   populated_ = std::max(to, need);
 }
 
