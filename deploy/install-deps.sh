@@ -15,6 +15,8 @@ packages=(
   libjemalloc-dev
   # the documented 64-bit hash of string keys (XXH64)
   libxxhash-dev
+  # CRC32C of records of 256 bytes and more (engine/crc32c.h)
+  libisal-dev
   # tests (the full-disk tests make and loop-mount a small ext4 file system)
   catch2 python3 python3-thrift strace e2fsprogs mount
   # deploy/soak.sh draws its samples, client/bench/bench_report.py --plot its

@@ -1,10 +1,15 @@
 #include "engine/crc32c.h"
 
+#include <isa-l/crc.h>
+
 #include <array>
+#include <climits>
 #include <cstring>
 
 namespace flatkv::engine::crc32c {
 namespace {
+
+constexpr size_t kIsalMinBytes = 256;
 
 constexpr uint32_t kPoly = 0x82f63b78u;  // reflected Castagnoli polynomial
 
@@ -122,6 +127,21 @@ bool HaveSse42() {
 uint32_t Extend(uint32_t init_crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   uint32_t crc = ~init_crc;
+  // From a few hundred bytes on, ISA-L's crc32_iscsi (the same CRC32C,
+  // folded with PCLMULQDQ, VPCLMULQDQ on AVX-512, picked at run time) is
+  // faster than three crc32 streams: 1.7x at 256 B, 2x at 4 KiB, 2.2x at
+  // 100 KiB on this VM's EPYC (56 against 25 GB/s). Below, its setup costs
+  // more than it saves (132 B: 12.6 against 9.8 ns). Its crc register has
+  // no final inversion, as ours here.
+  if (n >= kIsalMinBytes) {
+    while (n > 0) {
+      const size_t step = n < (1u << 30) ? n : (1u << 30);  // its length is an int
+      crc = crc32_iscsi(const_cast<uint8_t*>(p), static_cast<int>(step), crc);
+      p += step;
+      n -= step;
+    }
+    return ~crc;
+  }
 #if defined(__x86_64__)
   crc = HaveSse42() ? ExtendSse42(crc, p, n) : ExtendPortable(crc, p, n);
 #else
