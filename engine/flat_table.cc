@@ -20,6 +20,10 @@ constexpr size_t kNoHintGuess = 4096;
 constexpr size_t kHeadBytes = kRecordHeaderSize + 1 + kMaxAppendParts * kAppendPartBytes;
 // Reads larger than this use a one-off buffer instead of the thread's.
 constexpr size_t kMaxScratch = 1 << 20;
+// Records whose size hint is at least this are read with the value straight
+// into the caller's string (ReadLargeValue): a pread into a scratch buffer
+// and a copy out cost a 100 KiB get 10% of its time in the copy.
+constexpr size_t kSplitReadBytes = 16 << 10;
 // A compaction copies verbatim records in batches of about this many bytes
 // (one write each, under the old file's mutex), and reports progress (and
 // checks whether to stop) every this many bytes read.
@@ -462,11 +466,43 @@ Status FlatTable::ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size
   return Status::OK();
 }
 
+bool FlatTable::ReadLargeValue(const LogFile* log, int64_t key, uint64_t pos, size_t guess,
+                               std::string* out) const {
+  // Anything unexpected (a bad slot, a bad or appended record) returns
+  // false: the caller reads it the general way, which says what is wrong.
+  const uint64_t end = log != nullptr ? log->end() : 0;
+  if (pos >= end || end - pos < kSplitReadBytes) return false;
+  guess = static_cast<size_t>(std::min<uint64_t>(guess, end - pos));
+  // Read into the thread's buffer and swap it with *out on success, so a
+  // failed read leaves *out as it was and a caller that reuses its string
+  // hands its buffer back for the next read (no allocation once warm).
+  thread_local std::string buf;
+  char header[kRecordHeaderSize];
+  buf.resize(guess - kRecordHeaderSize);
+  size_t got = 0;
+  if (!log->ReadSplit(pos, header, sizeof(header), buf.data(), buf.size(), &got).ok() ||
+      got < kRecordHeaderSize) {
+    return false;
+  }
+  RecordView view;
+  if (ParseRecordSplit(header, buf.data(), got - kRecordHeaderSize, &view) != ParseResult::kOk ||
+      view.key != key || view.type != RecordType::kValue) {
+    return false;
+  }
+  buf.resize(view.value.size());  // the value is at the front
+  out->swap(buf);
+  if (buf.capacity() > kMaxScratch) std::string().swap(buf);
+  return true;
+}
+
 Status FlatTable::ReadValue(const LogFile* log, int64_t key, uint64_t slot_value,
                             std::string* out) const {
   uint64_t pos;
   size_t guess;
   DecodeSlot(slot_value, &pos, &guess);
+  if (guess >= kSplitReadBytes && ReadLargeValue(log, key, pos, guess, out)) {
+    return Status::OK();
+  }
   thread_local std::string scratch;
   std::string big;
   std::string* buf = guess > kMaxScratch ? &big : &scratch;

@@ -327,6 +327,13 @@ class FlatTable {
   Status ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size_t guess,
                     std::string* buf, RecordView* view) const;
   Status ReadValue(const LogFile* log, int64_t key, uint64_t slot_value, std::string* out) const;
+  // ReadValue's path for a large whole value (size hint >= kSplitReadBytes):
+  // one preadv of the header into a local buffer and the rest into *out,
+  // checked in place. false, with *out unchanged, if the record is not a
+  // good kValue of "key" (the caller reads it again the general way, which
+  // says what is wrong).
+  bool ReadLargeValue(const LogFile* log, int64_t key, uint64_t pos, size_t guess,
+                      std::string* out) const;
   Status Assemble(const LogFile* log, int64_t key, std::string_view newest,
                   std::string* out) const;
   Status ReadPayload(const LogFile* log, int64_t key, const AppendPart& part,

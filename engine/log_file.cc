@@ -253,6 +253,27 @@ Status LogFile::Read(uint64_t pos, size_t n, char* dst, size_t* got) const {
   return Status::OK();
 }
 
+Status LogFile::ReadSplit(uint64_t pos, char* head, size_t head_n, char* dst, size_t n,
+                          size_t* got) const {
+  size_t total = 0;
+  while (total < head_n + n) {
+    iovec iov[2];
+    int cnt = 0;
+    if (total < head_n) iov[cnt++] = {head + total, head_n - total};
+    const size_t into_dst = total > head_n ? total - head_n : 0;
+    iov[cnt++] = {dst + into_dst, n - into_dst};
+    ssize_t r = preadv(fd_, iov, cnt, static_cast<off_t>(pos + total));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno("reading " + path_ + " at offset " + std::to_string(pos), errno);
+    }
+    if (r == 0) break;
+    total += static_cast<size_t>(r);
+  }
+  *got = total;
+  return Status::OK();
+}
+
 const char* LogFile::MapSlow(uint64_t pos, size_t n) const {
   if (n == 0 || (pos & (kMapPage - 1)) + n > kMapPage) return nullptr;
   std::lock_guard<std::mutex> lock(map_mu_);

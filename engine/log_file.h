@@ -81,6 +81,12 @@ class LogFile {
   // Reads up to n bytes at pos into dst; *got is the number read (fewer only
   // at the end of the file). One pread() call unless the kernel returns short.
   Status Read(uint64_t pos, size_t n, char* dst, size_t* got) const;
+  // Reads up to head_n + n bytes at pos: the first head_n into head, the
+  // rest into dst (one preadv() unless the kernel returns short), so a
+  // large record's value lands in the caller's string without a copy.
+  // *got counts both.
+  Status ReadSplit(uint64_t pos, char* head, size_t head_n, char* dst, size_t n,
+                   size_t* got) const;
 
   // Returns the address of [pos, pos + n) in a read-only mapping of the file
   // when the range is non-empty, lies within one page and below the file's

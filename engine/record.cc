@@ -42,45 +42,65 @@ uint32_t RecordCrc(const char* hdr, std::string_view prefix, std::string_view va
 
 }  // namespace
 
-ParseResult ParseRecord(const char* p, size_t n, RecordView* view, const char** reason) {
-  const char* why = nullptr;
-  if (n < kRecordHeaderSize) {
-    view->size = kRecordHeaderSize;
-    return ParseResult::kIncomplete;
-  }
+namespace {
+
+// The checks of a header that need no other byte: the reason it is not a
+// record's, or nullptr.
+const char* BadHeader(const char* p) {
   const uint32_t value_size = Get32(p + 4);
   const uint32_t reserved = Get32(p + 8);
   const auto type = static_cast<uint8_t>(p[12]);
   const auto klen = static_cast<uint8_t>(p[13]);
-  if (type < 1 || type > 3) {
-    why = "bad record type";
-  } else if (klen != kRecordKeySize) {
-    why = "bad key length";
-  } else if (p[14] != 0 || p[15] != 0) {
-    why = "nonzero reserved header bytes";
-  } else if (value_size > kMaxRecordValue || reserved > kMaxRecordValue) {
-    why = "bad value length";
-  } else if (type == static_cast<uint8_t>(RecordType::kTombstone) && value_size != 0) {
-    why = "tombstone with a value";
+  if (type < 1 || type > 3) return "bad record type";
+  if (klen != kRecordKeySize) return "bad key length";
+  if (p[14] != 0 || p[15] != 0) return "nonzero reserved header bytes";
+  if (value_size > kMaxRecordValue || reserved > kMaxRecordValue) return "bad value length";
+  if (type == static_cast<uint8_t>(RecordType::kTombstone) && value_size != 0) {
+    return "tombstone with a value";
   }
-  if (why != nullptr) {
+  return nullptr;
+}
+
+// Parses a record whose header is at hdr and whose value, key and padding
+// follow at rest[0, n) (rest == hdr + kRecordHeaderSize when contiguous).
+ParseResult ParseParts(const char* hdr, const char* rest, size_t n, RecordView* view,
+                       const char** reason) {
+  if (const char* why = BadHeader(hdr); why != nullptr) {
     if (reason != nullptr) *reason = why;
     return ParseResult::kBad;
   }
-  const size_t body = kRecordHeaderSize + size_t{value_size} + kRecordKeySize;
-  view->size = body + reserved;
-  if (n < view->size) return ParseResult::kIncomplete;
-  const char* key = p + kRecordHeaderSize + value_size;
-  uint32_t crc = crc32c::Value(p + 4, body - 4);
-  if (crc32c::Mask(crc) != Get32(p)) {
+  const uint32_t value_size = Get32(hdr + 4);
+  const size_t tail = size_t{value_size} + kRecordKeySize;  // after the header
+  view->size = kRecordHeaderSize + tail + Get32(hdr + 8);
+  if (kRecordHeaderSize + n < view->size) return ParseResult::kIncomplete;
+  const uint32_t crc =
+      rest == hdr + kRecordHeaderSize
+          ? crc32c::Value(hdr + 4, kRecordHeaderSize - 4 + tail)
+          : crc32c::Extend(crc32c::Value(hdr + 4, kRecordHeaderSize - 4), rest, tail);
+  if (crc32c::Mask(crc) != Get32(hdr)) {
     if (reason != nullptr) *reason = "checksum mismatch";
     return ParseResult::kBad;
   }
-  view->type = static_cast<RecordType>(type);
-  view->timestamp = Get64(p + 16);
-  view->key = static_cast<int64_t>(Get64(key));
-  view->value = std::string_view(p + kRecordHeaderSize, value_size);
+  view->type = static_cast<RecordType>(hdr[12]);
+  view->timestamp = Get64(hdr + 16);
+  view->key = static_cast<int64_t>(Get64(rest + value_size));
+  view->value = std::string_view(rest, value_size);
   return ParseResult::kOk;
+}
+
+}  // namespace
+
+ParseResult ParseRecord(const char* p, size_t n, RecordView* view, const char** reason) {
+  if (n < kRecordHeaderSize) {
+    view->size = kRecordHeaderSize;
+    return ParseResult::kIncomplete;
+  }
+  return ParseParts(p, p + kRecordHeaderSize, n - kRecordHeaderSize, view, reason);
+}
+
+ParseResult ParseRecordSplit(const char* header, const char* rest, size_t n, RecordView* view,
+                             const char** reason) {
+  return ParseParts(header, rest, n, view, reason);
 }
 
 void EncodeRecordHeader(char* hdr, RecordType type, int64_t key, uint64_t timestamp,

@@ -70,6 +70,11 @@ enum class ParseResult {
 // needed. On kBad, *reason (if non-null) says why.
 ParseResult ParseRecord(const char* p, size_t n, RecordView* view,
                         const char** reason = nullptr);
+// The same for a record read in two pieces: its kRecordHeaderSize header
+// bytes, and the rest[0, n) that follow them (value, key, padding).
+// view->value points into rest.
+ParseResult ParseRecordSplit(const char* header, const char* rest, size_t n, RecordView* view,
+                             const char** reason = nullptr);
 
 // Encodes a record into dst, which must hold RecordSize(prefix.size() +
 // value.size()) bytes. The record's value is prefix followed by value.

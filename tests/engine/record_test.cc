@@ -21,6 +21,7 @@ using flatkv::engine::kMaxRecordValue;
 using flatkv::engine::kRecordHeaderSize;
 using flatkv::engine::kRecordKeySize;
 using flatkv::engine::ParseRecord;
+using flatkv::engine::ParseRecordSplit;
 using flatkv::engine::ParseResult;
 using flatkv::engine::RecordSize;
 using flatkv::engine::RecordType;
@@ -383,4 +384,45 @@ TEST_CASE("DecodeAppendParts rejects a part list that is empty or too long or sh
   // A part whose record cannot hold its payload.
   const AppendPart bad{0, static_cast<uint32_t>(RecordSize(10) - 1), 10};
   REQUIRE_FALSE(DecodeAppendParts(EncodeAppendParts({part, bad}), &parts, &payload));
+}
+
+TEST_CASE("ParseRecordSplit reads a record held as header and rest like ParseRecord",
+          "[engine][record]") {
+  // A large get reads the header into its own buffer and the value, key
+  // and padding into the caller's string (FlatTable::ReadLargeValue).
+  const std::string value = Pattern(70000, 9);
+  const std::string rec = Encode(RecordType::kValue, 77, 1234, value);
+  std::string rest = rec.substr(kRecordHeaderSize);
+  RecordView whole, split;
+  const char* why = nullptr;
+  REQUIRE(Parse(rec, &whole) == ParseResult::kOk);
+  REQUIRE(ParseRecordSplit(rec.data(), rest.data(), rest.size(), &split, &why) ==
+          ParseResult::kOk);
+  REQUIRE(split.key == 77);
+  REQUIRE(split.timestamp == 1234);
+  REQUIRE(split.size == whole.size);
+  REQUIRE(split.value == value);
+  REQUIRE(split.value.data() == rest.data());
+  // Extra bytes after the record (a size hint rounds up) are not its.
+  rest += "trailing bytes";
+  REQUIRE(ParseRecordSplit(rec.data(), rest.data(), rest.size(), &split) == ParseResult::kOk);
+  REQUIRE(split.value == value);
+  SECTION("a flipped byte in the value, the key or the header fails its checksum") {
+    for (size_t at : {size_t{0}, size_t{69999}, size_t{70003}}) {
+      std::string bad = rest;
+      bad[at] ^= 0x10;
+      INFO("byte " << at << " after the header");
+      REQUIRE(ParseRecordSplit(rec.data(), bad.data(), bad.size(), &split, &why) ==
+              ParseResult::kBad);
+      REQUIRE(std::string(why) == "checksum mismatch");
+    }
+    std::string header = rec.substr(0, kRecordHeaderSize);
+    header[20] ^= 0x01;  // the timestamp
+    REQUIRE(ParseRecordSplit(header.data(), rest.data(), rest.size(), &split) ==
+            ParseResult::kBad);
+  }
+  SECTION("a short rest is incomplete and says how much the record needs") {
+    REQUIRE(ParseRecordSplit(rec.data(), rest.data(), 1000, &split) == ParseResult::kIncomplete);
+    REQUIRE(split.size == rec.size());
+  }
 }
