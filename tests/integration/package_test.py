@@ -118,7 +118,7 @@ if not (deb1 and deb2):
     harness.finish(work)
 info = sh("dpkg-deb", "-f", deb1, "Depends").stdout
 check("libthrift-0.17.0" in info and "libzookeeper-mt2" in info and "libspdlog" in info
-      and "libjemalloc2" in info,
+      and "libjemalloc2" in info and "libisal2" in info,
       "the package depends on the runtime libraries (%s)" % info.strip())
 conffiles = sh("dpkg-deb", "--info", deb1, "conffiles").stdout.split()
 check(sorted(conffiles) == ["/etc/flatkv/flatkv.yaml", "/etc/flatkv/ring.yaml"],
