@@ -827,6 +827,11 @@ Status Store::SPut(std::string_view key, std::string_view value) {
     // "Small" = a few entries' worth, so a rewrite costs a few times the entry.
     const size_t limit = std::min<size_t>(4 * entry.size() + 256, 64u << 10);
     thread_local std::string bucket, rewritten;
+    struct Release {  // a huge bucket read the general way is not kept
+      ~Release() {
+        if (bucket.capacity() > (1u << 20)) std::string().swap(bucket);
+      }
+    } release;
     bool small = false;
     Status st = table->ReadIfSmall(ikey, limit, &bucket, &small);
     if (st.IsNotFound()) {
@@ -929,13 +934,41 @@ Status Store::SRemove(std::string_view key, bool* existed) {
       filter_skips_.fetch_add(1, std::memory_order_relaxed);
       return Status::OK();
     }
-    std::string bucket, ignored;
+    std::string ignored;
     std::string entry;
     AppendBucketRemove(&entry, key);
     // Nothing to add; blocks gets from filling in an unknown filter while
     // this remove may write.
     FilterBeforeWrite(slot, 0);
-    Status st = table->Get(ikey, &bucket);
+    // A small bucket (the common case) is rewritten whole without the key,
+    // as SPut does: it stays one record (a get stays one read, the
+    // compactor copies it verbatim) and its filter loses the key's bit.
+    // Before, every remove from a shared bucket appended a remove entry
+    // (an append chain until the next whole write).
+    thread_local std::string bucket, rewritten;
+    struct Release {  // a huge bucket read the general way is not kept
+      ~Release() {
+        if (bucket.capacity() > (1u << 20)) std::string().swap(bucket);
+      }
+    } release;
+    bool small = false;
+    Status st = table->ReadIfSmall(ikey, kSmallBucket, &bucket, &small);
+    if (st.ok() && small) {
+      bool found = false;
+      if (RemoveFromCompactBucket(bucket, key, &rewritten, &found)) {
+        if (found) {
+          st = rewritten.empty() ? table->Remove(ikey, nullptr) : table->Put(ikey, rewritten);
+          FLATKV_RETURN_IF_ERROR(st);
+          if (existed != nullptr) *existed = true;
+        }
+        FilterStore(slot, KnownOrBlocked(BucketFilter(found ? rewritten : bucket)));
+        return Status::OK();
+      }
+      // Damaged or not compact: the general way below, with the bucket
+      // ReadIfSmall read whole (what Get would have read).
+    } else if (st.ok()) {
+      st = table->Get(ikey, &bucket);
+    }
     if (st.IsNotFound()) {
       FilterStore(slot, kFilterKnown);
       return Status::OK();

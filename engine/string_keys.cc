@@ -203,6 +203,22 @@ bool PutInCompactBucket(std::string_view bucket, std::string_view key, std::stri
   return true;
 }
 
+bool RemoveFromCompactBucket(std::string_view bucket, std::string_view key, std::string* out,
+                             bool* found) {
+  out->clear();
+  *found = false;
+  bool damaged;
+  const bool ok = ForEachCompactEntry(bucket, &damaged, [&](std::string_view k,
+                                                            std::string_view entry) {
+    if (k == key) {
+      *found = true;
+    } else {
+      out->append(entry);
+    }
+  });
+  return ok && !damaged && !bucket.empty();
+}
+
 uint8_t BucketFilter(std::string_view bucket) {
   uint8_t bits = kFilterKnown;
   bool damaged;

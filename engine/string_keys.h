@@ -95,4 +95,12 @@ uint8_t BucketFilter(std::string_view bucket);
 bool PutInCompactBucket(std::string_view bucket, std::string_view key, std::string_view value,
                         std::string* out);
 
+// CompactBucket(bucket + a remove of key), in one pass, for a compact bucket
+// without a damaged mark (live puts only): stores it in *out (empty when
+// key was the only one), sets *found to whether key was there, and returns
+// true. Returns false, *out and *found unspecified, for any other bucket
+// (a damaged bucket keeps removes, so SRemove appends one instead).
+bool RemoveFromCompactBucket(std::string_view bucket, std::string_view key, std::string* out,
+                             bool* found);
+
 }  // namespace flatkv::engine

@@ -75,11 +75,12 @@ TEST_CASE("A bucket resolves to the newest entry per key", "[engine][strings]") 
                                                    [](auto, auto, auto) {}));
 }
 
-TEST_CASE("A compact bucket is recognized without rebuilding it, and a put into one keeps it "
-          "compact",
+TEST_CASE("A compact bucket is recognized without rebuilding it, and a put into or a remove "
+          "from one keeps it compact",
           "[engine][strings]") {
   // Compaction copies a bucket BucketIsCompact calls compact byte for byte,
-  // and SPut writes PutInCompactBucket's result: both must agree exactly
+  // SPut writes PutInCompactBucket's result and SRemove
+  // RemoveFromCompactBucket's: all must agree exactly
   // with CompactBucket, or a compaction would keep dead entries or a put
   // would lose one. Checked over seeded random buckets of puts, removes and
   // damaged marks over a few keys (binary ones and a prefix pair included).
@@ -116,6 +117,17 @@ TEST_CASE("A compact bucket is recognized without rebuilding it, and a put into 
       std::string with = b;
       flatkv::engine::AppendBucketPut(&with, k, v);
       REQUIRE(out == flatkv::engine::CompactBucket(with));
+    }
+    // SRemove's rewrite: a compact bucket without a damaged mark only.
+    bool found = false;
+    const bool removed = flatkv::engine::RemoveFromCompactBucket(b, k, &out, &found);
+    REQUIRE(removed == (is && !flatkv::engine::BucketDamaged(b)));
+    if (removed) {
+      std::string without = b;
+      flatkv::engine::AppendBucketRemove(&without, k);
+      REQUIRE(out == flatkv::engine::CompactBucket(without));
+      std::string ignored;
+      REQUIRE(found == (flatkv::engine::FindInBucket(b, k, &ignored) == BucketLookup::kFound));
     }
   }
   CHECK(compact > 2000);  // both sides were exercised
