@@ -345,7 +345,14 @@ Status LogFile::Sync() {
 }
 
 void LogFile::StartWriteback() {
-  if (fd_ >= 0) (void)sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+  // Whole pages below the end only: the pages populated ahead of it are
+  // dirty zeros that appends are about to fill, and writing them back would
+  // write-protect them (a TLB shootdown each) only for the appender to fault
+  // them writable again and the next sync to write them once more.
+  const uint64_t upto = end() / kPage * kPage;
+  if (fd_ >= 0 && upto > 0) {
+    (void)sync_file_range(fd_, 0, static_cast<off_t>(upto), SYNC_FILE_RANGE_WRITE);
+  }
 }
 
 Status LogFile::Truncate(uint64_t end) {
