@@ -238,13 +238,20 @@ Status LogFile::WriteAtEnd(iovec* v, int cnt, size_t size) {
   return Status::OK();
 }
 
-Status LogFile::Read(uint64_t pos, size_t n, char* dst, size_t* got) const {
+namespace {
+
+// Calls read_at(done) (a pread-like call for the bytes from offset "done" of
+// the request on) until "want" bytes are read or the file ends; retries
+// EINTR. *got is the number read.
+template <typename ReadAt>
+Status ReadFully(const std::string& path, uint64_t pos, size_t want, ReadAt read_at,
+                 size_t* got) {
   size_t total = 0;
-  while (total < n) {
-    ssize_t r = pread(fd_, dst + total, n - total, static_cast<off_t>(pos + total));
+  while (total < want) {
+    const ssize_t r = read_at(total);
     if (r < 0) {
       if (errno == EINTR) continue;
-      return Status::FromErrno("reading " + path_ + " at offset " + std::to_string(pos), errno);
+      return Status::FromErrno("reading " + path + " at offset " + std::to_string(pos), errno);
     }
     if (r == 0) break;
     total += static_cast<size_t>(r);
@@ -253,25 +260,24 @@ Status LogFile::Read(uint64_t pos, size_t n, char* dst, size_t* got) const {
   return Status::OK();
 }
 
+}  // namespace
+
+Status LogFile::Read(uint64_t pos, size_t n, char* dst, size_t* got) const {
+  return ReadFully(path_, pos, n, [&](size_t done) {
+    return pread(fd_, dst + done, n - done, static_cast<off_t>(pos + done));
+  }, got);
+}
+
 Status LogFile::ReadSplit(uint64_t pos, char* head, size_t head_n, char* dst, size_t n,
                           size_t* got) const {
-  size_t total = 0;
-  while (total < head_n + n) {
+  return ReadFully(path_, pos, head_n + n, [&](size_t done) {
     iovec iov[2];
     int cnt = 0;
-    if (total < head_n) iov[cnt++] = {head + total, head_n - total};
-    const size_t into_dst = total > head_n ? total - head_n : 0;
+    if (done < head_n) iov[cnt++] = {head + done, head_n - done};
+    const size_t into_dst = done > head_n ? done - head_n : 0;
     iov[cnt++] = {dst + into_dst, n - into_dst};
-    ssize_t r = preadv(fd_, iov, cnt, static_cast<off_t>(pos + total));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno("reading " + path_ + " at offset " + std::to_string(pos), errno);
-    }
-    if (r == 0) break;
-    total += static_cast<size_t>(r);
-  }
-  *got = total;
-  return Status::OK();
+    return preadv(fd_, iov, cnt, static_cast<off_t>(pos + done));
+  }, got);
 }
 
 const char* LogFile::MapSlow(uint64_t pos, size_t n) const {

@@ -827,11 +827,6 @@ Status Store::SPut(std::string_view key, std::string_view value) {
     // "Small" = a few entries' worth, so a rewrite costs a few times the entry.
     const size_t limit = std::min<size_t>(4 * entry.size() + 256, 64u << 10);
     thread_local std::string bucket, rewritten;
-    struct Release {  // a huge bucket read the general way is not kept
-      ~Release() {
-        if (bucket.capacity() > (1u << 20)) std::string().swap(bucket);
-      }
-    } release;
     bool small = false;
     Status st = table->ReadIfSmall(ikey, limit, &bucket, &small);
     if (st.IsNotFound()) {
