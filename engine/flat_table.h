@@ -107,6 +107,10 @@ class FlatTable {
   Status PutBatch(const std::vector<KeyValueRef>& pairs, const std::vector<uint32_t>& items);
   Status Get(int64_t key, std::string* value) const;
   bool Contains(int64_t key) const;
+  // Starts loading the key's index slot (a hint; no effect otherwise).
+  void PrefetchSlot(int64_t key) const {
+    index_->Prefetch(static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin()));
+  }
   Status Remove(int64_t key, bool* existed);
   // If the key's value is at most max_bytes, reads it into *value and sets
   // *small (one read for a whole value; one per part for a value built by

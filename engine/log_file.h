@@ -34,7 +34,9 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -206,6 +208,27 @@ class LogReader {
   // position in *pos and returns true; returns false at the end or on an I/O
   // error (see status()).
   bool Next(RecordView* view, uint64_t* pos);
+
+  // Calls fn(key) for each of up to n records after the one Next()
+  // returned last, as far as they are in the reader's buffer already,
+  // from their headers alone (no checksum, no I/O): hints for prefetching
+  // what the next calls will need, never to be trusted.
+  template <typename Fn>
+  void PeekKeys(size_t n, Fn fn) const {
+    const char* p = record_.data() + record_.size();
+    const char* end = buf_.data() + buf_len_;
+    for (size_t i = 0; i < n && end - p >= static_cast<ptrdiff_t>(kRecordHeaderSize); ++i) {
+      uint32_t value_size, reserved;
+      std::memcpy(&value_size, p + 4, 4);  // little-endian, as FORMAT.md says
+      std::memcpy(&reserved, p + 8, 4);
+      const uint64_t size = uint64_t{kRecordHeaderSize} + value_size + kRecordKeySize + reserved;
+      if (static_cast<uint64_t>(end - p) < size) return;
+      int64_t key;
+      std::memcpy(&key, p + kRecordHeaderSize + value_size, 8);
+      fn(key);
+      p += size;
+    }
+  }
 
   // The bytes of the record Next() returned last, exactly as on disk
   // (header, value, key and any padding; its checksum verified), valid
