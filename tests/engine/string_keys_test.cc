@@ -75,8 +75,8 @@ TEST_CASE("A bucket resolves to the newest entry per key", "[engine][strings]") 
                                                    [](auto, auto, auto) {}));
 }
 
-TEST_CASE("A compact bucket is recognized without rebuilding it, and a put into or a remove "
-          "from one keeps it compact",
+TEST_CASE("A compact bucket is recognized without rebuilding it and stays compact after a put "
+          "or remove",
           "[engine][strings]") {
   // Compaction copies a bucket BucketIsCompact calls compact byte for byte,
   // SPut writes PutInCompactBucket's result and SRemove
