@@ -3,7 +3,6 @@
 #include <isa-l/crc.h>
 
 #include <array>
-#include <climits>
 #include <cstring>
 
 namespace flatkv::engine::crc32c {

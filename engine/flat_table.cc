@@ -1128,9 +1128,7 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
     // index loads were a third of a compaction's time).
     if (++since_peek == kCopyPrefetch / 2) {
       since_peek = 0;
-      reader.PeekKeys(kCopyPrefetch, [&](int64_t key) {
-        index_->Prefetch(static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin()));
-      });
+      reader.PeekKeys(kCopyPrefetch, [&](int64_t key) { PrefetchSlot(key); });
     }
     unreported += view.size;
     if (unreported >= kCopyBatchBytes || batch.bytes.size() >= kCopyBatchBytes) {

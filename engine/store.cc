@@ -730,7 +730,11 @@ Status Store::GetOrCreateStringTable(FlatTable** table) {
 }
 
 int64_t Store::StringSlot(std::string_view key) const {
-  return static_cast<int64_t>(HashStringKey(key) % options_.string_slots);
+  return static_cast<int64_t>(SlotOfHash(HashStringKey(key)));
+}
+
+bool Store::FilterSaysAbsent(uint8_t filter, uint64_t hash) {
+  return (filter & kFilterKnown) && !(filter & BucketFilterBit(hash));
 }
 
 void Store::FilterBeforeWrite(uint64_t slot, uint8_t bits) {
@@ -815,7 +819,7 @@ Status Store::SPut(std::string_view key, std::string_view value) {
     FlatTable* table;
     FLATKV_RETURN_IF_ERROR(GetOrCreateStringTable(&table));
     const uint64_t hash = HashStringKey(key);
-    const int64_t ikey = static_cast<int64_t>(hash % options_.string_slots);
+    const int64_t ikey = static_cast<int64_t>(SlotOfHash(hash));
     const auto slot = static_cast<uint64_t>(ikey);
     std::string entry;
     AppendBucketPut(&entry, key, value);
@@ -891,9 +895,9 @@ Status Store::SGet(std::string_view key, std::string* value) const {
     return Status::NotFound("string key");
   }
   const uint64_t hash = HashStringKey(key);
-  const int64_t slot = static_cast<int64_t>(hash % options_.string_slots);
+  const int64_t slot = static_cast<int64_t>(SlotOfHash(hash));
   const uint8_t filter = FilterLoad(static_cast<uint64_t>(slot));
-  if ((filter & kFilterKnown) && !(filter & BucketFilterBit(hash))) {
+  if (FilterSaysAbsent(filter, hash)) {
     filter_skips_.fetch_add(1, std::memory_order_relaxed);
     return Status::NotFound("string key");
   }
@@ -921,11 +925,10 @@ Status Store::SRemove(std::string_view key, bool* existed) {
     FlatTable* table = strings_.load(std::memory_order_acquire);
     if (table == nullptr || key.size() > options_.max_key_bytes) return Status::OK();
     const uint64_t hash = HashStringKey(key);
-    const int64_t ikey = static_cast<int64_t>(hash % options_.string_slots);
+    const int64_t ikey = static_cast<int64_t>(SlotOfHash(hash));
     const auto slot = static_cast<uint64_t>(ikey);
     std::lock_guard<std::mutex> lock(string_mu_[slot % kStringStripes]);
-    const uint8_t filter = FilterLoad(slot);
-    if ((filter & kFilterKnown) && !(filter & BucketFilterBit(hash))) {
+    if (FilterSaysAbsent(FilterLoad(slot), hash)) {
       filter_skips_.fetch_add(1, std::memory_order_relaxed);
       return Status::OK();
     }

@@ -429,6 +429,10 @@ class Store {
   // BucketFilter's answer as a filter byte: 0 (a damaged bucket, whose
   // absent keys are unknown) becomes kFilterBlocked.
   static uint8_t KnownOrBlocked(uint8_t exact) { return exact != 0 ? exact : kFilterBlocked; }
+  // Whether a filter byte says the key of this hash is absent from its bucket.
+  static bool FilterSaysAbsent(uint8_t filter, uint64_t hash);
+  // The string-table slot of a key whose HashStringKey is "hash".
+  uint64_t SlotOfHash(uint64_t hash) const { return hash % options_.string_slots; }
   // Before writing bucket "slot" (its stripe held): adds "bits" to a known
   // filter, blocks an unknown one.
   void FilterBeforeWrite(uint64_t slot, uint8_t bits);
