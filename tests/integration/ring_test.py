@@ -204,6 +204,11 @@ def model_pairs(reverse=False):
 def wait_whole(what, timeout=15.0, via=None):
     took = harness.wait_ring([m.port for m in (via or members)], whole(), timeout)
     check(took is not None, "%s (%.2f s)" % (what, took if took is not None else -1))
+    wait_serving(what, via)
+    return took
+
+
+def wait_serving(what, via=None):
     # A member in the ring serves once its chain is recorded in ZooKeeper (a
     # round trip after it sees itself there); until then it answers
     # UNAVAILABLE, which clients retry. Wait for that, then read.
@@ -213,7 +218,6 @@ def wait_whole(what, timeout=15.0, via=None):
                 m.c.get(k - 1)
         return True
     harness.wait_until(None, "%s: every instance serves reads of every mark" % what, serving, 5.0)
-    return took
 
 
 finished = False
@@ -547,6 +551,9 @@ took = timed_wait(lambda: zk.members() == sorted(m.node() for m in members) and
 check(took is not None and [m.proc.pid for m in members] == pids and all(m.proc.poll() is None for m in members),
       "ZooKeeper restarted on the same dir and port: all three registered again without "
       "restarting them (%.2f s after it serves)" % (took if took is not None else -1))
+# A member whose session expired while ZooKeeper was down registers anew and
+# serves once its chain is recorded again (UNAVAILABLE until then).
+wait_serving("after the ZooKeeper restart")
 verify_all([mc], "after the ZooKeeper restart")
 subprocess.run(["bash", harness.ZOOKEEPER_SH, "kill", zk.dir], check=True)  # a crash: SIGKILL
 time.sleep(0.3)
@@ -557,6 +564,7 @@ took = timed_wait(lambda: zk.members() == sorted(m.node() for m in members) and
 check(took is not None and [m.proc.pid for m in members] == pids,
       "ZooKeeper killed (SIGKILL) and started again: all three registered again (%.2f s)" %
       (took if took is not None else -1))
+wait_serving("after ZooKeeper's SIGKILL")
 
 # --- ZooKeeper down when an instance starts ----------------------------------
 
