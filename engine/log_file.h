@@ -182,6 +182,14 @@ class LogFile {
   uint64_t window_len_ = 0;
   uint64_t released_ = 0;      // window pages below this were dropped from RSS
   uint64_t populated_ = 0;     // window pages below this are faulted in
+  // What the window may hold mapped writable, [lo, hi): published by the
+  // writer for StartWriteback, which leaves those pages to Sync(). Writing
+  // back a page mapped writable write-protects it (a TLB shootdown to every
+  // CPU the process runs on, one page at a time) and the appender faults it
+  // writable again. Relaxed: a stale view only costs such a shootdown.
+  std::atomic<uint64_t> writable_lo_{0};
+  std::atomic<uint64_t> writable_hi_{0};
+  void PublishWritable();
 
   // Read chunk c lives in block b = floor(log2(c + 1)), at index
   // c + 1 - 2^b: block b holds 2^b chunks and is allocated (under map_mu_)
