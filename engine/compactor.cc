@@ -376,6 +376,7 @@ Status Store::CompactPinned(uint64_t segment) {
     if (st.ok()) st = copied;  // else the room's error stopped it
   }
   // The new generation must be durable before CURRENT names it.
+  if (st.ok()) next->ReleaseWindows();
   if (st.ok()) st = next->Sync();
   if (st.ok()) st = next->Checkpoint();
   if (st.ok()) st = SyncDirectory(next->dir());

@@ -897,6 +897,14 @@ void FlatTable::StartWriteback() {
   }
 }
 
+void FlatTable::ReleaseWindows() {
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    std::lock_guard<std::mutex> lock(files_[f].mu);
+    LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log != nullptr) log->ReleaseWindow();
+  }
+}
+
 Status FlatTable::Sync() {
   if (FlatTable* next = successor(); next != nullptr && !successor_done_.load()) {
     FLATKV_RETURN_IF_ERROR(next->Sync());  // writes go there while compacting

@@ -158,6 +158,10 @@ class FlatTable {
   // the new generation as it copies, so the Sync() that must finish before
   // the switch (while writes wait on the disk bound) finds little left.
   void StartWriteback();
+  // LogFile::ReleaseWindow on every data file, each under its mutex: a
+  // compaction calls it on the new generation right before the Sync() that
+  // must finish before the switch.
+  void ReleaseWindows();
   Status Checkpoint();
   Status Close();
   // Closes without syncing or marking the index clean: for a table whose

@@ -371,6 +371,18 @@ void LogFile::StartWriteback() {
   }
 }
 
+void LogFile::ReleaseWindow() {
+  if (window_ == nullptr) return;
+  const uint64_t from = std::max(released_, window_start_);
+  const uint64_t to = std::min(populated_, window_start_ + window_len_);
+  if (to > from) madvise(window_ + (from - window_start_), to - from, MADV_DONTNEED);
+  // Nothing below the end's page is mapped now, nor populated from there.
+  const uint64_t floor = std::max(end() / kPage * kPage, window_start_);
+  released_ = std::max(released_, floor);
+  populated_ = floor;
+  PublishWritable();
+}
+
 Status LogFile::Truncate(uint64_t end) {
   Unmap();
   UnmapReads();  // they may cover what is cut; no reader is inside (see the header)

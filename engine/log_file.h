@@ -123,6 +123,13 @@ class LogFile {
   // metadata: a later Sync() then has less to wait for. A hint only: it
   // makes nothing durable, and an I/O error shows at that Sync().
   void StartWriteback();
+  // Drops the writable window's page mappings (the pages written behind the
+  // end and the ones populated ahead of it; they stay in the page cache), so
+  // the Sync() that follows writes them back without write-protecting each
+  // one (a TLB shootdown per page, 7 % of a compaction of string keys, whose
+  // 16 files each held up to 512 KiB mapped). The next append faults in
+  // what it needs again. Caller: as for Append.
+  void ReleaseWindow();
 
   // Sets the logical end to "end" and the file's size to match, dropping
   // reserved space and anything past it. Used by recovery and Close().
