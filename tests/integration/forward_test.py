@@ -467,6 +467,7 @@ members.append(md)
 MARKS.append(D)
 MARKS.sort()
 took = harness.wait_ring([ma.port], whole(), 15)
+harness.wait_serving(ma.port, [D - 1])
 before = stats(ma)
 c, t = ma.client()
 c.put(D - 7, b"via localhost")
@@ -593,6 +594,7 @@ check(all(str(B) in f[2] for f in kill_failures),
       "... each names mark B (%r)" % (kill_failures[0][2] if kill_failures else None,))
 mb.start()
 took = harness.wait_ring([ma.port], whole(), 25)
+harness.wait_serving(ma.port, [B - 1, B + 78])
 c, t = ma.client()
 ok = took is not None and error_of(lambda: c.put(B + 78, b"after restart")) is None
 check(ok and c.get(B + 78).value == b"after restart",

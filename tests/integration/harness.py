@@ -262,6 +262,23 @@ def wait_ring(ports, expected, timeout=10.0):
     return None
 
 
+def wait_serving(port, keys, timeout=10.0):
+    """Waits until get(k) of every integer key in "keys" through the
+    instance on "port" answers without an error; returns the seconds it
+    took, or None. A member that (re)registers is in the ring a ZooKeeper
+    round trip before its chain is recorded, and answers UNAVAILABLE
+    until then (clients retry it): a test that reads right after
+    wait_ring() waits for this first."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            call(port, lambda c: [c.get(k) for k in keys], 2000)
+            return time.monotonic() - t0
+        except Exception:
+            time.sleep(0.02)
+    return None
+
+
 def call(port, fn, timeout_ms=10000):
     """fn(client) on a fresh connection to the instance on "port", closed after."""
     c, t = client(port, timeout_ms)
