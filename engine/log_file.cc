@@ -211,10 +211,7 @@ Status LogFile::AppendEncoded(std::string_view records, uint64_t* pos) {
 Status LogFile::WriteAtEnd(iovec* v, int cnt, size_t size) {
   const uint64_t end = end_.load(std::memory_order_relaxed);
   // Reserve first so a full disk fails here, cleanly, before any byte lands.
-  if (end + size > alloc_) {
-    FLATKV_RETURN_IF_ERROR(flatkv::engine::Reserve(fd_, alloc_, end + size - alloc_, path_));
-    alloc_ = end + size;
-  }
+  if (end + size > alloc_) FLATKV_RETURN_IF_ERROR(ReserveAhead(end + size));
   uint64_t off = end;
   size_t left = size;
   while (left > 0) {
