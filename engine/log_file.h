@@ -156,7 +156,8 @@ class LogFile {
   // Reserves (fallocate) the file up to at least need_end, a step ahead
   // (an eighth of the file, at most 8 MiB and a thousandth of the free
   // space), or exactly what is needed when the disk lacks the step.
-  Status ReserveAhead(uint64_t need_end);
+  Status ReserveAhead(uint64_t need_end, uint64_t max_step = kMaxReserveStep);
+  static constexpr uint64_t kMaxReserveStep = 8ull << 20;
   Status WriteDirect(RecordType type, int64_t key, uint64_t timestamp, std::string_view prefix,
                      std::string_view value, size_t size);
   // Writes iov (size bytes in all) at end_ with pwritev, reserving first.
