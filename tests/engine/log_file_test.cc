@@ -110,6 +110,15 @@ void CheckRecords(const std::vector<Written>& got, const std::vector<Written>& w
   }
 }
 
+// Reads the whole log: no error, no damage reported, exactly "want".
+ReadResult ReadsBackClean(const LogFile& log, const std::vector<Written>& want) {
+  ReadResult r = ReadAll(log);
+  REQUIRE(r.status.ok());
+  REQUIRE(r.reports.empty());
+  CheckRecords(r.records, want);
+  return r;
+}
+
 std::unique_ptr<LogFile> Open(const std::string& path) {
   std::unique_ptr<LogFile> log;
   REQUIRE(LogFile::Open(path, true, &log).ok());
@@ -164,10 +173,7 @@ TEST_CASE("LogFile appends records of every size and LogReader returns them in o
   REQUIRE(log->allocated() >= log->end());
   REQUIRE(FileSize(dir / "data.log") == log->allocated());
 
-  ReadResult r = ReadAll(*log);  // while open: reads see the mapped writes
-  REQUIRE(r.status.ok());
-  REQUIRE(r.reports.empty());
-  CheckRecords(r.records, recs);
+  ReadResult r = ReadsBackClean(*log, recs);  // while open: reads see the mapped writes
   REQUIRE(r.valid_end == total);
 }
 
@@ -631,10 +637,7 @@ TEST_CASE("LogFile::AppendEncoded appends whole records that read back like appe
   for (const Written& w : AppendAll(log.get(), {30, LogFile::kDirectWriteBytes, 40}, 5)) {
     recs.push_back(w);
   }
-  ReadResult r = ReadAll(*log);
-  REQUIRE(r.status.ok());
-  REQUIRE(r.reports.empty());
-  CheckRecords(r.records, recs);
+  ReadsBackClean(*log, recs);
   REQUIRE(log->Close().ok());
   REQUIRE(FileSize(dir / "data.log") == recs.back().pos + recs.back().size);
   log = Open(dir / "data.log");
@@ -789,10 +792,7 @@ TEST_CASE("ReleaseWindow unmaps the window's pages and appends go on after it", 
   for (const Written& w : AppendAll(log.get(), std::vector<size_t>(300, 900), 4)) {
     recs.push_back(w);
   }
-  ReadResult r = ReadAll(*log);
-  REQUIRE(r.status.ok());
-  REQUIRE(r.reports.empty());
-  CheckRecords(r.records, recs);
+  ReadsBackClean(*log, recs);
   REQUIRE(log->Close().ok());
   log = Open(path);
   CheckRecords(ReadAll(*log).records, recs);
