@@ -160,7 +160,7 @@ class LogFile {
   // Makes room for n bytes at end_ in the writable window.
   Status Reserve(size_t n);
   // Reserves (fallocate) the file up to at least need_end, a step ahead
-  // (an eighth of the file, at most 8 MiB and a thousandth of the free
+  // (an eighth of the file, at most max_step and a thousandth of the free
   // space), or exactly what is needed when the disk lacks the step.
   Status ReserveAhead(uint64_t need_end, uint64_t max_step = kMaxReserveStep);
   static constexpr uint64_t kMaxReserveStep = 8ull << 20;
