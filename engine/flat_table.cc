@@ -359,8 +359,9 @@ Status FlatTable::Remove(int64_t key, bool* existed) {
 
 bool FlatTable::Contains(int64_t key) const {
   if (FlatTable* next = successor()) {
+    const bool done = successor_done_.load(std::memory_order_acquire);  // first: see Get()
     if (next->Contains(key)) return true;
-    if (successor_done_.load(std::memory_order_acquire)) return false;
+    if (done) return false;
   }
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   return ReadSlot(files_[slot % params_.index.data_files], slot) != 0;
@@ -370,8 +371,15 @@ Status FlatTable::Get(int64_t key, std::string* value) const {
   if (FlatTable* next = successor()) {
     // Compacting: the successor has every write since the start and the
     // copies so far; whatever it lacks is still here (removes reach both).
+    // "done" is read before the successor: a miss there means "absent" only
+    // if the copy had finished before it. Read after, a key copied between
+    // the miss and the switch read as absent although this table still held
+    // it (until 2026-11-25: a get racing a compaction's end could answer
+    // NotFound for a key put long before; a string put could then rewrite
+    // the bucket without its other keys).
+    const bool done = successor_done_.load(std::memory_order_acquire);
     Status st = next->Get(key, value);
-    if (!st.IsNotFound() || successor_done_.load(std::memory_order_acquire)) return st;
+    if (!st.IsNotFound() || done) return st;
   }
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const FileState& fs = files_[slot % params_.index.data_files];
@@ -385,8 +393,9 @@ Status FlatTable::ReadIfSmall(int64_t key, size_t max_bytes, std::string* value,
   *small = false;
   if (FlatTable* next = successor()) {
     // Compacting: as Get(), the successor first; what it lacks is still here.
+    const bool done = successor_done_.load(std::memory_order_acquire);
     Status st = next->ReadIfSmall(key, max_bytes, value, small);
-    if (!st.IsNotFound() || successor_done_.load(std::memory_order_acquire)) return st;
+    if (!st.IsNotFound() || done) return st;
   }
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const FileState& fs = files_[slot % params_.index.data_files];
@@ -566,8 +575,9 @@ Status FlatTable::Assemble(const LogFile* log, int64_t key, std::string_view new
 Status FlatTable::ReadGoodSuffix(int64_t key, std::string* suffix) const {
   suffix->clear();
   if (FlatTable* next = successor()) {
+    const bool done = successor_done_.load(std::memory_order_acquire);  // first: see Get()
     Status st = next->ReadGoodSuffix(key, suffix);
-    if (!st.IsNotFound() || successor_done_.load(std::memory_order_acquire)) return st;
+    if (!st.IsNotFound() || done) return st;
   }
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const FileState& fs = files_[slot % params_.index.data_files];
@@ -754,8 +764,9 @@ uint64_t FlatTable::EmptySpan(uint64_t slot) const {
   if (newer == nullptr) return index_->EmptySpan(slot);
   // A successor covers the same range (Store::ParamsFor); be safe anyway.
   if (newer->kmin() != kmin() || newer->slots() != slots()) return 0;
+  const bool done = successor_done_.load(std::memory_order_acquire);  // first: see Get()
   const uint64_t theirs = newer->index_->EmptySpan(slot);
-  if (successor_done_.load(std::memory_order_acquire)) return theirs;
+  if (done) return theirs;
   // The regions nest (group in chunk in table): the smaller one is empty in both.
   return std::min(theirs, index_->EmptySpan(slot));
 }
@@ -764,8 +775,9 @@ Status FlatTable::ScanRead(uint64_t slot, KeyValue* kv) const {
   const FileState& fs = files_[slot % params_.index.data_files];
   Status st = Status::NotFound("");
   FlatTable* newer = successor();
+  const bool done = newer != nullptr && successor_done_.load();  // first: see Get()
   if (newer != nullptr) st = newer->Get(kv->key, &kv->value);  // newer, if there
-  if (st.IsNotFound() && !(newer != nullptr && successor_done_.load())) {
+  if (st.IsNotFound() && !done) {
     const uint64_t v = ReadSlot(fs, slot);
     st = v == 0 ? Status::NotFound("")
                 : ReadValue(fs.log.load(std::memory_order_acquire), kv->key, v, &kv->value);
@@ -906,9 +918,12 @@ void FlatTable::ReleaseWindows() {
 }
 
 Status FlatTable::Sync() {
-  if (FlatTable* next = successor(); next != nullptr && !successor_done_.load()) {
-    FLATKV_RETURN_IF_ERROR(next->Sync());  // writes go there while compacting
-  }
+  // Writes go to the successor while compacting, and after the switch too:
+  // a Store::Sync that took this table's pointer before the switch syncs
+  // the successor here, finished or not (until 2026-11-25 only unfinished,
+  // so writes acknowledged between the compaction's own sync and the switch
+  // could miss that Store::Sync).
+  if (FlatTable* next = successor()) FLATKV_RETURN_IF_ERROR(next->Sync());
   for (int f = 0; f < params_.index.data_files; ++f) {
     FileState& fs = files_[f];
     if (!fs.dirty.exchange(false, std::memory_order_relaxed)) continue;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -598,6 +599,14 @@ TEST_CASE("Gets racing puts and removes of string keys never miss a key put befo
       while (ready.load() < kWriters + 2) std::this_thread::yield();
     };
     std::atomic<int> failures{0};
+    std::mutex first_failure_mu;
+    std::string first_failure;  // what the first failure was, for the report
+    auto fail = [&](const std::string& what) {
+      if (failures++ == 0) {
+        std::lock_guard<std::mutex> lock(first_failure_mu);
+        first_failure = what;
+      }
+    };
     std::atomic<uint64_t> checked{0};
     std::vector<std::thread> threads;
     for (int w = 0; w < kWriters; ++w) {
@@ -610,10 +619,12 @@ TEST_CASE("Gets racing puts and removes of string keys never miss a key put befo
           const int p = phase[static_cast<size_t>(k)].load();
           phase[static_cast<size_t>(k)].store(p % 2 == 1 ? p + 1 : p + 2);  // even: changing
           if (rng() % 3 == 0) {
-            if (!store->SRemove(key).ok()) failures++;
+            const Status st = store->SRemove(key);
+            if (!st.ok()) fail("remove of " + key + ": " + st.ToString());
           } else {
             const int next = (p % 2 == 1 ? p + 1 : p + 2) + 1;
-            if (!store->SPut(key, std::to_string(next)).ok()) failures++;
+            const Status st = store->SPut(key, std::to_string(next));
+            if (!st.ok()) fail("put of " + key + ": " + st.ToString());
             phase[static_cast<size_t>(k)].store(next);  // returned: must be seen
           }
         }
@@ -631,9 +642,12 @@ TEST_CASE("Gets racing puts and removes of string keys never miss a key put befo
           if (before % 2 == 1) {
             // Put number "before" returned before this get began: the get
             // sees it or a later one.
-            if (!st.ok() && !st.IsNotFound()) failures++;
-            if (st.IsNotFound() && phase[static_cast<size_t>(k)].load() == before) failures++;
-            if (st.ok() && std::stoi(got) < before) failures++;
+            auto what = [&] { return "get of " + KeyName(k) + " after put " + std::to_string(before); };
+            if (!st.ok() && !st.IsNotFound()) fail(what() + ": " + st.ToString());
+            if (st.IsNotFound() && phase[static_cast<size_t>(k)].load() == before) {
+              fail(what() + ": NotFound");
+            }
+            if (st.ok() && std::stoi(got) < before) fail(what() + ": read " + got);
             checked++;
           }
         }
@@ -642,6 +656,7 @@ TEST_CASE("Gets racing puts and removes of string keys never miss a key put befo
     for (int w = 0; w < kWriters; ++w) threads[static_cast<size_t>(w)].join();
     stop = true;
     for (size_t t = kWriters; t < threads.size(); ++t) threads[t].join();
+    INFO("first failure: " << first_failure);
     REQUIRE(failures.load() == 0);
     total_checked += checked.load();
     // And at rest every key reads as its last write left it.
