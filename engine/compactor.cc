@@ -275,7 +275,7 @@ bool Store::CompactionProgress(uint64_t bytes) {
   return !stopping_.load();
 }
 
-Status Store::CompactTable(uint64_t segment) {
+Status Store::CompactTable(uint64_t segment, bool in_place) {
   // Pin the segment: CloseIdle must not close a table the compactor holds a
   // raw pointer to (it would otherwise be one more candidate, since the
   // compactor's pointers live outside any Guard).
@@ -283,12 +283,88 @@ Status Store::CompactTable(uint64_t segment) {
     std::lock_guard<std::mutex> lock(tables_mu_);
     compacting_ = segment;
   }
-  Status st = CompactPinned(segment);
+  Status st = in_place ? CleanPinned(segment) : CompactPinned(segment);
   {
     std::lock_guard<std::mutex> lock(tables_mu_);
     compacting_ = kNoSegment;
   }
   return st;
+}
+
+// One round of compaction in place (FlatTable::CleanHead): each data file's
+// oldest share is cleaned, its live records copied to its end, and freed.
+// Nothing is undone on an error: what was copied is a duplicate, garbage
+// for the next round. A table that cannot be cleaned so is copied whole.
+Status Store::CleanPinned(uint64_t segment) {
+  FlatTable* t;
+  bool whole;
+  {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    if (closed_.load()) return Status::Busy("store is closing");
+    std::unique_ptr<FlatTable>& owner = OwnerLocked(segment);
+    if (owner == nullptr && segment != kStringsSegment) {
+      FlatTable* reopened;  // closed by the open-table budget: reopen it
+      FLATKV_RETURN_IF_ERROR(OpenSegmentLocked(segment, &reopened));
+    }
+    if (owner == nullptr) return Status::OK();
+    t = owner.get();
+    whole = segment == kStringsSegment || pending_.count(segment) > 0 ||
+            !options_.compaction_in_place || punch_unsupported_.load() || !t->CanCleanHead();
+  }
+  if (whole) return CompactPinned(segment);
+  const int n = t->data_files();
+  std::vector<uint64_t> targets(static_cast<size_t>(n));
+  uint64_t planned = 0;
+  for (int f = 0; f < n; ++f) {
+    const uint64_t head = t->Head(f);
+    const uint64_t end = std::max(head, t->AppliedEnd(f));
+    targets[f] = head + std::max((end - head) / kCleanShare, kMinClean);
+    planned += std::min(end, targets[f]) - head;
+  }
+  {
+    std::lock_guard<std::mutex> lock(compact_mu_);
+    compaction_.bytes_total = planned;
+  }
+  const uint64_t before = t->TotalBytes();
+  uint64_t written = 0;  // read since the last StartWriteback
+  auto progress = [&](uint64_t bytes) {
+    written += bytes;
+    if (written >= kWritebackStep) {
+      t->StartWriteback();  // as CompactPinned: the commit's sync finds less
+      written = 0;
+    }
+    return CompactionProgress(bytes);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int f = 0; f < n; ++f) FLATKV_RETURN_IF_ERROR(t->CleanHead(f, targets[f], progress));
+  const auto t1 = std::chrono::steady_clock::now();
+  FLATKV_RETURN_IF_ERROR(t->CommitHeads());
+  const auto t2 = std::chrono::steady_clock::now();
+  // A get that loaded a slot before its record was copied may still read
+  // the old place: it must finish before that place is freed.
+  SynchronizeReaders();
+  const auto t3 = std::chrono::steady_clock::now();
+  if (Status st = t->DropHeads(); !st.ok()) {
+    // The heads are committed (nothing reads before them), only the space
+    // stays allocated: from now on tables are compacted whole.
+    spdlog::warn("{}: {}; compacting tables whole from now on (storage.compaction_mode)",
+                 HomeDir(segment), st.ToString());
+    punch_unsupported_.store(true);
+  }
+  // The space is back: renew the writes' allowance without it now.
+  (void)PickAutomatic();
+  const uint64_t after = t->TotalBytes();
+  const auto ms = [](auto a, auto b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  spdlog::debug("{}: cleaned {} of {} log bytes in place, {} -> {} (copy {:.1f} ms, commit {:.1f} "
+                "ms, readers {:.1f} ms, free {:.1f} ms) dead {} alloc {}",
+                HomeDir(segment), planned, before, before, after, ms(t0, t1), ms(t1, t2),
+                ms(t2, t3), ms(t3, std::chrono::steady_clock::now()), t->DeadBytes(), t->AllocatedBytes());
+  std::lock_guard<std::mutex> lock(compact_mu_);
+  ++compaction_.heads_cleaned;
+  compaction_.bytes_reclaimed += before > after ? before - after : 0;
+  return Status::OK();
 }
 
 Status Store::CompactPinned(uint64_t segment) {
@@ -695,7 +771,7 @@ void Store::CompactorLoop() {
     copy_bytes_ = 0;
     Status result;
     for (uint64_t seg : targets) {
-      Status st = CompactTable(seg);
+      Status st = CompactTable(seg, /*in_place=*/!requested);
       MaybeCloseIdle();  // a compaction on request reopens closed tables
       if (!st.ok()) {
         if (!stopping_.load()) spdlog::error("compacting {}: {}", HomeDir(seg), st.ToString());

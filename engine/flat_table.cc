@@ -59,6 +59,10 @@ FlatTable::FlatTable(const TableParams& params, EngineCounters* counters)
   const uint64_t max_value = w == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * w)) - 1;
   pos_limit_ = (max_value - 1) >> hint_bits_;
   files_.reset(new FileState[params.index.data_files]);
+  const auto n = static_cast<size_t>(params.index.data_files);
+  heads_.assign(n, 0);
+  clean_to_.assign(n, 0);
+  clean_freed_.assign(n, 0);
 }
 
 FlatTable::~FlatTable() {
@@ -137,6 +141,10 @@ Status FlatTable::LogForWrite(FileState& fs, int file, LogFile** log) {
   }
   *log = fs.owner.get();
   return Status::OK();
+}
+
+uint64_t FlatTable::DeadEstimate(uint64_t size) const {
+  return hint_bits_ == 0 ? size : SizeBound(hint_bits_, SizeClass(hint_bits_, size));
 }
 
 uint64_t FlatTable::RecordBytesEstimate(uint64_t slot_value, size_t fallback) const {
@@ -719,6 +727,7 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
     data.append(value.data(), value.size());
     value = data;
   }
+  if (!parts.empty()) FLATKV_RETURN_IF_ERROR(NoteAppends());
   Status st = parts.empty()
                   ? Write(fs, lk, file, key, RecordType::kValue, {}, value)
                   : Write(fs, lk, file, key, RecordType::kAppend, EncodeAppendParts(parts), value);
@@ -855,6 +864,9 @@ Status FlatTable::ScanLog(int file, uint64_t offset, size_t limit, std::vector<K
   for (int f = file; f < n; ++f, offset = 0) {
     const LogFile* log = files_[f].log.load(std::memory_order_acquire);
     if (log == nullptr) continue;
+    // Before the head: freed by a head cleaning, whose live records were
+    // copied to the end (this scan meets them there).
+    offset = std::max(offset, log->begin());
     LogReader reader(log, offset, log->end(), [&](uint64_t off, uint64_t bytes, const char* why) {
       spdlog::warn("{}: scan skipped {} bytes at offset {}: {}", log->path(), bytes, off, why);
     });
@@ -939,7 +951,7 @@ Status FlatTable::Sync() {
   return Status::OK();
 }
 
-Status FlatTable::Checkpoint() {
+Status FlatTable::Checkpoint(bool force) {
   if (FlatTable* next = successor(); next != nullptr && !successor_done_.load()) {
     FLATKV_RETURN_IF_ERROR(next->Checkpoint());
   }
@@ -951,7 +963,7 @@ Status FlatTable::Checkpoint() {
     std::lock_guard<std::mutex> file_lock(files_[f].mu);
     ends[f] = files_[f].applied;
   }
-  if (ends == index_->checkpoints()) return Status::OK();
+  if (!force && ends == index_->checkpoints()) return Status::OK();
   // Log bytes first, then the slots that point at them, then the checkpoint
   // that vouches for both.
   FLATKV_RETURN_IF_ERROR(Sync());
@@ -1004,7 +1016,7 @@ uint64_t FlatTable::TotalBytes() const {
   uint64_t total = 0;
   for (int f = 0; f < params_.index.data_files; ++f) {
     const LogFile* log = files_[f].log.load(std::memory_order_acquire);
-    if (log != nullptr) total += log->end();
+    if (log != nullptr) total += log->end() - std::min(log->end(), log->begin());
   }
   return total;
 }
@@ -1013,7 +1025,9 @@ uint64_t FlatTable::AllocatedBytes() const {
   uint64_t total = 0;
   for (int f = 0; f < params_.index.data_files; ++f) {
     const LogFile* log = files_[f].log.load(std::memory_order_acquire);
-    if (log != nullptr) total += std::max(log->allocated(), log->end());
+    if (log == nullptr) continue;
+    const uint64_t freed = log->begin() / LogFile::kMapPage * LogFile::kMapPage;  // a hole
+    total += std::max(log->allocated(), log->end()) - freed;
   }
   return total;
 }
@@ -1134,7 +1148,7 @@ Status FlatTable::CopyLive(int file, uint64_t end, const std::function<bool(uint
   const int n = params_.index.data_files;
   const bool same_layout =
       next->data_files() == n && next->kmin() == kmin() && next->slots() == slots();
-  LogReader reader(log, 0, end, [&](uint64_t off, uint64_t bytes, const char* why) {
+  LogReader reader(log, log->begin(), end, [&](uint64_t off, uint64_t bytes, const char* why) {
     spdlog::warn("{}: compaction skipped {} bytes at offset {}: {}", log->path(), bytes, off, why);
   });
   RecordView view;
@@ -1311,6 +1325,246 @@ Status FlatTable::PutCopies(int file, const CopyBatch& batch) {
   if (params_.sync != SyncMode::kAlways) fs.applied = log->end();
   copied_bytes_.fetch_add(batch.bytes.size(), std::memory_order_relaxed);
   return Status::OK();
+}
+
+// ---------------------------------------------------------------------------
+// Head cleaning (see flat_table.h): the oldest part of a data file is copied
+// forward and freed in place, so a round copies only the live part of the
+// bytes it frees. Under uniform overwrites the head is the file's least
+// live part: at a store-wide 1.5x log to live ratio the whole-table
+// compaction copies 2 bytes per byte it frees (3 bytes written per byte
+// put); the head holds about 40 % live bytes then (0.7 copied per byte
+// freed: 1.7 written per byte put).
+
+bool FlatTable::CanCleanHead() const {
+  // A value built by Append() is a chain of records, and an older record
+  // of a key may be one of its parts: tables that ever held one are
+  // compacted whole (META's "appends"; CopyLive merges the parts).
+  if (successor() != nullptr || clean_blocked_.load(std::memory_order_relaxed) ||
+      may_have_appends_.load(std::memory_order_acquire)) {
+    return false;
+  }
+  const uint64_t limit = std::min(kMaxCleanEnd, pos_limit_ / 2);
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    const LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log != nullptr && log->end() >= limit) return false;
+  }
+  return true;
+}
+
+uint64_t FlatTable::Head(int file) const {
+  const LogFile* log = files_[file].log.load(std::memory_order_acquire);
+  return log == nullptr ? 0 : log->begin();
+}
+
+uint64_t FlatTable::AppliedEnd(int file) {
+  FileState& fs = files_[file];
+  std::lock_guard<std::mutex> lock(fs.mu);
+  const LogFile* log = fs.log.load(std::memory_order_acquire);
+  return log == nullptr ? 0 : std::min(fs.applied, log->end());
+}
+
+Status FlatTable::NoteAppends() {
+  if (may_have_appends_.load(std::memory_order_acquire)) return Status::OK();
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  if (may_have_appends_.load(std::memory_order_relaxed)) return Status::OK();
+  FLATKV_RETURN_IF_ERROR(WriteMeta(params_.dir, params_.index, true, heads_));
+  may_have_appends_.store(true, std::memory_order_release);
+  return Status::OK();
+}
+
+Status FlatTable::FlushHeadCopies(int file, CopyBatch* batch, uint64_t* dead,
+                                  uint64_t* copied) {
+  if (batch->items.empty()) return Status::OK();
+  FileState& fs = files_[file];
+  std::unique_lock<std::mutex> lk(fs.mu);
+  // The same check as the read's, now under the mutex every write of these
+  // keys holds: a write that came since made its record garbage.
+  size_t kept = 0, to = 0;
+  for (const CopyBatch::Item& item : batch->items) {
+    const uint64_t slot = static_cast<uint64_t>(item.key) - static_cast<uint64_t>(kmin());
+    if (CurrentSlotLocked(fs, slot) != item.slot_value) {
+      *dead += DeadEstimate(item.size);  // overwritten or removed since it was read
+      continue;
+    }
+    char* bytes = batch->bytes.data();
+    if (to != item.offset) std::memmove(bytes + to, bytes + item.offset, item.size);
+    batch->items[kept++] = {item.key, item.slot_value, static_cast<uint32_t>(to), item.size};
+    to += item.size;
+  }
+  batch->items.resize(kept);
+  batch->bytes.resize(to);
+  Status st;
+  if (!batch->items.empty()) {
+    LogFile* log = fs.owner.get();
+    if (!fs.error.ok()) {
+      st = fs.error;
+    } else if (log->end() + batch->bytes.size() >= pos_limit_) {
+      st = Status::NoSpace(log->path() + " reached the " + std::to_string(pos_limit_) +
+                           "-byte limit of index_item_bytes=" +
+                           std::to_string(params_.index.item_bytes));
+    } else {
+      uint64_t start;
+      st = log->AppendEncoded(batch->bytes, &start);
+      if (st.ok()) {
+        counters_->bytes_appended.fetch_add(batch->bytes.size(), std::memory_order_relaxed);
+        fs.dirty.store(true, std::memory_order_relaxed);
+        // The slots' pages hold these keys already: no reservation to fail.
+        for (const CopyBatch::Item& item : batch->items) {
+          const uint64_t slot = static_cast<uint64_t>(item.key) - static_cast<uint64_t>(kmin());
+          if (st.ok()) st = WriteSlot(fs, slot, EncodeSlot(start + item.offset, item.size));
+        }
+        // Under sync: always a copy must not move "applied" (see Write).
+        if (params_.sync != SyncMode::kAlways) fs.applied = log->end();
+        *copied += batch->bytes.size();
+      }
+    }
+  }
+  batch->items.clear();
+  batch->bytes.clear();
+  return st;
+}
+
+Status FlatTable::CleanHead(int file, uint64_t target,
+                            const std::function<bool(uint64_t)>& progress) {
+  FileState& fs = files_[file];
+  LogFile* log = fs.log.load(std::memory_order_acquire);
+  if (log == nullptr || !CanCleanHead()) return Status::OK();
+  const uint64_t from = std::max(log->begin(), clean_to_[file]);
+  // Only records whose slot updates were applied: under sync: always a
+  // queued write's record is in the log before its slot points at it.
+  const uint64_t limit = AppliedEnd(file);
+  target = std::min(target, limit);
+  if (target <= from) return Status::OK();
+  FLATKV_RETURN_IF_ERROR(EnsureWritable());
+  const int n = params_.index.data_files;
+  uint64_t bad = UINT64_MAX;  // where the first unreadable stretch began
+  LogReader reader(log, from, limit,
+                   [&](uint64_t off, uint64_t bytes, const char* why) {
+                     if (bad == UINT64_MAX) bad = off;
+                     spdlog::warn("{}: head cleaning met {} unreadable bytes at offset {}: {}",
+                                  log->path(), bytes, off, why);
+                   });
+  CopyBatch batch;
+  // What the records freed here added to dead_bytes_ when they died (Write's
+  // estimate, so the estimate does not drift from round to round).
+  uint64_t dead = 0;
+  uint64_t copied = 0;      // bytes of live records moved to the end
+  uint64_t unreported = 0;  // bytes read since the last progress call
+  uint64_t head = from;     // every record before it is handled
+  int since_peek = 0;
+  RecordView view;
+  uint64_t pos;
+  Status st;
+  while (st.ok() && reader.Next(&view, &pos)) {
+    if (bad != UINT64_MAX || pos >= target) break;
+    if (++since_peek == kCopyPrefetch / 2) {
+      since_peek = 0;
+      reader.PeekKeys(kCopyPrefetch, [&](int64_t key) { PrefetchSlot(key); });
+    }
+    unreported += view.size;
+    if (unreported >= kCopyBatchBytes || batch.bytes.size() >= kCopyBatchBytes) {
+      st = FlushHeadCopies(file, &batch, &dead, &copied);
+      if (!st.ok()) break;
+      if (!progress(unreported)) return Status::Busy("head cleaning stopped");
+      unreported = 0;
+    }
+    // A tombstone goes: every older record of its key lies before it, so
+    // in this head or freed already.
+    const uint64_t slot = static_cast<uint64_t>(view.key) - static_cast<uint64_t>(kmin());
+    if (view.type != RecordType::kTombstone && slot < slots() &&
+        static_cast<int>(slot % n) == file) {
+      const uint64_t v = ReadSlot(fs, slot);
+      uint64_t live_pos = 0;
+      size_t guess;
+      if (v != 0) DecodeSlot(v, &live_pos, &guess);
+      const bool live = v != 0 && live_pos == pos;
+      if (!live) dead += DeadEstimate(view.size);
+      if (live && view.type == RecordType::kValue && view.size <= UINT32_MAX) {
+        const std::string_view rec = reader.record();
+        batch.items.push_back({view.key, v, static_cast<uint32_t>(batch.bytes.size()),
+                               static_cast<uint32_t>(rec.size())});
+        batch.bytes.append(rec.data(), rec.size());
+      } else if (live) {
+        // An appended value (or a record too large for a batch): not for
+        // a cleaning, which cannot see which older records are its parts.
+        spdlog::warn("{}: head cleaning stops at offset {}: key {} has an appended value",
+                     log->path(), pos, view.key);
+        clean_blocked_.store(true, std::memory_order_relaxed);
+        break;
+      }
+    } else if (view.type == RecordType::kTombstone) {
+      dead += view.size;  // Write counts a tombstone dead as it is written
+    }
+    head = pos + view.size;
+  }
+  if (bad != UINT64_MAX) {
+    head = std::min(head, bad);
+    clean_blocked_.store(true, std::memory_order_relaxed);
+  }
+  if (st.ok()) st = reader.status();
+  if (st.ok()) st = FlushHeadCopies(file, &batch, &dead, &copied);
+  FLATKV_RETURN_IF_ERROR(st);
+  if (unreported > 0 && !progress(unreported)) return Status::Busy("head cleaning stopped");
+  {
+    // An append since the start (META says so before its record is
+    // written, under this mutex) may have kept a record of this head as a
+    // part: the round's copies stay (garbage later), the head does not move.
+    std::lock_guard<std::mutex> lock(fs.mu);
+    if (may_have_appends_.load(std::memory_order_acquire)) return Status::OK();
+  }
+  clean_to_[file] = head;
+  // The estimate came from size hints; what this head held is exact. A head
+  // holding (nearly) only live records means the table's estimate ran ahead
+  // of the garbage there is: it drops to what this round found, so the
+  // policy does not pick the table again round after round for nothing.
+  const uint64_t freed = head - from - std::min(head - from, copied);
+  if (freed * 32 < head - from) dead = std::max(dead, dead_bytes_.load(std::memory_order_relaxed));
+  clean_freed_[file] += dead;
+  return Status::OK();
+}
+
+Status FlatTable::CommitHeads() {
+  const int n = params_.index.data_files;
+  if (std::equal(clean_to_.begin(), clean_to_.end(), heads_.begin(),
+                 [](uint64_t to, uint64_t head) { return to <= head; })) {
+    return Status::OK();
+  }
+  // The copies, then the slots pointing at them, then the heads that free
+  // what the slots pointed at before.
+  FLATKV_RETURN_IF_ERROR(Sync());
+  FLATKV_RETURN_IF_ERROR(Checkpoint(/*force=*/true));
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  std::vector<uint64_t> heads = heads_;
+  for (int f = 0; f < n; ++f) heads[f] = std::max(heads[f], clean_to_[f]);
+  FLATKV_RETURN_IF_ERROR(WriteMeta(params_.dir, params_.index,
+                                   may_have_appends_.load(std::memory_order_acquire), heads));
+  heads_ = heads;
+  return Status::OK();
+}
+
+Status FlatTable::DropHeads() {
+  std::vector<uint64_t> heads;
+  {
+    std::lock_guard<std::mutex> lock(meta_mu_);
+    heads = heads_;
+  }
+  Status result;
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log == nullptr || heads[f] <= log->begin()) continue;
+    Status st = log->DropBefore(heads[f]);
+    if (!st.ok()) {
+      if (result.ok()) result = st;
+      continue;
+    }
+    const uint64_t freed = std::exchange(clean_freed_[f], 0);
+    uint64_t dead = dead_bytes_.load(std::memory_order_relaxed);
+    while (!dead_bytes_.compare_exchange_weak(dead, dead - std::min(dead, freed),
+                                              std::memory_order_relaxed)) {
+    }
+  }
+  return result;
 }
 
 }  // namespace flatkv::engine

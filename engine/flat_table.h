@@ -154,6 +154,10 @@ class FlatTable {
                  int* next_file, uint64_t* next_offset, bool* done) const;
 
   Status Sync();
+  // Makes the slots durable and vouches for them in the index header
+  // (checkpoints); "force" writes even when no file moved since the last
+  // one (a head cleaning's copies under sync: always move no checkpoint).
+  Status Checkpoint(bool force = false);
   // LogFile::StartWriteback on every data file: a compaction calls it on
   // the new generation as it copies, so the Sync() that must finish before
   // the switch (while writes wait on the disk bound) finds little left.
@@ -162,7 +166,6 @@ class FlatTable {
   // compaction calls it on the new generation right before the Sync() that
   // must finish before the switch.
   void ReleaseWindows();
-  Status Checkpoint();
   Status Close();
   // Closes without syncing or marking the index clean: for a table whose
   // files are deleted next (a compaction's retired or undone generation),
@@ -221,6 +224,43 @@ class FlatTable {
   // CopyLive's second half: the live records of "file" below "end" that
   // the log reader did not meet ("seen", by slot / data_files).
   Status CopyUnseen(int file, uint64_t end, const std::vector<bool>& seen);
+
+  // ---- Head cleaning: compaction in place (driven by Store; compactor.cc) ----
+  // A data file is a log whose oldest part holds the most garbage. Cleaning
+  // copies what is still live in a file's head to its end, then frees the
+  // head (a hole punched in the file; positions do not move), so each round
+  // copies only the live part of the oldest bytes instead of the whole
+  // table. Three steps, each a precondition of the next:
+  //  1. CleanHead per file: the copies, with their slots pointing at them;
+  //  2. CommitHeads: the copies and the slots durable, then META's heads;
+  //  3. DropHeads, once no reader can still hold a slot it loaded before
+  //     step 1 (Store::SynchronizeReaders): the holes.
+  // A crash or an error before step 2 leaves only duplicates (the copies),
+  // garbage for the next round; after it, recovery starts each file at its
+  // head and punches again.
+  //
+  // Whether a cleaning may run: no successor, no record it found unreadable
+  // (the whole-table compaction deals with those: CopyUnseen), every data
+  // file's end below kMaxCleanEnd (positions only grow; the whole-table
+  // compaction starts them over, and with them the read mappings).
+  bool CanCleanHead() const;
+  static constexpr uint64_t kMaxCleanEnd = 64ull << 30;
+  // Step 1 for data file "file": copies each record of [head, about
+  // "target") that is live (or a part of a live appended value) to the end
+  // and notes the new head, a record boundary at most "target", for
+  // CommitHeads. Stops early at a record that fails its checksum (and
+  // CanCleanHead turns false). "progress" as for CopyLive.
+  Status CleanHead(int file, uint64_t target, const std::function<bool(uint64_t)>& progress);
+  Status CommitHeads();
+  // Step 3; an error (a file system that cannot punch holes) leaves the
+  // bytes allocated but never read again.
+  Status DropHeads();
+  // Where the live records of data file "file" begin, and where the next
+  // cleaning may end: its records appended and applied (sync: always
+  // applies a write after its group's fdatasync).
+  uint64_t Head(int file) const;
+  uint64_t AppliedEnd(int file);
+
   // After the switch: the successor holds everything; this table forwards
   // all operations to it and is no longer consulted itself.
   void FinishCompaction() { successor_done_.store(true, std::memory_order_release); }
@@ -270,6 +310,8 @@ class FlatTable {
 
   FlatTable(const TableParams& params, EngineCounters* counters);
 
+  static Status WriteMeta(const std::string& dir, const IndexParams& p, bool appends,
+                          const std::vector<uint64_t>& heads);
   Status OpenFiles(bool create);
   Status Recover(bool force_rebuild);
   Status Replay(int file, uint64_t from, bool rebuild, std::vector<uint64_t>* positions);
@@ -304,6 +346,9 @@ class FlatTable {
   // PutBatch's items that live in data file "file".
   Status PutFileBatch(int file, const std::vector<KeyValueRef>& pairs, const uint32_t* items,
                       size_t n);
+  // What Write added to dead_bytes_ for a record of "size" bytes when it
+  // died (its size hint's bound).
+  uint64_t DeadEstimate(uint64_t size) const;
   // Estimated on-disk size of the record a slot value points at.
   uint64_t RecordBytesEstimate(uint64_t slot_value, size_t fallback) const;
   // Put without waiting for durability (see Write); used by CopyLive.
@@ -330,6 +375,12 @@ class FlatTable {
   // the rest there (PutCopies). Leaves "batch" empty.
   Status FlushCopies(int file, CopyBatch* batch);
   Status WaitDurable(FileState& fs, std::unique_lock<std::mutex>& lk, uint64_t end);
+  // CleanHead's flush: under the file's mutex, appends the batch's records
+  // still live to the file's end and points their slots there.
+  Status FlushHeadCopies(int file, CopyBatch* batch, uint64_t* dead, uint64_t* copied);
+  // The first kAppend record of this table: META says so before it is
+  // written, and head cleaning stops for good (CanCleanHead).
+  Status NoteAppends();
 
   // Reads and verifies the record at "pos"; "buf" backs *view.
   Status ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size_t guess,
@@ -365,6 +416,15 @@ class FlatTable {
   std::unique_ptr<std::vector<uint64_t>[]> forwarded_;
   void NoteForwardedLocked(int file, uint64_t slot);
   bool closed_ = false;                  // GUARDED_BY(header_mu_)
+  // Head cleaning: META's heads (what recovery starts from) and whether an
+  // appended value may exist; the heads a cleaning reached but has not
+  // committed, and the garbage each frees once dropped.
+  std::mutex meta_mu_;                   // orders META writes; after any file mutex
+  std::vector<uint64_t> heads_;          // GUARDED_BY(meta_mu_)
+  std::atomic<bool> may_have_appends_{true};
+  std::vector<uint64_t> clean_to_;       // the compactor's only
+  std::vector<uint64_t> clean_freed_;    // the compactor's only
+  std::atomic<bool> clean_blocked_{false};
   mutable std::atomic<bool> used_{true};  // the CLOCK bit (MarkUsed)
 };
 

@@ -24,15 +24,24 @@
 #include <spdlog/spdlog.h>
 
 namespace flatkv::engine {
-namespace {
 
-Status WriteMeta(const std::string& dir, const IndexParams& p) {
+// META's text: the range and layout, then (since 2026-11-25) whether an
+// appended value was ever written here and each data file's head.
+Status FlatTable::WriteMeta(const std::string& dir, const IndexParams& p, bool appends,
+                            const std::vector<uint64_t>& heads) {
   const std::string path = dir + "/META";
   const std::string tmp = path + ".tmp";
-  const std::string text = "flatkv-table 1\nkmin " + std::to_string(p.kmin) + "\nslots " +
-                           std::to_string(p.slots) + "\nitem_bytes " +
-                           std::to_string(p.item_bytes) + "\ndata_files " +
-                           std::to_string(p.data_files) + "\n";
+  std::string text = "flatkv-table 1\nkmin ";
+  text += std::to_string(p.kmin);
+  text += "\nslots " + std::to_string(p.slots);
+  text += "\nitem_bytes " + std::to_string(p.item_bytes);
+  text += "\ndata_files " + std::to_string(p.data_files);
+  text += appends ? "\nappends 1\n" : "\nappends 0\n";
+  if (std::any_of(heads.begin(), heads.end(), [](uint64_t h) { return h > 0; })) {
+    text += "heads";
+    for (uint64_t h : heads) text += " " + std::to_string(h);
+    text += "\n";
+  }
   // write() rather than a stream, so a full disk is reported as such (errno).
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno("creating " + tmp, errno);
@@ -47,8 +56,13 @@ Status WriteMeta(const std::string& dir, const IndexParams& p) {
   return SyncDirectory(dir);
 }
 
-// Reads META into *p. NotFound if absent, Corruption if unreadable.
-Status ReadMeta(const std::string& dir, IndexParams* p) {
+namespace {
+
+// Reads META into *p, *appends and *heads. NotFound if absent, Corruption if
+// unreadable. A META written before "appends" existed says nothing of the
+// appends: *appends is then true (head cleaning checks every part).
+Status ReadMeta(const std::string& dir, IndexParams* p, bool* appends,
+                std::vector<uint64_t>* heads) {
   const std::string path = dir + "/META";
   std::ifstream in(path);
   if (!in) return Status::NotFound(path + " does not exist");
@@ -61,7 +75,24 @@ Status ReadMeta(const std::string& dir, IndexParams* p) {
       r.data_files < 1 || r.data_files > FlatIndex::kMaxDataFiles || r.slots == 0) {
     return Status::Corruption(path + " is not a valid table description");
   }
+  bool a = true;
+  std::vector<uint64_t> h(static_cast<size_t>(r.data_files), 0);
+  while (in >> k) {
+    if (k == "appends") {
+      int v = -1;
+      in >> v;
+      if (!in || (v != 0 && v != 1)) return Status::Corruption(path + ": bad appends line");
+      a = v == 1;
+    } else if (k == "heads") {
+      for (uint64_t& x : h) in >> x;
+      if (!in) return Status::Corruption(path + ": bad heads line");
+    } else {
+      return Status::Corruption(path + ": unknown field " + k);
+    }
+  }
   *p = r;
+  *appends = a;
+  *heads = std::move(h);
   return Status::OK();
 }
 
@@ -71,7 +102,9 @@ Status FlatTable::Open(const TableParams& requested, bool create, EngineCounters
                        std::unique_ptr<FlatTable>* result) {
   TableParams params = requested;
   IndexParams meta;
-  Status st = ReadMeta(params.dir, &meta);
+  bool appends = false;
+  std::vector<uint64_t> heads(static_cast<size_t>(params.index.data_files), 0);
+  Status st = ReadMeta(params.dir, &meta, &appends, &heads);
   if (st.ok()) {
     if (meta.kmin != params.index.kmin || meta.slots != params.index.slots) {
       return Status::InvalidArgument(params.dir + " covers keys [" + std::to_string(meta.kmin) +
@@ -83,11 +116,13 @@ Status FlatTable::Open(const TableParams& requested, bool create, EngineCounters
     if (mkdir(params.dir.c_str(), 0755) != 0 && errno != EEXIST) {
       return Status::FromErrno("creating " + params.dir, errno);
     }
-    FLATKV_RETURN_IF_ERROR(WriteMeta(params.dir, params.index));
+    FLATKV_RETURN_IF_ERROR(WriteMeta(params.dir, params.index, false, heads));
   } else {
     return st;
   }
   std::unique_ptr<FlatTable> table(new FlatTable(params, counters));
+  table->may_have_appends_.store(appends, std::memory_order_relaxed);
+  table->heads_ = heads;
   bool rebuild = false;
   const std::string index_path = params.dir + "/index";
   if (access(index_path.c_str(), F_OK) != 0) {
@@ -120,6 +155,9 @@ Status FlatTable::OpenFiles(bool create) {
     files_[f].log.store(log.get(), std::memory_order_release);
     files_[f].owner = std::move(log);
     counters_->data_files_open.fetch_add(1, std::memory_order_relaxed);
+    // Below the head is what a head cleaning freed: punched again here, in
+    // case the process died between writing META and punching.
+    if (heads_[f] > 0) FLATKV_RETURN_IF_ERROR(files_[f].owner->DropBefore(heads_[f]));
   }
   return Status::OK();
 }
@@ -148,7 +186,10 @@ Status FlatTable::Recover(bool force_rebuild) {
     }
     std::vector<std::vector<uint64_t>> positions(n);
     for (int f = 0; f < n; ++f) {
-      FLATKV_RETURN_IF_ERROR(Replay(f, rebuild ? 0 : checkpoints[f], rebuild, &positions[f]));
+      // Nothing before a file's head is read: it was freed (a hole of zeros).
+      const uint64_t head = files_[f].owner != nullptr ? files_[f].owner->begin() : 0;
+      FLATKV_RETURN_IF_ERROR(
+          Replay(f, rebuild ? head : std::max(head, checkpoints[f]), rebuild, &positions[f]));
     }
     if (rebuild) break;
     // Every slot pointing past its checkpoint must be a record replay found.
@@ -160,6 +201,13 @@ Status FlatTable::Recover(bool force_rebuild) {
       size_t guess;
       DecodeSlot(v, &pos, &guess);
       const int f = static_cast<int>(s % n);
+      const LogFile* log = files_[f].owner.get();
+      if (log == nullptr || pos < log->begin()) {
+        spdlog::warn("{}: slot {} points at offset {} of data file {}, before its head (freed)",
+                     params_.dir, s, pos, f);
+        stale = true;
+        break;
+      }
       if (pos >= checkpoints[f] &&
           !std::binary_search(positions[f].begin(), positions[f].end(), pos)) {
         spdlog::warn("{}: slot {} points at offset {} of data file {}, past its checkpoint, "

@@ -133,8 +133,12 @@ Status LogFile::Reserve(size_t n) {
 Status LogFile::ReserveAhead(uint64_t need_end, uint64_t max_step) {
   // An eighth of the file: reserved-but-unwritten space stays a small share
   // of the disk (doubling steps made an open store take up to twice its
-  // data: the soak's disk went past 2x the live data on that alone).
-  uint64_t step = std::clamp<uint64_t>(alloc_ / 8, kPage, max_step);
+  // data: the soak's disk went past 2x the live data on that alone). Of
+  // what the file holds: after head cleaning its positions run far past
+  // its bytes (the step once grew with the position: 2x the live data in
+  // allocated tails alone).
+  const uint64_t held = alloc_ - std::min<uint64_t>(alloc_, begin_.load(std::memory_order_relaxed));
+  uint64_t step = std::clamp<uint64_t>(held / 8, kPage, max_step);
   // Never reserve ahead more than a thousandth of the free space: on a
   // small or nearly full disk, dozens of data files each holding megabytes
   // of reserved zeros would fill it while the records themselves fit.
@@ -395,6 +399,18 @@ Status LogFile::Truncate(uint64_t end) {
   }
   alloc_ = end;
   end_.store(end, std::memory_order_release);
+  return Status::OK();
+}
+
+Status LogFile::DropBefore(uint64_t pos) {
+  pos = std::min(pos, end());
+  const uint64_t cut = pos / kPage * kPage;
+  if (cut > 0 &&
+      fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(cut)) != 0) {
+    return Status::FromErrno("freeing the first " + std::to_string(cut) + " bytes of " + path_,
+                             errno);
+  }
+  if (pos > begin_.load(std::memory_order_relaxed)) begin_.store(pos, std::memory_order_release);
   return Status::OK();
 }
 

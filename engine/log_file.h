@@ -147,6 +147,18 @@ class LogFile {
   Status Close();
 
   uint64_t end() const { return end_.load(std::memory_order_acquire); }
+  // Records live in [begin(), end()): the bytes before begin() were given
+  // back to the file system (a head cleaning, FlatTable::CleanHead) and
+  // read as zeros. 0 until DropBefore().
+  uint64_t begin() const { return begin_.load(std::memory_order_acquire); }
+  // Frees the file's bytes before "pos" (<= end()): sets begin() to pos and
+  // punches a hole over the whole pages below it (FALLOC_FL_PUNCH_HOLE,
+  // keeping the file's size, so positions stay where they are). The
+  // caller has made sure nothing will read below pos again (no reader is
+  // inside that range, and every record there is garbage or copied past
+  // it durably). Calling it again with the same pos punches again (after a
+  // crash between persisting the head and punching, recovery does so).
+  Status DropBefore(uint64_t pos);
   // Size of the file on disk (reserved space included).
   uint64_t allocated() const { return alloc_.load(std::memory_order_relaxed); }
   const std::string& path() const { return path_; }
@@ -187,7 +199,8 @@ class LogFile {
 
   const std::string path_;
   int fd_;
-  std::atomic<uint64_t> end_;  // logical end: records live in [0, end_)
+  std::atomic<uint64_t> end_;  // logical end: records live in [begin_, end_)
+  std::atomic<uint64_t> begin_{0};
   // File size on disk, >= end_. Written by the appender (under its table's
   // file mutex); read by anyone (the Store's space accounting).
   std::atomic<uint64_t> alloc_;

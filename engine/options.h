@@ -80,6 +80,20 @@ struct EngineOptions {
   // Otherwise at least 1.1.
   double compaction_disk_ratio = 1.5;
 
+  // How the automatic policy compacts an integer-key table (storage.
+  // compaction_mode): false ("whole") copies the whole table into a new
+  // generation; true ("in_place") frees the oldest part of each data file,
+  // copying what is live there to the file's end (FlatTable::CleanHead), so
+  // the disk stays near compaction_disk_ratio x the live data without room
+  // for a second copy of a table. In place is not the default: each round
+  // fdatasyncs the table's files before it frees anything, so every write
+  // reaches the disk, where a whole compaction deletes an old generation
+  // whose latest writes the kernel had not written back yet (README,
+  // "Compaction in place"). The string-key table, a table being compacted
+  // whole already, one with a record that fails its checksum and
+  // Store::Compact() always go whole.
+  bool compaction_in_place = false;
+
   SyncMode sync = SyncMode::kNone;
   uint32_t sync_interval_ms = 1000;
 

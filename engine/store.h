@@ -69,7 +69,8 @@ struct CompactionStatus {
   double percent = 0;         // of the current round, by log bytes read
   uint64_t bytes_done = 0;    // log bytes read in the current round
   uint64_t bytes_total = 0;   // log bytes to read in the current round
-  uint64_t tables_compacted = 0;  // since open
+  uint64_t tables_compacted = 0;  // since open: whole-table compactions
+  uint64_t heads_cleaned = 0;     // since open: rounds of compaction in place
   uint64_t bytes_reclaimed = 0;   // since open: log bytes before minus after
   std::string last_error;     // empty if the last compaction succeeded
 };
@@ -451,8 +452,18 @@ class Store {
   // compactions and reopens an unfinished one (which the compactor resumes).
   Status OpenHome(uint64_t segment, const TableParams& params, bool create,
                   std::unique_ptr<FlatTable>* table);
-  Status CompactTable(uint64_t segment);
+  // A compaction of one table; "in_place" (an automatic pick) cleans its
+  // files' heads when it can (CleanPinned), else it is copied whole.
+  Status CompactTable(uint64_t segment, bool in_place = false);
   Status CompactPinned(uint64_t segment);  // CompactTable with the segment pinned
+  Status CleanPinned(uint64_t segment);    // one round of head cleaning, pinned
+  // A table gets share 1 / kCleanShare of each data file's bytes (at least
+  // kMinClean) cleaned per round: enough that a round's fixed cost (an
+  // fdatasync per file, the index's msync, META) stays small, little enough
+  // that its copies stay inside the writers' margin (kStallMargin).
+  static constexpr uint64_t kCleanShare = 4;
+  static constexpr uint64_t kMinClean = 64u << 10;
+  std::atomic<bool> punch_unsupported_{false};  // the file system cannot punch holes
   // Undoes a compaction that failed midway with "why" (compactor.cc).
   Status Abandon(uint64_t segment, FlatTable* old, Room* room, const Status& why);
   bool CompactionProgress(uint64_t bytes);  // rate limit, progress, stop check

@@ -212,6 +212,15 @@ const std::vector<Key>& Schema() {
        "keep the log bytes under this multiple of the live bytes (compact the table with the most garbage; writes wait for the compactor past +0.1); 0 = off",
        Multiple([](Config* c) { return &c->storage.compaction_disk_ratio; },
                 "storage.compaction_disk_ratio")},
+      {"storage.compaction_mode", "whole",
+       "whole (copy each table into a new generation) | in_place (free each data file's oldest part, copying its live records to its end: less disk, more writes reach it)",
+       [](const std::string& text, Config* c) -> Status {
+         if (text != "in_place" && text != "whole") {
+           return Bad("storage.compaction_mode", "must be one of in_place|whole, not '" + text + "'");
+         }
+         c->storage.compaction_in_place = text == "in_place";
+         return Status::OK();
+       }},
       {"cache.policy", "arc", "lru | arc",
        Str([](Config* c) { return &c->cache.policy; }, {"lru", "arc"}, "cache.policy")},
       {"cache.capacity_bytes", "256Mi", "bytes of clean cached values",

@@ -476,6 +476,7 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["compaction.round_done_bytes"] = static_cast<int64_t>(cs.bytes_done);
   result["compaction.round_bytes"] = static_cast<int64_t>(cs.bytes_total);
   result["compaction.tables_compacted"] = static_cast<int64_t>(cs.tables_compacted);
+  result["compaction.heads_cleaned"] = static_cast<int64_t>(cs.heads_cleaned);
   result["compaction.bytes_reclaimed"] = static_cast<int64_t>(cs.bytes_reclaimed);
   // The file system holding the store: one statvfs, cheap enough per call.
   struct statvfs fs;
