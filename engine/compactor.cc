@@ -206,6 +206,16 @@ std::unique_ptr<FlatTable>& Store::OwnerLocked(uint64_t segment) {
   return segment == kStringsSegment ? strings_owner_ : tables_[segment];
 }
 
+Status Store::OpenOwnerLocked(uint64_t segment, FlatTable** table) {
+  std::unique_ptr<FlatTable>& owner = OwnerLocked(segment);
+  if (owner == nullptr && segment != kStringsSegment) {
+    FlatTable* reopened;  // closed by the open-table budget: reopen it
+    FLATKV_RETURN_IF_ERROR(OpenSegmentLocked(segment, &reopened));
+  }
+  *table = owner.get();
+  return Status::OK();
+}
+
 Status Store::OpenHome(uint64_t segment, const TableParams& params, bool create,
                        std::unique_ptr<FlatTable>* table) {
   const std::string home = HomeDir(segment);
@@ -301,13 +311,8 @@ Status Store::CleanPinned(uint64_t segment) {
   {
     std::lock_guard<std::mutex> lock(tables_mu_);
     if (closed_.load()) return Status::Busy("store is closing");
-    std::unique_ptr<FlatTable>& owner = OwnerLocked(segment);
-    if (owner == nullptr && segment != kStringsSegment) {
-      FlatTable* reopened;  // closed by the open-table budget: reopen it
-      FLATKV_RETURN_IF_ERROR(OpenSegmentLocked(segment, &reopened));
-    }
-    if (owner == nullptr) return Status::OK();
-    t = owner.get();
+    FLATKV_RETURN_IF_ERROR(OpenOwnerLocked(segment, &t));
+    if (t == nullptr) return Status::OK();
     whole = segment == kStringsSegment || pending_.count(segment) > 0 ||
             !options_.compaction_in_place || punch_unsupported_.load() || !t->CanCleanHead();
   }
@@ -376,13 +381,8 @@ Status Store::CompactPinned(uint64_t segment) {
   {
     std::lock_guard<std::mutex> lock(tables_mu_);
     if (closed_.load()) return Status::Busy("store is closing");
-    std::unique_ptr<FlatTable>& owner = OwnerLocked(segment);
-    if (owner == nullptr && segment != kStringsSegment) {
-      FlatTable* reopened;  // closed by the open-table budget: reopen it
-      FLATKV_RETURN_IF_ERROR(OpenSegmentLocked(segment, &reopened));
-    }
-    if (owner == nullptr) return Status::OK();
-    old = owner.get();
+    FLATKV_RETURN_IF_ERROR(OpenOwnerLocked(segment, &old));
+    if (old == nullptr) return Status::OK();
     gen = generation_[segment];
     auto it = pending_.find(segment);
     const uint64_t live = old->TotalBytes() - std::min(old->TotalBytes(), old->DeadBytes());

@@ -1275,17 +1275,10 @@ Status FlatTable::FlushCopies(int file, CopyBatch* batch) {
   // looked up below: start loading them all first.
   for (const CopyBatch::Item& item : batch->items) next->PrefetchSlot(item.key);
   std::unique_lock<std::mutex> lk(fs.mu);
-  size_t kept = 0, to = 0;
-  for (const CopyBatch::Item& item : batch->items) {
+  batch->KeepIf([&](const CopyBatch::Item& item) {
     const uint64_t slot = static_cast<uint64_t>(item.key) - static_cast<uint64_t>(kmin());
-    if (CurrentSlotLocked(fs, slot) != item.slot_value || next->Contains(item.key)) continue;
-    char* bytes = batch->bytes.data();
-    if (to != item.offset) std::memmove(bytes + to, bytes + item.offset, item.size);
-    batch->items[kept++] = {item.key, item.slot_value, static_cast<uint32_t>(to), item.size};
-    to += item.size;
-  }
-  batch->items.resize(kept);
-  batch->bytes.resize(to);
+    return CurrentSlotLocked(fs, slot) == item.slot_value && !next->Contains(item.key);
+  });
   Status st = next->PutCopies(file, *batch);
   batch->items.clear();
   batch->bytes.clear();
@@ -1380,20 +1373,12 @@ Status FlatTable::FlushHeadCopies(int file, CopyBatch* batch, uint64_t* dead,
   std::unique_lock<std::mutex> lk(fs.mu);
   // The same check as the read's, now under the mutex every write of these
   // keys holds: a write that came since made its record garbage.
-  size_t kept = 0, to = 0;
-  for (const CopyBatch::Item& item : batch->items) {
+  batch->KeepIf([&](const CopyBatch::Item& item) {
     const uint64_t slot = static_cast<uint64_t>(item.key) - static_cast<uint64_t>(kmin());
-    if (CurrentSlotLocked(fs, slot) != item.slot_value) {
-      *dead += DeadEstimate(item.size);  // overwritten or removed since it was read
-      continue;
-    }
-    char* bytes = batch->bytes.data();
-    if (to != item.offset) std::memmove(bytes + to, bytes + item.offset, item.size);
-    batch->items[kept++] = {item.key, item.slot_value, static_cast<uint32_t>(to), item.size};
-    to += item.size;
-  }
-  batch->items.resize(kept);
-  batch->bytes.resize(to);
+    if (CurrentSlotLocked(fs, slot) == item.slot_value) return true;
+    *dead += DeadEstimate(item.size);  // overwritten or removed since it was read
+    return false;
+  });
   Status st;
   if (!batch->items.empty()) {
     LogFile* log = fs.owner.get();

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -364,6 +365,20 @@ class FlatTable {
     };
     std::string bytes;
     std::vector<Item> items;
+    // Drops the items keep(item) refuses, moving the bytes of the rest
+    // together, in order.
+    template <typename Keep>
+    void KeepIf(Keep keep) {
+      size_t kept = 0, to = 0;
+      for (const Item& item : items) {
+        if (!keep(item)) continue;
+        if (to != item.offset) std::memmove(bytes.data() + to, bytes.data() + item.offset, item.size);
+        items[kept++] = {item.key, item.slot_value, static_cast<uint32_t>(to), item.size};
+        to += item.size;
+      }
+      items.resize(kept);
+      bytes.resize(to);
+    }
   };
   // The successor's side of a batch: appends the records of "batch" that all
   // live in data file "file" here with one write and points their slots at

@@ -469,6 +469,10 @@ class Store {
   bool CompactionProgress(uint64_t bytes);  // rate limit, progress, stop check
   void CompactorLoop();
   std::unique_ptr<FlatTable>& OwnerLocked(uint64_t segment);
+  // The segment's table for a compaction, reopened if the open-table budget
+  // closed it; nullptr if it has none (never written, or the string table
+  // not created yet). EXCLUSIVE_LOCKS_REQUIRED(tables_mu_)
+  Status OpenOwnerLocked(uint64_t segment, FlatTable** table);
   TableParams ParamsFor(uint64_t segment) const;
   static CopyTransform BucketTransform(uint64_t segment);
   // The automatic policy (compactor.cc): the next table to compact
