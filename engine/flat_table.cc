@@ -451,15 +451,12 @@ Status FlatTable::ReadRecord(const LogFile* log, int64_t key, uint64_t pos, size
                                              params_.index.data_files));
   }
   guess = static_cast<size_t>(std::min<uint64_t>(guess, end - pos));
-  // Within one page and in the page cache: parsed in place, no system call
-  // (the checksum is verified either way, by ParseRecord).
-  const char* data = log->MappedRange(pos, guess);
-  size_t got = guess;
-  if (data == nullptr) {
-    if (buf->size() < guess) buf->resize(guess);
-    FLATKV_RETURN_IF_ERROR(log->Read(pos, guess, buf->data(), &got));
-    data = buf->data();
-  }
+  // From the read mapping (parsed in place, no system call) where
+  // ReadForGet allows it, else one pread (the checksum is verified either
+  // way, by ParseRecord).
+  const char* data;
+  size_t got;
+  FLATKV_RETURN_IF_ERROR(log->ReadForGet(pos, guess, buf, &data, &got));
   const char* reason = "truncated record";
   ParseResult r = ParseRecord(data, got, view, &reason);
   if (r == ParseResult::kIncomplete && got == guess) {
@@ -662,17 +659,13 @@ Status FlatTable::Append(int64_t key, std::string_view value, AppendInfo* info) 
   uint64_t pos;
   size_t guess;
   DecodeSlot(cur, &pos, &guess);
-  // The head: from the read mapping when it lies within one page (no system
+  // The head: from the read mapping where ReadForGet allows it (no system
   // call), else one pread.
   std::string head;
-  const size_t head_bytes = std::min(guess, kHeadBytes);
-  size_t got = head_bytes;
-  if (const char* mapped = log->MappedRange(pos, head_bytes)) {
-    head.assign(mapped, head_bytes);
-  } else {
-    head.resize(head_bytes);
-    FLATKV_RETURN_IF_ERROR(log->Read(pos, head.size(), head.data(), &got));
-  }
+  const char* bytes;
+  size_t got;
+  FLATKV_RETURN_IF_ERROR(log->ReadForGet(pos, std::min(guess, kHeadBytes), &head, &bytes, &got));
+  if (bytes != head.data()) head.assign(bytes, got);
   RecordView view;
   const char* reason = "unreadable";
   if (ParseRecord(head.data(), got, &view, &reason) == ParseResult::kBad) {

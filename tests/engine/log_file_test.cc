@@ -519,6 +519,74 @@ TEST_CASE("LogFile::MappedRange gives a record's bytes in place when it lies wit
   CHECK(log->read_mapped_bytes() <= RoundUpPage(FileSize(dir / "data.log")));
 }
 
+TEST_CASE("SpanReadPolicy maps two-page reads after a run of cached preads, stops at a slow one",
+          "[engine][log][mmap]") {
+  using flatkv::engine::SpanReadPolicy;
+  constexpr uint64_t kFast = SpanReadPolicy::kDiskReadNs / 10;
+  constexpr uint64_t kSlow = SpanReadPolicy::kDiskReadNs;  // a disk read's time
+  SpanReadPolicy policy;
+  CHECK_FALSE(policy.UseMapping());  // a file starts on pread: its pages may be on disk
+  for (uint32_t i = 1; i < SpanReadPolicy::kCachedStreak; ++i) policy.NotePread(kFast);
+  CHECK_FALSE(policy.UseMapping());
+  policy.NotePread(kSlow);  // one read from the disk restarts the count
+  for (uint32_t i = 1; i < SpanReadPolicy::kCachedStreak; ++i) policy.NotePread(kFast);
+  CHECK_FALSE(policy.UseMapping());
+  policy.NotePread(kFast);
+  CHECK(policy.UseMapping());
+  policy.NoteMapped(kFast);
+  CHECK(policy.UseMapping());
+  policy.NoteMapped(kSlow);  // a page faulted in from the disk: back to pread at once
+  CHECK_FALSE(policy.UseMapping());
+  for (uint32_t i = 1; i < SpanReadPolicy::kCachedStreak; ++i) policy.NotePread(kFast);
+  CHECK_FALSE(policy.UseMapping());  // the count started over
+}
+
+TEST_CASE("LogFile::ReadForGet reads a record on two pages by pread, then in place once cached",
+          "[engine][log][mmap]") {
+  TempDir dir;
+  auto log = Open(dir / "data.log");
+  std::vector<size_t> sizes;
+  for (int i = 0; i < 400; ++i) sizes.push_back(static_cast<size_t>(900 + i * 53 % 300));
+  sizes.push_back(6000);  // on two pages or three
+  sizes.push_back(9000);  // on three or more: always a pread
+  const auto recs = AppendAll(log.get(), sizes);
+  auto pages = [](const Written& w) {
+    return (w.pos + w.size - 1) / LogFile::kMapPage - w.pos / LogFile::kMapPage + 1;
+  };
+  // Reads every record, checks its bytes and where they came from, and
+  // counts the spans (records on two pages) read in place.
+  std::string buf;
+  auto read_all = [&]() {
+    int spans_in_place = 0;
+    for (const Written& w : recs) {
+      INFO("record at " << w.pos << ", " << w.size << " bytes, " << pages(w) << " pages");
+      const bool policy_maps = log->span_policy().UseMapping();
+      const char* data = nullptr;
+      size_t got = 0;
+      REQUIRE(log->ReadForGet(w.pos, w.size, &buf, &data, &got).ok());
+      REQUIRE(got == w.size);
+      RecordView view;
+      REQUIRE(ParseRecord(data, got, &view) == ParseResult::kOk);
+      REQUIRE(view.key == w.key);
+      REQUIRE(std::string(view.value) == w.value);
+      const bool mapped = data != buf.data();
+      if (pages(w) == 1) REQUIRE(mapped);
+      if (pages(w) == 2) REQUIRE(mapped == policy_maps);
+      if (pages(w) > 2) REQUIRE_FALSE(mapped);
+      spans_in_place += mapped && pages(w) == 2;
+    }
+    return spans_in_place;
+  };
+  // The file was just written, so its preads are served from the page cache:
+  // after kCachedStreak of them in a row, spans go through the mapping. A
+  // read the machine delays past kDiskReadNs (a busy CI host) sends the file
+  // back to pread for another streak, so this allows several passes.
+  CHECK_FALSE(log->span_policy().UseMapping());
+  int spans = 0;
+  for (int pass = 0; pass < 50 && spans < 500; ++pass) spans += read_all();
+  CHECK(spans >= 500);
+}
+
 TEST_CASE("LogFile read mappings grow with the file and earlier addresses stay valid",
           "[engine][log][mmap]") {
   TempDir dir;
