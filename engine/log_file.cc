@@ -366,10 +366,11 @@ Status LogFile::ReadForGet(uint64_t pos, size_t n, std::string* buf, const char*
     }
   }
   if (buf->size() < n) buf->resize(n);
+  *data = buf->data();
+  if (!span) return Read(pos, n, buf->data(), got);  // nothing for the policy to learn
   const Clock::time_point start = Clock::now();
   Status st = Read(pos, n, buf->data(), got);
-  if (span && st.ok()) span_policy_.NotePread(ns(start));
-  *data = buf->data();
+  if (st.ok()) span_policy_.NotePread(ns(start));
   return st;
 }
 

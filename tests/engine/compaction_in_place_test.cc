@@ -230,15 +230,8 @@ TEST_CASE("Reads racing rounds of compaction in place never miss a key or read a
   REQUIRE(Store::Open(o, &store).ok());
   for (int64_t k = 0; k < 3000; ++k) REQUIRE(store->Put(k, Value(k, 0, 700)).ok());
   std::atomic<bool> stop{false};
-  std::atomic<int> failures{0};
-  std::mutex why_mu;
-  std::string why;
-  auto fail = [&](const std::string& what) {
-    if (failures.fetch_add(1) == 0) {
-      std::lock_guard<std::mutex> lock(why_mu);
-      why = what;
-    }
-  };
+  flatkv::test::ThreadFailures failures;
+  auto fail = [&](const std::string& what) { failures.Add(what); };
   std::thread writer([&] {
     std::mt19937_64 rng(1);
     for (int version = 1; !stop.load(); ++version) {
@@ -274,8 +267,8 @@ TEST_CASE("Reads racing rounds of compaction in place never miss a key or read a
   stop.store(true);
   writer.join();
   for (auto& t : readers) t.join();
-  INFO("first failure: " << why);
-  CHECK(failures.load() == 0);
+  INFO("first failure: " << failures.first());
+  CHECK(failures.count() == 0);
   REQUIRE(rounds);
   REQUIRE(store->GetStats().corrupt_records == 0);
   for (int64_t k = 0; k < 1000; ++k) {

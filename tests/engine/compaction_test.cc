@@ -227,15 +227,8 @@ TEST_CASE("Gets and scans never miss a key no one changes while compactions fini
   for (int64_t k = 0; k < kKeys; ++k) REQUIRE(store->Put(k * 2, Value(k * 2, 0, 40)).ok());
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> gets{0}, scans{0};
-  std::atomic<int> failures{0};
-  std::mutex first_failure_mu;
-  std::string first_failure;
-  auto fail = [&](const std::string& what) {
-    if (failures++ == 0) {
-      std::lock_guard<std::mutex> lock(first_failure_mu);
-      first_failure = what;
-    }
-  };
+  flatkv::test::ThreadFailures failures;
+  auto fail = [&](const std::string& what) { failures.Add(what); };
   std::vector<std::thread> readers;
   for (int r = 0; r < 3; ++r) {
     readers.emplace_back([&, r] {
@@ -265,15 +258,15 @@ TEST_CASE("Gets and scans never miss a key no one changes while compactions fini
       scans++;
     }
   });
-  for (int round = 0; round < 100 && failures.load() == 0; ++round) {
+  for (int round = 0; round < 100 && failures.count() == 0; ++round) {
     REQUIRE(store->CompactAndWait().ok());
   }
   stop = true;
   for (std::thread& t : readers) t.join();
   INFO(gets.load() << " gets and " << scans.load() << " scans across "
                    << store->GetCompactionStatus().tables_compacted << " compactions");
-  INFO("first failure: " << first_failure);
-  REQUIRE(failures.load() == 0);
+  INFO("first failure: " << failures.first());
+  REQUIRE(failures.count() == 0);
   REQUIRE(store->GetCompactionStatus().tables_compacted >= 100);
 }
 

@@ -735,20 +735,15 @@ TEST_CASE("Every kind of operation runs beside table closes, reopens and compact
   std::unique_ptr<Store> store;
   REQUIRE(Store::Open(o, &store).ok());
   std::vector<std::map<int64_t, std::string>> models(kWriters);
-  std::atomic<bool> failed{false}, stop{false};
-  std::string why;
-  std::mutex why_mu;
-  auto fail = [&](const std::string& what) {
-    std::lock_guard<std::mutex> lock(why_mu);
-    if (why.empty()) why = what;
-    failed.store(true);
-  };
+  std::atomic<bool> stop{false};
+  flatkv::test::ThreadFailures failures;
+  auto fail = [&](const std::string& what) { failures.Add(what); };
   std::vector<std::thread> threads;
   for (int w = 0; w < kWriters; ++w) {
     threads.emplace_back([&, w] {
       std::mt19937_64 rng(w);
       auto& model = models[w];
-      for (int i = 0; i < 2500 && !failed.load(); ++i) {
+      for (int i = 0; i < 2500 && failures.count() == 0; ++i) {
         const int64_t k = w + static_cast<int64_t>(rng() % (kKeys / kWriters)) * kWriters;
         const std::string v = std::to_string(k) + ":" + std::to_string(i);
         switch (rng() % 7) {
@@ -805,9 +800,9 @@ TEST_CASE("Every kind of operation runs beside table closes, reopens and compact
     });
   }
   std::thread logger([&] {  // insertion-order scans across closed tables
-    while (!stop.load() && !failed.load()) {
+    while (!stop.load() && failures.count() == 0) {
       std::string cursor;
-      for (bool done = false; !done && !failed.load();) {
+      for (bool done = false; !done && failures.count() == 0;) {
         std::vector<KeyValue> out;
         std::string next;
         if (!store->ScanLog(cursor, 100, &out, &next, &done).ok()) fail("scanlog");
@@ -816,7 +811,7 @@ TEST_CASE("Every kind of operation runs beside table closes, reopens and compact
     }
   });
   std::thread compactor([&] {
-    for (int r = 0; r < 3 && !failed.load(); ++r) {
+    for (int r = 0; r < 3 && failures.count() == 0; ++r) {
       if (!store->CompactAndWait().ok()) fail("compaction round");
     }
   });
@@ -824,8 +819,8 @@ TEST_CASE("Every kind of operation runs beside table closes, reopens and compact
   compactor.join();
   stop.store(true);
   logger.join();
-  INFO(why);
-  REQUIRE_FALSE(failed.load());
+  INFO(failures.first());
+  REQUIRE(failures.count() == 0);
   CHECK(store->GetStats().segment_closes > 0);
   CHECK(store->GetStats().segment_opens > 0);
   CHECK(store->GetCompactionStatus().tables_compacted > 0);

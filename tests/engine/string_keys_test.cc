@@ -598,15 +598,8 @@ TEST_CASE("Gets racing puts and removes of string keys never miss a key put befo
       ready++;
       while (ready.load() < kWriters + 2) std::this_thread::yield();
     };
-    std::atomic<int> failures{0};
-    std::mutex first_failure_mu;
-    std::string first_failure;  // what the first failure was, for the report
-    auto fail = [&](const std::string& what) {
-      if (failures++ == 0) {
-        std::lock_guard<std::mutex> lock(first_failure_mu);
-        first_failure = what;
-      }
-    };
+    flatkv::test::ThreadFailures failures;
+    auto fail = [&](const std::string& what) { failures.Add(what); };
     std::atomic<uint64_t> checked{0};
     std::vector<std::thread> threads;
     for (int w = 0; w < kWriters; ++w) {
@@ -656,8 +649,8 @@ TEST_CASE("Gets racing puts and removes of string keys never miss a key put befo
     for (int w = 0; w < kWriters; ++w) threads[static_cast<size_t>(w)].join();
     stop = true;
     for (size_t t = kWriters; t < threads.size(); ++t) threads[t].join();
-    INFO("first failure: " << first_failure);
-    REQUIRE(failures.load() == 0);
+    INFO("first failure: " << failures.first());
+    REQUIRE(failures.count() == 0);
     total_checked += checked.load();
     // And at rest every key reads as its last write left it.
     for (int k = 0; k < kWriters * kKeysPerWriter; ++k) {

@@ -1,16 +1,39 @@
 // Helpers shared by the engine tests: a fresh temporary directory per test,
-// removed afterwards, and small file utilities.
+// removed afterwards, small file utilities, and ThreadFailures.
 #pragma once
 
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 
 namespace flatkv::test {
+
+// What a test's own threads saw go wrong (Catch's assertions are for the
+// test's thread only): how many failures, and the first one's text, to
+// report after the threads are joined.
+class ThreadFailures {
+ public:
+  void Add(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (count_.fetch_add(1) == 0) first_ = what;
+  }
+  int count() const { return count_.load(); }
+  std::string first() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::atomic<int> count_{0};
+  std::string first_;
+};
 
 class TempDir {
  public:
