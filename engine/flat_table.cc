@@ -1493,11 +1493,23 @@ Status FlatTable::CleanHead(int file, uint64_t target,
   }
   clean_to_[file] = head;
   // The estimate came from size hints; what this head held is exact. A head
-  // holding (nearly) only live records means the table's estimate ran ahead
-  // of the garbage there is: it drops to what this round found, so the
-  // policy does not pick the table again round after round for nothing.
+  // holding (nearly) only live records means the estimate ran ahead of the
+  // garbage there is: the share of it that fell on these bytes (the
+  // table's estimate times their share of its bytes) drops to what this
+  // round found, so the policy does not pick the table again round after
+  // round for nothing (11,014 empty rounds in one test before). Only that
+  // share: the garbage may all lie after the head (right after a round a
+  // file's oldest bytes are often the live records the last round moved).
+  // Dropping the whole table's estimate here, as before, made the live
+  // bytes look up to 1.45x what they were, and the write allowance,
+  // computed from them, let one table's disk reach 2.4-2.9x live.
   const uint64_t freed = head - from - std::min(head - from, copied);
-  if (freed * 32 < head - from) dead = std::max(dead, dead_bytes_.load(std::memory_order_relaxed));
+  if (freed * 32 < head - from) {
+    const uint64_t total = std::max<uint64_t>(TotalBytes(), 1);
+    const double share = static_cast<double>(head - from) / static_cast<double>(total);
+    const double estimated = share * static_cast<double>(dead_bytes_.load(std::memory_order_relaxed));
+    dead = std::max(dead, static_cast<uint64_t>(estimated));
+  }
   clean_freed_[file] += dead;
   return Status::OK();
 }
