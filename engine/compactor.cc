@@ -26,6 +26,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -447,15 +448,18 @@ Status Store::CompactPinned(uint64_t segment) {
     }
     return CompactionProgress(bytes);
   };
+  const auto t0 = std::chrono::steady_clock::now();
   for (int f = 0; st.ok() && f < static_cast<int>(ends.size()); ++f) {
     Status copied = old->CopyLive(f, ends[f], progress);
     if (st.ok()) st = copied;  // else the room's error stopped it
   }
+  const auto t1 = std::chrono::steady_clock::now();
   // The new generation must be durable before CURRENT names it.
   if (st.ok()) next->ReleaseWindows();
   if (st.ok()) st = next->Sync();
   if (st.ok()) st = next->Checkpoint();
   if (st.ok()) st = SyncDirectory(next->dir());
+  const auto t2 = std::chrono::steady_clock::now();
   if (!st.ok()) {
     if (stopping_.load()) return st;  // Close(): resumed at the next open
     return Abandon(segment, old, &room, st);
@@ -479,8 +483,10 @@ Status Store::CompactPinned(uint64_t segment) {
       old_arrays = RetireArraysLocked();
     }
   }
+  const auto t3 = std::chrono::steady_clock::now();
   SynchronizeReaders();
   old_arrays.clear();  // every reader of them has drained
+  const auto t4 = std::chrono::steady_clock::now();
   const std::string old_dir = retired->dir();
   retired->Discard();  // deleted below: nothing to sync
   retired.reset();
@@ -494,9 +500,16 @@ Status Store::CompactPinned(uint64_t segment) {
   // now, or writers that spent it wait through the sync below as well.
   (void)PickAutomatic();
   FLATKV_RETURN_IF_ERROR(SyncDirectory(home));
+  const auto t5 = std::chrono::steady_clock::now();
   const uint64_t after = next->TotalBytes();
   spdlog::info("{}: compacted generation {} -> {}: {} -> {} log bytes", home, gen, gen + 1, before,
                after);
+  const auto ms = [](auto a, auto b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  spdlog::debug("{}: generation {}: copy {:.1f} ms, sync {:.1f} ms, switch {:.1f} ms, readers "
+                "{:.1f} ms, removal {:.1f} ms",
+                home, gen + 1, ms(t0, t1), ms(t1, t2), ms(t2, t3), ms(t3, t4), ms(t4, t5));
   std::lock_guard<std::mutex> lock(compact_mu_);
   ++compaction_.tables_compacted;
   compaction_.bytes_reclaimed += before > after ? before - after : 0;

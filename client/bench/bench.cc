@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include <spdlog/cfg/env.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -395,6 +396,7 @@ int main(int argc, char** argv) {
   // The engine logs through spdlog's default logger (compactions, recovery);
   // on stdout those lines would break --json.
   spdlog::set_default_logger(spdlog::stderr_color_mt("flatkv-bench"));
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug shows each compaction's phases
   using flatkv::client::BenchFlags;
   BenchFlags flags;
   flatkv::Status s = flatkv::client::ParseBenchFlags(argc, argv, &flags);

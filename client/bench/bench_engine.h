@@ -55,6 +55,8 @@ struct BenchEngineOptions {
   uint32_t compaction_mb_per_sec = 0;  // flat only: EngineOptions::compaction_mb_per_sec
   // flat only: EngineOptions::compaction_disk_ratio; negative = its default.
   double compaction_disk_ratio = -1;
+  // flat only: EngineOptions::compaction_in_place (storage.compaction_mode).
+  bool compaction_in_place = false;
   // flat only: automatic compaction at the default garbage ratio, as users
   // run it (peers' numbers include their compactions too). Off only when
   // the run measures compaction itself.

@@ -112,6 +112,13 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
                                      "' is not a ratio");
     }
     f->compaction_disk_ratio = r;
+  } else if (name == "compaction-mode") {
+    if (value != "whole" && value != "in_place") {
+      return Status::InvalidArgument("--compaction-mode: expected whole|in_place, got '" +
+                                     std::string(value) + "'");
+    }
+    f->compaction_in_place = value == "in_place";
+    f->compaction_mode_given = true;
   } else if (name == "cache") {
     if (value != "lru" && value != "arc" && value != "none") {
       return Status::InvalidArgument("--cache: expected lru|arc|none, got '" +
@@ -243,10 +250,10 @@ Status Validate(const BenchFlags& f) {
   if (f.dir.empty()) return Status::InvalidArgument("--dir is required");
   if (f.engine != "flat" &&
       (f.index_item_bytes != 0 || f.data_files != 0 || f.compaction_mb_per_sec != 0 ||
-       f.compaction_disk_ratio >= 0)) {
+       f.compaction_disk_ratio >= 0 || f.compaction_mode_given)) {
     return Status::InvalidArgument(
-        "--index-item-bytes, --data-files, --compaction-mb-per-sec and "
-        "--compaction-disk-ratio apply only to --engine flat");
+        "--index-item-bytes, --data-files, --compaction-mb-per-sec, "
+        "--compaction-disk-ratio and --compaction-mode apply only to --engine flat");
   }
   if (f.engine != "flat" && f.cache_flags_given) {
     return Status::InvalidArgument(
@@ -319,6 +326,7 @@ BenchEngineOptions EngineOptionsFor(const BenchFlags& f) {
   options.string_slots = StringSlotsFor(f);
   options.compaction_mb_per_sec = f.compaction_mb_per_sec;
   options.compaction_disk_ratio = f.compaction_disk_ratio;
+  options.compaction_in_place = f.compaction_in_place;
   if (CacheEnabled(f)) {
     options.cache_policy = f.cache;
     options.cache_bytes = f.cache_bytes;
@@ -432,6 +440,8 @@ void PrintBenchUsage(std::FILE* out) {
       "                      else 1.1..1000; default: the engine's), the log\n"
       "                      bytes kept under R x the live bytes: higher\n"
       "                      trades disk for less compaction\n"
+      "  --compaction-mode whole|in_place\n"
+      "                      flat only: storage.compaction_mode (default whole)\n"
       "  --cache lru|arc|none\n"
       "                      flat only: put a WriteBackCache with this policy in\n"
       "                      front of the Store, for integer and string keys\n"

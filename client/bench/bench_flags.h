@@ -50,6 +50,8 @@ struct BenchFlags {
   uint64_t string_slots = 0;              // --string-slots (flat, string keys), 0 = auto
   uint32_t compaction_mb_per_sec = 0;     // --compaction-mb-per-sec (flat), 0 = unlimited
   double compaction_disk_ratio = -1;      // --compaction-disk-ratio (flat), -1 = default
+  bool compaction_in_place = false;       // --compaction-mode in_place (flat)
+  bool compaction_mode_given = false;     // --compaction-mode was on the command line
   // flat only: the WriteBackCache in front of the Store (engine/cache/).
   std::string cache = "none";             // --cache lru|arc|none
   uint64_t cache_bytes = uint64_t{64} << 20;  // --cache-bytes: clean-entry capacity

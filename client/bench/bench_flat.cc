@@ -14,6 +14,8 @@
 // cache first (which flushes whatever is dirty), then the Store.
 #include <memory>
 
+#include <spdlog/spdlog.h>
+
 #include "client/bench/bench_engine.h"
 #include "engine/cache/write_back.h"
 #include "engine/options.h"
@@ -36,6 +38,7 @@ class FlatBenchEngine : public BenchEngine {
     if (!options.auto_compaction) eo.compaction_garbage_ratio = 0;
     eo.compaction_mb_per_sec = options.compaction_mb_per_sec;
     if (options.compaction_disk_ratio >= 0) eo.compaction_disk_ratio = options.compaction_disk_ratio;
+    eo.compaction_in_place = options.compaction_in_place;
     FLATKV_RETURN_IF_ERROR(engine::Store::Open(eo, &store_));
     if (options.cache_policy.empty()) return Status::OK();
     engine::cache::CacheOptions co;
@@ -84,6 +87,9 @@ class FlatBenchEngine : public BenchEngine {
       cs = cache_->Close();  // flushes every dirty entry into the Store
       cache_.reset();
     }
+    const engine::EngineStats es = store_->GetStats();
+    spdlog::debug("flat: {} writes waited for the compactor, {:.1f} ms in all", es.write_stalls,
+                  es.write_stall_us / 1000.0);
     Status s = store_->Close();
     store_.reset();
     return cs.ok() ? s : cs.WithContext("cache close");

@@ -6,8 +6,10 @@ contract (shared/DESIGN.md, "Tools"): one JSON object per workload with every
 contract field, all reads of written keys found, all reads of unwritten keys
 missed, no errors. Then checks that the deletes survived a clean close, and
 that a bad command line exits with status 2. For flat with string keys it
-also runs the list with about 100 keys per bucket (--string-slots). A peer
-must skip the compaction workloads with a note and exit 0.
+also runs the list with about 100 keys per bucket (--string-slots), and for
+flat with integer keys once more with --compaction-mode in_place. A peer
+must skip the compaction workloads with a note and exit 0, and refuse the
+flat-only flags with status 2.
 
 With --compaction (flat only) it runs compact and readwhilecompacting
 instead, unlimited and with --compaction-mb-per-sec, and checks that
@@ -126,6 +128,10 @@ def main():
         # About 100 keys per bucket: every op goes through bucket search,
         # appends and rewrites, and must still find exactly what it wrote.
         check_full_run(args, base + ["--string-slots", str(NUM // 100)])
+    if args.engine == "flat" and args.keys == "int":
+        # storage.compaction_mode in_place: every workload still finds
+        # exactly what it wrote.
+        check_full_run(args, base + ["--compaction-mode", "in_place"])
 
     p = run([args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
              "--num", "12x"])
@@ -135,6 +141,11 @@ def main():
              "--keys", "bytes"])
     if p.returncode != 2:
         fail("bad --keys: expected exit 2, got %d" % p.returncode)
+    p = run([args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
+             "--compaction-mode", "halfway"])
+    if p.returncode != 2 or "whole|in_place" not in p.stderr:
+        fail("bad --compaction-mode: expected exit 2 naming the choices, got %d: %r" %
+             (p.returncode, p.stderr))
     p = run([args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
              "--keys", "int", "--string-slots", "1000"])
     if p.returncode != 2:
@@ -255,6 +266,10 @@ def check_compaction_skipped(args, base):
     p = run(base + ["--workload", "readrandom", "--cache", "arc"])
     if p.returncode != 2:
         fail("--cache on %s: expected exit 2, got %d" % (args.engine, p.returncode))
+    p = run(base + ["--workload", "readrandom", "--compaction-mode", "in_place"])
+    if p.returncode != 2 or "--compaction-mode" not in p.stderr:
+        fail("--compaction-mode on %s: expected exit 2 naming the flag, got %d: %r" %
+             (args.engine, p.returncode, p.stderr))
 
 
 def check_full_run(args, base):
