@@ -457,6 +457,7 @@ Status Store::CompactPinned(uint64_t segment) {
   // The new generation must be durable before CURRENT names it.
   if (st.ok()) next->ReleaseWindows();
   if (st.ok()) st = next->Sync();
+  next->ResumeLookahead();  // the data files are written back
   if (st.ok()) st = next->Checkpoint();
   if (st.ok()) st = SyncDirectory(next->dir());
   const auto t2 = std::chrono::steady_clock::now();

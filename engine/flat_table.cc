@@ -914,6 +914,14 @@ void FlatTable::StartWriteback() {
   }
 }
 
+void FlatTable::ResumeLookahead() {
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    std::lock_guard<std::mutex> lock(files_[f].mu);
+    LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log != nullptr) log->ResumeLookahead();
+  }
+}
+
 void FlatTable::ReleaseWindows() {
   for (int f = 0; f < params_.index.data_files; ++f) {
     std::lock_guard<std::mutex> lock(files_[f].mu);

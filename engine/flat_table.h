@@ -167,6 +167,9 @@ class FlatTable {
   // compaction calls it on the new generation right before the Sync() that
   // must finish before the switch.
   void ReleaseWindows();
+  // LogFile::ResumeLookahead on every data file, each under its mutex: once
+  // that Sync() has returned.
+  void ResumeLookahead();
   Status Close();
   // Closes without syncing or marking the index clean: for a table whose
   // files are deleted next (a compaction's retired or undone generation),

@@ -423,8 +423,11 @@ void LogFile::ReleaseWindow() {
   const uint64_t floor = std::max(end() / kPage * kPage, window_start_);
   released_ = std::max(released_, floor);
   populated_ = floor;
+  hold_lookahead_ = true;
   PublishWritable();
 }
+
+void LogFile::ResumeLookahead() { hold_lookahead_ = false; }
 
 Status LogFile::Truncate(uint64_t end) {
   Unmap();
@@ -461,10 +464,11 @@ void LogFile::Populate(uint64_t start, uint64_t need) {
   // zeroed for nothing, since the next large write lands there with pwrite:
   // a tombstone after each 100 KiB value spent about 60 us zeroing 256 KiB
   // (deletes during a compaction of 100 KiB values ran at 12k/s). Then only
-  // the pages this append needs are faulted in.
-  const bool jumped = start > populated_;
+  // the pages this append needs are faulted in; so too between
+  // ReleaseWindow() and ResumeLookahead(), while a compaction's sync runs.
+  const bool single = start > populated_ || hold_lookahead_;
   const uint64_t from = std::max({populated_, window_start_, start / kPage * kPage});
-  const uint64_t ahead = jumped ? kPage - 1 : kPopulateBytes;
+  const uint64_t ahead = single ? kPage - 1 : kPopulateBytes;
   const uint64_t to =
       std::min(window_start_ + window_len_, (std::max(need, from) + ahead) / kPage * kPage);
   if (to > from) {
@@ -472,7 +476,7 @@ void LogFile::Populate(uint64_t start, uint64_t need) {
     // page alone: a run of pages ahead is put into the page cache in one
     // batch first (reserved extents read as zeros without I/O), as
     // read-around did before, only for the pages asked for.
-    if (!jumped) posix_fadvise(fd_, static_cast<off_t>(from), static_cast<off_t>(to - from),
+    if (!single) posix_fadvise(fd_, static_cast<off_t>(from), static_cast<off_t>(to - from),
                                POSIX_FADV_WILLNEED);
     madvise(window_ + (from - window_start_), to - from, MADV_POPULATE_WRITE);
   }
