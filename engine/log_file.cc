@@ -53,6 +53,14 @@ constexpr uint64_t kPage = 4096;
 constexpr uint64_t kReleaseBytes = 256ull << 10;
 // Pages of the window are faulted in this many bytes ahead of the end.
 constexpr uint64_t kPopulateBytes = 256ull << 10;
+// The window maps at least this many bytes of the file, beyond its end too
+// (a mapping may reach past the end of a file; only touching a page there
+// faults, and the appender touches nothing past what it reserved). A young
+// file reserves an eighth of what it holds at a time, so a window of just
+// the reserved bytes was unmapped and mapped again about 50 times while a
+// data file grew to 2 MB: each munmap a TLB shootdown to the compactor's
+// CPU. Address space only: RSS counts the pages touched.
+constexpr uint64_t kWindowSpan = 64ull << 20;
 constexpr size_t kReadChunk = 1 << 20;
 // Direct writes (records of kDirectWriteBytes and more) reserve at most this
 // far ahead: ten 100 KiB records per fallocate instead of one (one call per
@@ -110,23 +118,24 @@ LogFile::~LogFile() { (void)Close(); }
 Status LogFile::Reserve(size_t n) {
   const uint64_t end = end_.load(std::memory_order_relaxed);
   if (window_ != nullptr && end >= window_start_ && end + n <= window_start_ + window_len_) {
-    return Status::OK();
+    // Inside the mapping: the file may need to grow under it.
+    return end + n <= alloc_ ? Status::OK() : ReserveAhead(end + n);
   }
   FLATKV_RETURN_IF_ERROR(ReserveAhead(end + n));
   Unmap();
   const uint64_t start = end / kPage * kPage;
-  void* p = mmap(nullptr, alloc_ - start, PROT_READ | PROT_WRITE, MAP_SHARED, fd_,
-                 static_cast<off_t>(start));
+  const uint64_t len = std::max(alloc_ - start, kWindowSpan);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, static_cast<off_t>(start));
   if (p == MAP_FAILED) return Status::FromErrno("mapping " + path_, errno);
   // No read-around on a fault in the window: the pages past the end hold
   // reserved zeros, and the kernel's mmap read-around would zero up to
   // read_ahead_kb of them (8 MiB on some disks) around the faulted page,
   // only for the next large write to overwrite them with pwrite. Populate()
   // already faults in the pages that small appends will use.
-  madvise(p, alloc_ - start, MADV_RANDOM);
+  madvise(p, len, MADV_RANDOM);
   window_ = static_cast<char*>(p);
   window_start_ = start;
-  window_len_ = alloc_ - start;
+  window_len_ = len;
   PublishWritable();
   return Status::OK();
 }
@@ -469,8 +478,9 @@ void LogFile::Populate(uint64_t start, uint64_t need) {
   const bool single = start > populated_ || hold_lookahead_;
   const uint64_t from = std::max({populated_, window_start_, start / kPage * kPage});
   const uint64_t ahead = single ? kPage - 1 : kPopulateBytes;
-  const uint64_t to =
-      std::min(window_start_ + window_len_, (std::max(need, from) + ahead) / kPage * kPage);
+  // Never past the reserved bytes: the window maps beyond the file's end.
+  const uint64_t to = std::min({window_start_ + window_len_, alloc_ / kPage * kPage,
+                                (std::max(need, from) + ahead) / kPage * kPage});
   if (to > from) {
     // The window is MADV_RANDOM (Reserve), so each fault would read its
     // page alone: a run of pages ahead is put into the page cache in one

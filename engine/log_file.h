@@ -261,7 +261,7 @@ class LogFile {
   // File size on disk, >= end_. Written by the appender (under its table's
   // file mutex); read by anyone (the Store's space accounting).
   std::atomic<uint64_t> alloc_;
-  char* window_ = nullptr;     // writable mapping of [window_start_, alloc_)
+  char* window_ = nullptr;     // writable mapping of [window_start_, +window_len_); the file ends at alloc_
   uint64_t window_start_ = 0;
   uint64_t window_len_ = 0;
   uint64_t released_ = 0;      // window pages below this were dropped from RSS

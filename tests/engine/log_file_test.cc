@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -897,6 +898,61 @@ TEST_CASE("After ReleaseWindow appends fault in only their own pages until Resum
   REQUIRE(log->Close().ok());
   log = Open(path);
   CheckRecords(ReadAll(*log).records, recs);
+}
+
+namespace {
+
+// Start addresses of this process's writable mappings of the file at "path".
+std::vector<std::string> WritableMappings(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::istringstream in(line);
+    std::string range, perms;
+    in >> range >> perms;
+    if (perms.size() >= 2 && perms[1] == 'w' && line.size() >= path.size() &&
+        line.compare(line.size() - path.size(), path.size(), path) == 0) {
+      out.push_back(range.substr(0, range.find('-')));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("A growing file keeps its write window while it reserves space step by step",
+          "[engine][log]") {
+  // A young file reserves an eighth of what it holds at a time; the window
+  // used to map only what was reserved, so a data file growing to 2 MB was
+  // unmapped and mapped again about 50 times, each munmap a TLB shootdown
+  // to the other CPU. It maps a span past the file's end now (touching
+  // nothing there), and moves only once the end leaves that span.
+  TempDir dir;
+  const std::string path = dir / "data.log";
+  auto log = Open(path);
+  auto recs = AppendAll(log.get(), std::vector<size_t>(10, 100));
+  const std::vector<std::string> first = WritableMappings(path);
+  REQUIRE(first.size() == 1);
+  const uint64_t reserved = log->allocated();
+  for (const Written& w : AppendAll(log.get(), std::vector<size_t>(4000, 1000), 1)) {
+    recs.push_back(w);  // 4 MB: the reservation grows in many steps
+  }
+  REQUIRE(log->allocated() > 8 * reserved);
+  CHECK(WritableMappings(path) == first);
+  // Past the span (64 MiB) the window moves; the records on both sides of
+  // the move read back, before and after a reopen.
+  for (const Written& w : AppendAll(log.get(), std::vector<size_t>(23000, 3000), 2)) {
+    recs.push_back(w);
+  }
+  CHECK(WritableMappings(path).size() == 1);
+  CHECK(WritableMappings(path) != first);
+  CheckRecords(ReadAll(*log).records, recs);
+  REQUIRE(log->Close().ok());
+  log = Open(path);
+  ReadResult r = ReadAll(*log);
+  REQUIRE(r.reports.empty());
+  CheckRecords(r.records, recs);
 }
 
 TEST_CASE("LogReader::PeekKeys names the keys of the buffered records after the current one",
