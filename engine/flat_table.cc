@@ -914,21 +914,17 @@ void FlatTable::StartWriteback() {
   }
 }
 
-void FlatTable::ResumeLookahead() {
+void FlatTable::ForEachLogLocked(void (LogFile::*call)()) {
   for (int f = 0; f < params_.index.data_files; ++f) {
     std::lock_guard<std::mutex> lock(files_[f].mu);
     LogFile* log = files_[f].log.load(std::memory_order_acquire);
-    if (log != nullptr) log->ResumeLookahead();
+    if (log != nullptr) (log->*call)();
   }
 }
 
-void FlatTable::ReleaseWindows() {
-  for (int f = 0; f < params_.index.data_files; ++f) {
-    std::lock_guard<std::mutex> lock(files_[f].mu);
-    LogFile* log = files_[f].log.load(std::memory_order_acquire);
-    if (log != nullptr) log->ReleaseWindow();
-  }
-}
+void FlatTable::ResumeLookahead() { ForEachLogLocked(&LogFile::ResumeLookahead); }
+
+void FlatTable::ReleaseWindows() { ForEachLogLocked(&LogFile::ReleaseWindow); }
 
 Status FlatTable::Sync() {
   // Writes go to the successor while compacting, and after the switch too:

@@ -334,6 +334,8 @@ class FlatTable {
   uint64_t CurrentSlotLocked(const FileState& fs, uint64_t slot) const;
 
   Status EnsureWritable();
+  // Calls a LogFile method on every open data file, each under its mutex.
+  void ForEachLogLocked(void (LogFile::*call)());
   Status LogForWrite(FileState& fs, int file, LogFile** log);
   // What Write does under sync: always once the record is appended.
   enum class Durability {

@@ -254,6 +254,23 @@ TEST_CASE("LogFile::Close truncates the file to its end and a reopen continues i
   for (size_t i = 0; i < 3; ++i) REQUIRE(r.records[3 + i].value == more[i].value);
 }
 
+namespace {
+
+// The records read back in order from the open file, then again, with
+// nothing reported, after a clean close and a reopen (*log is the reopened
+// file afterwards).
+void ReadsBackBeforeAndAfterReopen(const std::string& path, std::unique_ptr<LogFile>* log,
+                                   const std::vector<Written>& recs) {
+  CheckRecords(ReadAll(**log).records, recs);
+  REQUIRE((*log)->Close().ok());
+  *log = Open(path);
+  ReadResult r = ReadAll(**log);
+  REQUIRE(r.reports.empty());
+  CheckRecords(r.records, recs);
+}
+
+}  // namespace
+
 TEST_CASE("LogFile keeps every byte of a long run of small appends", "[engine][log]") {
   // Several MiB through the mapped window: it is remapped and its written
   // pages dropped from the process several times along the way.
@@ -263,12 +280,7 @@ TEST_CASE("LogFile keeps every byte of a long run of small appends", "[engine][l
   std::vector<size_t> sizes;
   for (int i = 0; i < 2000; ++i) sizes.push_back(static_cast<size_t>(i * 37 % 4000));
   const auto recs = AppendAll(log.get(), sizes);
-  CheckRecords(ReadAll(*log).records, recs);
-  REQUIRE(log->Close().ok());
-  log = Open(path);
-  ReadResult r = ReadAll(*log);
-  REQUIRE(r.reports.empty());
-  CheckRecords(r.records, recs);
+  ReadsBackBeforeAndAfterReopen(path, &log, recs);
 }
 
 TEST_CASE("LogFile::Open without create fails on a missing file", "[engine][log]") {
@@ -786,6 +798,12 @@ int64_t DirtyPagesAfterWriteback(const std::string& path, uint64_t from, uint64_
   return static_cast<int64_t>(cs.nr_dirty);
 }
 
+// Whether a line of /proc/self/maps or smaps maps the file at "path".
+bool NamesFile(const std::string& line, const std::string& path) {
+  return line.size() >= path.size() &&
+         line.compare(line.size() - path.size(), path.size(), path) == 0;
+}
+
 // KiB of the file at "path" that this process has mapped (Rss in smaps).
 uint64_t MappedKiB(const std::string& path) {
   std::ifstream smaps("/proc/self/smaps");
@@ -795,7 +813,7 @@ uint64_t MappedKiB(const std::string& path) {
   while (std::getline(smaps, line)) {
     if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
         line.find('-') != std::string::npos && line.find(':') > line.find(' ')) {
-      ours = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+      ours = NamesFile(line, path);
     } else if (ours && line.rfind("Rss:", 0) == 0) {
       kib += std::stoull(line.substr(4));
     }
@@ -911,8 +929,7 @@ std::vector<std::string> WritableMappings(const std::string& path) {
     std::istringstream in(line);
     std::string range, perms;
     in >> range >> perms;
-    if (perms.size() >= 2 && perms[1] == 'w' && line.size() >= path.size() &&
-        line.compare(line.size() - path.size(), path.size(), path) == 0) {
+    if (perms.size() >= 2 && perms[1] == 'w' && NamesFile(line, path)) {
       out.push_back(range.substr(0, range.find('-')));
     }
   }
@@ -947,12 +964,7 @@ TEST_CASE("A growing file keeps its write window while it reserves space step by
   }
   CHECK(WritableMappings(path).size() == 1);
   CHECK(WritableMappings(path) != first);
-  CheckRecords(ReadAll(*log).records, recs);
-  REQUIRE(log->Close().ok());
-  log = Open(path);
-  ReadResult r = ReadAll(*log);
-  REQUIRE(r.reports.empty());
-  CheckRecords(r.records, recs);
+  ReadsBackBeforeAndAfterReopen(path, &log, recs);
 }
 
 TEST_CASE("LogReader::PeekKeys names the keys of the buffered records after the current one",
