@@ -51,6 +51,7 @@ uint64_t ChainMember::lag_bytes() const {
 }
 
 void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* out) {
+  Clock(now);
   if (have_config_ && config.version < config_.version) return;  // a late, stale view
   const bool was_head = is_head();
   const bool new_chain = !have_config_ || config.id != config_.id;
@@ -182,18 +183,39 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
   Pump(now, out);
 }
 
-void ChainMember::SetLease(bool valid, ChainOutput* out) {
-  lease_ = valid;
-  if (valid) {
-    company_ = config_.members.size() > 1 || !down_.empty();
-    Release(out);
+void ChainMember::OnSessionAnswer(int64_t sent, int64_t session_timeout_ms, int64_t now,
+                                  ChainOutput* out) {
+  Clock(now);
+  if (session_timeout_ms <= 0) return;
+  lease_end_ = std::max(lease_end_, sent + session_timeout_ms / 2);
+  if (now_ >= lease_end_) return;  // answered too late to count
+  company_ = config_.members.size() > 1 || !down_.empty();
+  was_leased_ = true;
+  Release(out);
+}
+
+void ChainMember::CheckLease(ChainOutput* out) {
+  const bool leased = Leased();
+  if (was_leased_ && !leased) {
+    // ZooKeeper may be expiring this member now and forming the chain
+    // without it: answer nobody from here (no hanging until a client's
+    // timeout). A pending write went down the chain: it may still commit.
+    FailPending(Status::Unavailable("no ZooKeeper lease (this member may have been replaced); "
+                                    "the write may or may not have been applied"),
+                out);
+    for (const ParkedRead& r : parked_) {
+      out->replies.push_back({r.request, Status::Unavailable("no ZooKeeper lease")});
+    }
+    parked_.clear();
   }
+  was_leased_ = leased;
 }
 
 void ChainMember::SetFenced(bool fenced, ChainOutput* out) {
   if (fenced == fenced_) return;
   fenced_ = fenced;
   if (fenced) {
+    lease_end_ = INT64_MIN;  // the session is gone: only a new one's answers count
     FailPending(Status::Unavailable("this member lost its ZooKeeper session"), out);
     for (const ParkedRead& r : parked_) out->replies.push_back({r.request, Status::Unavailable(
         "this member lost its ZooKeeper session")});
@@ -203,11 +225,17 @@ void ChainMember::SetFenced(bool fenced, ChainOutput* out) {
 
 void ChainMember::OnWrite(uint64_t request, std::vector<uint64_t> keys, std::string op,
                           int64_t now, ChainOutput* out) {
+  Clock(now);
   if (fenced_ || !is_head()) {
     out->replies.push_back(
         {request, Status::Unavailable(fenced_ ? "this member lost its ZooKeeper session"
                                               : std::string("not the head of the chain (") +
                                                     role() + ")")});
+    return;
+  }
+  if (!Leased()) {
+    out->replies.push_back({request, Status::Unavailable(
+        "no ZooKeeper lease (this member may have been replaced); not applied")});
     return;
   }
   ChainEntry e;
@@ -458,8 +486,10 @@ std::vector<const ChainEntry*> ChainMember::Uncommitted() const {
   return out;
 }
 
-ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, ChainOutput* out) {
+ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, int64_t now,
+                                      ChainOutput* out) {
   (void)out;
+  Clock(now);  // the writes and reads a lapsed lease fails wait for OnTick
   if (fenced_ || !in_chain() || !verified_) return Read::kRefuse;
   if (!config_.sync) return Read::kServe;
   if (!is_tail() || !Recorded() || !Leased()) return Read::kRefuse;
@@ -473,6 +503,7 @@ ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, ChainOutpu
 
 void ChainMember::OnMessage(const std::string& from, const ChainMessage& msg, int64_t now,
                             ChainOutput* out) {
+  Clock(now);
   switch (msg.kind) {
     case ChainMessage::Kind::kReplicate:
       HandleReplicate(from, msg, now, out);
@@ -726,11 +757,11 @@ void ChainMember::StartOver(int64_t now, ChainOutput* out) {
 }
 
 void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
+  Clock(now);
   if (in_chain() && !fenced_) return;
   if (in_chain()) Deregister(out);  // fenced: its node may linger
   index_ = -1;
   left_ = false;
-  lease_ = true;  // a new session
   company_ = false;
   joining_ = true;
   snapshotting_ = false;
@@ -746,12 +777,24 @@ void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
 
 uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at, int64_t now,
                                       ChainOutput* out) {
+  Clock(now);
   // From the tail we are joining, or (in the chain, but behind what the
   // predecessor still holds) from the predecessor.
   // Not one it asked for: a joiner that caught up (a stale request's
   // answer), or a verified member (it holds every committed write).
   if (from.empty() || from != predecessor() || fenced_ || (joining_ && register_sent_) ||
       (!joining_ && verified_)) {
+    ++refused_;
+    return 0;
+  }
+  // A joiner of the recorded chain with its store intact may hold the only
+  // copy of some acknowledged write: the chain it joins has not recorded
+  // itself, so it acknowledged nothing yet and may still vanish before it
+  // does, leaving the mark to a recorded member with an intact store
+  // (SendSyncRequest). It keeps its store until that chain is recorded.
+  const auto& rec = config_.recorded;
+  if (joining_ && intact_ && config_.recorded != config_.members &&
+      std::find(rec.begin(), rec.end(), self_) != rec.end()) {
     ++refused_;
     return 0;
   }
@@ -781,6 +824,7 @@ uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at,
 
 void ChainMember::OnSnapshotLoaded(uint64_t token, ChainPosition end, int64_t now,
                                    ChainOutput* out) {
+  Clock(now);
   if (!joining_ || !snapshot_current(token)) return;
   const ChainPosition at = snapshot_at_;
   snapshotting_ = false;
@@ -795,12 +839,15 @@ void ChainMember::OnSnapshotLoaded(uint64_t token, ChainPosition end, int64_t no
 }
 
 void ChainMember::OnSnapshotFailed(uint64_t token, int64_t now, ChainOutput* out) {
+  Clock(now);
   if (!joining_ || !snapshot_current(token)) return;
   snapshotting_ = false;
   SendSyncRequest(now, out);
 }
 
 void ChainMember::OnTick(int64_t now, ChainOutput* out) {
+  Clock(now);
+  CheckLease(out);
   if (pin_ != UINT64_MAX && now > pin_until_) {
     pin_ = UINT64_MAX;
     Trim();

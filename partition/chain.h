@@ -231,13 +231,26 @@ class ChainMember {
     registration_ = czxid;
     if (joining_ && register_sent_ && copy_end_.seq == 0 && !dirty_) intact_ = true;
   }
-  // The ZooKeeper lease: false once this member may have been expired
-  // without knowing it (disconnected for over half the session timeout, or
-  // the process was frozen that long), true when ZooKeeper answers again.
-  // Without it a member answers no write and serves no sync read, unless it
-  // is alone (a chain of one that has had no joiner or other member since
-  // it last held the lease: nobody could have taken over from it).
-  void SetLease(bool valid, ChainOutput* out);
+  // The ZooKeeper lease (shared/DESIGN.md, "ZooKeeper unreachable"). The
+  // shell reports every request its session sent at "sent" that ZooKeeper
+  // answered (a periodic probe, and any other call): the server heard this
+  // member after "sent", so it cannot expire the session before
+  // sent + session_timeout_ms. The lease runs until sent + half of that
+  // ("session_timeout_ms" is the timeout the server granted), on the
+  // shell's clock, which must never jump and must count a pause of the
+  // process. The half left over covers clocks that run at different rates.
+  // Not counted from the client library's disconnect report, which comes
+  // 2/3 of a timeout after the server last heard from it: ZooKeeper may
+  // have expired the member and formed a chain without it by then.
+  //
+  // Without the lease a member answers UNAVAILABLE at once to writes (not
+  // applied) and sync reads, and fails the writes waiting for their commit
+  // (in doubt: they may still commit), unless it is alone: a chain of one
+  // that has had no joiner or other member since it last held the lease
+  // (nobody could have taken over from it).
+  void OnSessionAnswer(int64_t sent, int64_t session_timeout_ms, int64_t now, ChainOutput* out);
+  // Holds the lease at "now" (or needs none: alone).
+  bool leased(int64_t now) const { return !company_ || now < lease_end_; }
   // A client write at the head; answered through out->replies (maybe later).
   void OnWrite(uint64_t request, std::vector<uint64_t> keys, std::string op, int64_t now,
                ChainOutput* out);
@@ -276,7 +289,7 @@ class ChainMember {
   // May a read of the key with hash "key" be served now? kWait parks it:
   // "request" comes back in out->reads once it may (kRefuse: UNAVAILABLE,
   // or not the member that serves reads).
-  Read OnRead(uint64_t request, uint64_t key, ChainOutput* out);
+  Read OnRead(uint64_t request, uint64_t key, int64_t now, ChainOutput* out);
 
   // "single", "head", "middle", "tail", "syncing" (catching up, not in the
   // chain), "fenced", or "none" (no chain yet).
@@ -351,7 +364,12 @@ class ChainMember {
     return !is_head() || config_.recorded_version >= chain_since_;
   }
   // May answer writes and sync reads: the lease holds, or it is alone.
-  bool Leased() const { return lease_ || !company_; }
+  bool Leased() const { return leased(now_); }
+  // Every event's "now" passes here first: the lease is judged at the
+  // latest time the member has been told.
+  void Clock(int64_t now) { now_ = std::max(now_, now); }
+  // The lease ended since the last event: fail what waits on it.
+  void CheckLease(ChainOutput* out);
   void Trim();
   bool Covers(const ChainPosition& p) const;
   // What the tail serves reads up to: its commit point, and under
@@ -395,7 +413,9 @@ class ChainMember {
   // commit point it has reached (it registered holding every committed write).
   bool verified_ = true;
   bool fenced_ = false;     // SetFenced(true)
-  bool lease_ = true;       // SetLease
+  int64_t now_ = INT64_MIN;        // the latest "now" of any event
+  int64_t lease_end_ = INT64_MIN;  // OnSessionAnswer: the lease holds before this
+  bool was_leased_ = false;        // Leased() at the last CheckLease
   bool company_ = false;    // other members or a joiner since the lease last held
   int64_t epoch_ = 0;       // as head: the epoch of new writes
 

@@ -12,8 +12,14 @@
 //     handle and runs a reconcile loop: each pass (Step()) compares what is
 //     wanted with what is known and does what is missing, in this order:
 //
-//       handle? -> connected? -> pings -> settings checked? -> deregistered?
+//       handle? -> connected? -> lease probe -> pings -> settings checked?
+//         -> deregistered?
 //         -> registered? -> chains to record -> ring read?
+//
+//     The lease probe is the one asynchronous call: an exists() sent every
+//     session timeout / 8 while connected, whose answer (on the completion
+//     thread) records its send time for lease(). One is in flight at a time;
+//     a lost connection fails it, and a new session starts with no lease.
 //
 //     RecordChain() and Ping() queue a Request and wait for a pass to serve
 //     it (or for their deadline: a request not started by then is taken
@@ -50,6 +56,8 @@
 #include <spdlog/spdlog.h>
 #include <zookeeper/zookeeper.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -71,6 +79,7 @@ int64_t NowMs() {
       .count();
 }
 
+constexpr int kProbesPerTimeout = 8;   // lease probes per session timeout
 constexpr int kRetryMinMs = 50;         // first back-off after a failed pass
 constexpr int kRetryMaxMs = 2000;       // back-off ceiling
 constexpr int kInitRetryMs = 1000;      // zookeeper_init2 itself failed (bad host name)
@@ -220,6 +229,12 @@ std::vector<std::string> TakeStrings(String_vector* v) {
 
 }  // namespace
 
+int64_t BootTimeMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_BOOTTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
 // A RecordChain() or Ping() waiting for the registry thread.
 struct Request {
   enum class Kind { kPing, kRecord, kChange };
@@ -243,6 +258,17 @@ struct Registry::Impl {
   // Completion thread.
   static void Watch(zhandle_t* zh, int type, int state, const char* path, void* ctx);
   void OnEvent(int type, int state);
+  struct Probe {
+    Impl* impl;
+    uint64_t session;  // session_gen_ when sent
+    int64_t sent_ms;   // BootTimeMs() before it was sent
+    int64_t timeout_ms;
+  };
+  static void ProbeDone(int rc, const Stat* stat, const void* data);
+
+  // Registry thread: sends a lease probe if one is due; returns the
+  // milliseconds until the next one is.
+  int ProbeLease();
 
   // Registry thread.
   void Run();
@@ -322,6 +348,9 @@ struct Registry::Impl {
   std::deque<std::shared_ptr<Request>> requests_;  // GUARDED_BY(mu_): not yet started
   bool connected_ = false;            // GUARDED_BY(mu_)
   int64_t disconnected_since_ms_;     // GUARDED_BY(mu_)
+  uint64_t session_gen_ = 0;          // GUARDED_BY(mu_): bumped with every new handle
+  bool probe_in_flight_ = false;      // GUARDED_BY(mu_)
+  SessionLease lease_;                // GUARDED_BY(mu_)
   uint64_t refresh_asked_ = 0;        // GUARDED_BY(mu_): Refresh() tickets issued
   uint64_t refresh_done_ = 0;         // GUARDED_BY(mu_): tickets a read has served
   bool fatal_set_ = false;            // GUARDED_BY(mu_): on_fatal was called with...
@@ -336,6 +365,7 @@ struct Registry::Impl {
   bool need_read_ = true;        // the children must be (re)read
   bool need_register_ = false;   // a copy of want_register_ && !registered_
   bool was_connected_ = false;   // for logging transitions
+  int64_t next_probe_ms_ = 0;    // BootTimeMs() at which the next lease probe is due
   bool yielded_ = false;         // our address is held by another live session
   bool gave_up_ = false;         // after on_fatal: wait for Close()
   int backoff_ms_ = kRetryMinMs;
@@ -379,7 +409,46 @@ void Registry::Impl::OnEvent(int type, int state) {
   wake_.notify_one();
 }
 
+// Any answer from the server (the root may not exist under a chroot) means
+// it heard the session after the probe was sent. Runs on the completion
+// thread, or in zookeeper_close() for a probe still in flight (ZCLOSING).
+void Registry::Impl::ProbeDone(int rc, const Stat*, const void* data) {
+  std::unique_ptr<const Probe> probe(static_cast<const Probe*>(data));
+  Impl* impl = probe->impl;
+  std::lock_guard<std::mutex> lock(impl->mu_);
+  if (probe->session != impl->session_gen_) return;  // an earlier session's
+  impl->probe_in_flight_ = false;
+  if (rc != ZOK && rc != ZNONODE) return;
+  impl->lease_.sent_ms = std::max(impl->lease_.sent_ms, probe->sent_ms);
+  impl->lease_.timeout_ms = probe->timeout_ms;
+}
+
 // ---- registry thread: the loop ------------------------------------------
+
+int Registry::Impl::ProbeLease() {
+  // The timeout the server granted (it may clamp the one asked for).
+  const int timeout = zoo_recv_timeout(zh_);
+  const int every = std::max(1, (timeout > 0 ? timeout : opt_.session_timeout_ms) /
+                                    kProbesPerTimeout);
+  const int64_t now = BootTimeMs();
+  if (now < next_probe_ms_) return static_cast<int>(next_probe_ms_ - now);
+  uint64_t session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (probe_in_flight_) return every;  // answered or failed with the connection
+    probe_in_flight_ = true;
+    session = session_gen_;
+  }
+  auto* probe = new Probe{this, session, now, timeout};
+  const int rc = zoo_aexists(zh_, "/", 0, &Impl::ProbeDone, probe);
+  if (rc != ZOK) {  // not sent: the completion never runs
+    delete probe;
+    std::lock_guard<std::mutex> lock(mu_);
+    probe_in_flight_ = false;
+  }
+  next_probe_ms_ = now + every;
+  return every;
+}
 
 void Registry::Impl::Run() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -430,6 +499,12 @@ int Registry::Impl::Step() {
   if (zh_ == nullptr) return OpenSession() ? -1 : kInitRetryMs;
   if (state_event) NoteState(state);
   if (state != ZOO_CONNECTED_STATE) return -1;  // Watch() tells us when it connects
+  // The next pass comes in time for the next lease probe, if nothing
+  // wakes it sooner.
+  const int probe_wait = ProbeLease();
+  const auto or_probe = [probe_wait](int wait) {
+    return wait < 0 ? probe_wait : std::min(wait, probe_wait);
+  };
   // A lease renewal waits for nothing else.
   ServePings();
   Status s;
@@ -444,10 +519,10 @@ int Registry::Impl::Step() {
   }
   if (s.ok() && need_read_) s = ReadRing();
   Answer(records);
-  if (!s.ok()) return Failed(s);
+  if (!s.ok()) return or_probe(Failed(s));
   backoff_ms_ = kRetryMinMs;
   // The read found our node gone: register again at once.
-  return need_register_ && !yielded_ ? 0 : -1;
+  return or_probe(need_register_ && !yielded_ ? 0 : -1);
 }
 
 int Registry::Impl::Failed(const Status& s) {
@@ -483,7 +558,11 @@ bool Registry::Impl::OpenSession() {
     std::lock_guard<std::mutex> lock(mu_);
     zk_state_ = ZOO_CONNECTING_STATE;  // forget the old handle's last state
     state_event_ = false;
+    ++session_gen_;  // a new session holds no lease
+    lease_ = SessionLease();
+    probe_in_flight_ = false;
   }
+  next_probe_ms_ = 0;
   spdlog::info("zookeeper: connecting to {} (session timeout {} ms)", opt_.zookeeper,
                opt_.session_timeout_ms);
   zh_ = zookeeper_init2(opt_.zookeeper.c_str(), &Impl::Watch, opt_.session_timeout_ms,
@@ -511,6 +590,9 @@ void Registry::Impl::CloseSession() {
   connected_ = false;
   stats_.connected = 0;
   disconnected_since_ms_ = NowMs();
+  ++session_gen_;
+  lease_ = SessionLease();
+  probe_in_flight_ = false;
 }
 
 void Registry::Impl::NoteState(int state) {
@@ -1372,6 +1454,11 @@ Status Registry::Refresh(std::shared_ptr<const Ring>* ring) {
   }
   *ring = impl_->LoadRing();
   return Status::OK();
+}
+
+SessionLease Registry::lease() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->lease_;
 }
 
 bool Registry::connected() const {

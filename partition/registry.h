@@ -92,6 +92,20 @@ struct RegistryStats {
   int64_t chains_recorded = 0;   // chain nodes written by RecordChain()
 };
 
+// The clock of ZooKeeper leases (CLOCK_BOOTTIME, in milliseconds): it never
+// jumps, and it counts time the process was stopped or the machine
+// suspended, as ZooKeeper's server does while it waits for a silent client.
+int64_t BootTimeMs();
+
+// What a lease is computed from (partition/chain.h, OnSessionAnswer): the
+// send time (BootTimeMs) of the latest request the current session sent
+// that ZooKeeper answered, and the session timeout the server granted.
+// sent_ms is 0 while none has been answered since the session began.
+struct SessionLease {
+  int64_t sent_ms = 0;
+  int64_t timeout_ms = 0;
+};
+
 class Registry {
  public:
   // Validates the options (InvalidArgument naming the key: an empty or
@@ -185,6 +199,12 @@ class Registry {
   // ring; Unavailable if ZooKeeper cannot be reached within the session
   // timeout. Blocks the caller, not the completion thread.
   Status Refresh(std::shared_ptr<const Ring>* ring);
+
+  // The lease evidence of the current session. While connected the
+  // registry sends a light request of its own (an exists() of the root)
+  // every session timeout / 8, so a session that is heard answers renews it
+  // that often; each answer to one counts from its send time.
+  SessionLease lease() const;
 
   // True while the session is connected.
   bool connected() const;

@@ -673,7 +673,6 @@ std::string Cluster::register_blocked() const {
 
 void Cluster::Deregister() { registry_->Deregister(); }
 
-Status Cluster::Ping(int timeout_ms) { return registry_->Ping(timeout_ms); }
 
 Status Cluster::RecordChain(const std::vector<std::string>& members, int64_t ring_version) {
   return registry_->RecordChain(members, ring_version);

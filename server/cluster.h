@@ -83,8 +83,7 @@ class Cluster : public ChainCoordinator {
   void Register() override;
   void Deregister() override;
   Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) override;
-  int64_t disconnected_ms() const override { return registry_->disconnected_ms(); }
-  Status Ping(int timeout_ms) override;
+  partition::SessionLease lease() const override { return registry_->lease(); }
   // flatkv admin remove-mark: records the change (.cluster/change, kind
   // remove) that moves mark "removed"'s keys to the next mark up, whose head
   // then does the rest (RemoveStep). InvalidArgument for a mark not in the

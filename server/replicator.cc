@@ -40,11 +40,8 @@ using partition::ChainMessage;
 using partition::ChainOutput;
 using partition::ChainPosition;
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+// The member's clock: the lease's (it never jumps and counts pauses).
+int64_t NowMs() { return partition::BootTimeMs(); }
 
 // The chain log is checkpointed (a new log, the store synced) past this.
 constexpr uint64_t kLogCheckpointBytes = 64ull << 20;
@@ -1314,7 +1311,7 @@ Status Replicator::BeforeRead(uint64_t hash, bool* held) {
   std::unique_lock<std::mutex> lk(mu_);
   const uint64_t request = next_request_++;
   ChainOutput out;
-  switch (member_->OnRead(request, hash, &out)) {
+  switch (member_->OnRead(request, hash, NowMs(), &out)) {
     case partition::ChainMember::Read::kServe:
       return Status::OK();
     case partition::ChainMember::Read::kRefuse: {
@@ -1578,30 +1575,22 @@ void Replicator::Tick(int64_t now, ChainOutput* out) {
   Expire(now);
   // Out of the chain for a full disk: no lease, no join, until there is room.
   if (disk_full_.load() && !RejoinAfterFullDisk(now, out)) return;
-  const int64_t half = options_.session_timeout_ms / 2;
-  // The lease: lost once ZooKeeper may have expired this member without it
-  // knowing: disconnected for half the session timeout, or this process
-  // frozen that long (SIGSTOP, a VM pause: the ticks stopped).
-  const bool frozen = last_tick_ != 0 && now - last_tick_ > half;
-  last_tick_ = now;
-  const int64_t disconnected = coordinator_->disconnected_ms();
-  bool lease = lease_;
-  if (frozen || disconnected > half) lease = false;
-  if (!lease && disconnected == 0 && now - last_freeze_check_ >= 100) {
-    last_freeze_check_ = now;
-    // Renewed only by an answer through the session after the gap.
-    lease = coordinator_->Ping(std::min(1000, options_.session_timeout_ms)).ok();
-  }
-  // Not fenced for being disconnected: a member learns that its session
-  // expired from the ring (its registration gone) once ZooKeeper answers;
-  // until then a chain of one keeps serving (DESIGN.md, "ZooKeeper
-  // unreachable") and a longer chain is held back by the lease.
+  // The member decides on its lease (ChainMember::OnSessionAnswer); the
+  // shell only passes on what the session answered. Not fenced for being
+  // disconnected: a member learns that its session expired from the ring
+  // (its registration gone) once ZooKeeper answers; until then a chain of
+  // one keeps serving (DESIGN.md, "ZooKeeper unreachable").
+  const partition::SessionLease lease = coordinator_->lease();
   std::lock_guard<std::mutex> lock(mu_);
-  if (lease != lease_) {
+  if (lease.sent_ms != 0 && lease.sent_ms != lease_sent_ms_) {
+    lease_sent_ms_ = lease.sent_ms;
+    member_->OnSessionAnswer(lease.sent_ms, lease.timeout_ms, now, out);
+  }
+  const bool leased = member_->leased(now);
+  if (leased != leased_) {
     spdlog::warn("chain: ZooKeeper lease {}",
-                 lease ? "renewed" : "lost (writes and sync reads refused)");
-    lease_ = lease;
-    member_->SetLease(lease, out);
+                 leased ? "renewed" : "lost (writes and sync reads refused)");
+    leased_ = leased;
   }
   const std::string role = member_->role();
   if (joined_ && (role == "fenced" || role == "none") && ring_ != nullptr) {

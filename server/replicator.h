@@ -74,6 +74,7 @@
 #include "engine/status.h"
 #include "engine/store.h"
 #include "partition/chain.h"
+#include "partition/registry.h"
 #include "partition/ring.h"
 #include "server/chain_log.h"
 
@@ -91,15 +92,13 @@ class ChainCoordinator {
   // Record "members" as this mark's chain (partition/chain.h, the recorded
   // chain) unless a chain of a later ring version is recorded. Blocking.
   virtual Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) = 0;
-  // Milliseconds since the session was last connected (0 while connected).
-  virtual int64_t disconnected_ms() const = 0;
+  // The session's lease evidence (partition/registry.h, SessionLease).
+  virtual partition::SessionLease lease() const = 0;
   // Whether a write to "hash" may be sequenced now (a ring change may be
   // moving it: Cluster::CheckWritable). Asked on the loop thread as the
   // write is sequenced, so a fence (an empty write) that a ring change
   // sequences after reading its node orders every later check after it.
   virtual Status CheckWritable(int64_t /*hash*/) const { return Status::OK(); }
-  // One round trip through the current session, now.
-  virtual Status Ping(int timeout_ms) = 0;
 };
 
 struct ReplicatorOptions {
@@ -415,9 +414,8 @@ class Replicator {
   std::map<std::string, std::unique_ptr<PeerLink>> links_;
   std::map<std::string, std::unique_ptr<SnapshotSender>> senders_;
   std::shared_ptr<const partition::Ring> ring_;
-  int64_t last_tick_ = 0;
-  int64_t last_freeze_check_ = 0;
-  bool lease_ = true;
+  int64_t lease_sent_ms_ = 0;  // the last SessionLease::sent_ms given to the member
+  bool leased_ = true;         // the member held its lease at the last tick (for the log)
   bool joined_ = false;  // Join() called
   std::unique_ptr<ChainLog> log_;
   bool logged_intact_ = false;   // what the log's state record says

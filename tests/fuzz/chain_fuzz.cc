@@ -48,7 +48,7 @@ struct Member {
     config.sync = true;
     config.recorded = config.members;
     member.OnRegistered(200);
-    member.SetLease(true, &sink);
+    member.OnSessionAnswer(1000, int64_t{1} << 60, 1000, &sink);
     member.OnConfig(config, 1000, &sink);
   }
   flatkv::partition::ChainOutput sink;

@@ -19,6 +19,10 @@ using flatkv::partition::ChainPosition;
 
 namespace {
 
+// The session timeout ZooKeeper grants in these tests: a member's lease
+// runs half of it from the send time of its last answered request.
+constexpr int64_t kSessionMs = 6000;
+
 // A chain of named members with a hand-cranked network: Deliver() moves
 // every message sent so far, in order, until none is left (or just once).
 struct Net {
@@ -31,9 +35,22 @@ struct Net {
   int64_t now = 0;
   ChainOptions options;
 
+  // A member whose ZooKeeper session has just answered (it holds a lease).
   ChainMember& Add(const std::string& name, ChainPosition durable = {}) {
     members[name] = std::make_unique<ChainMember>(name, options, durable);
+    Answered(name);
     return *members[name];
+  }
+  // ZooKeeper answered a request "name" sent at "sent" (now by default).
+  void Answered(const std::string& name, int64_t sent = -1) {
+    ChainOutput out;
+    members.at(name)->OnSessionAnswer(sent < 0 ? now : sent, kSessionMs, now, &out);
+    Take(name, out);
+  }
+  void Tick(const std::string& name) {
+    ChainOutput out;
+    members.at(name)->OnTick(now, &out);
+    Take(name, out);
   }
   void Take(const std::string& from, const ChainOutput& out) {
     for (const auto& e : out.apply) applied[from].push_back(e.seq);
@@ -129,9 +146,9 @@ TEST_CASE("sync: a write is answered only once the tail applied it; reads go to 
   REQUIRE(net.replies.count(100) == 1);
   CHECK(net.replies[100]);
   ChainOutput out;
-  CHECK(net.members["c"]->OnRead(1, 5, &out) == ChainMember::Read::kServe);
-  CHECK(net.members["a"]->OnRead(2, 5, &out) == ChainMember::Read::kRefuse);
-  CHECK(net.members["b"]->OnRead(3, 5, &out) == ChainMember::Read::kRefuse);
+  CHECK(net.members["c"]->OnRead(1, 5, net.now, &out) == ChainMember::Read::kServe);
+  CHECK(net.members["a"]->OnRead(2, 5, net.now, &out) == ChainMember::Read::kRefuse);
+  CHECK(net.members["b"]->OnRead(3, 5, net.now, &out) == ChainMember::Read::kRefuse);
 }
 
 TEST_CASE("sync, direct commit: the tail's kCommit answers at the head before the middle's ack") {
@@ -190,12 +207,12 @@ TEST_CASE("sync, members send before they sync (storage.sync: always): the tail 
   // and a restart of the chain from a or b would lose it): a read of the
   // key waits, a read of another key does not.
   ChainOutput out;
-  CHECK(net.members["c"]->OnRead(1, 5, &out) == ChainMember::Read::kWait);
-  CHECK(net.members["c"]->OnRead(2, 6, &out) == ChainMember::Read::kServe);
+  CHECK(net.members["c"]->OnRead(1, 5, net.now, &out) == ChainMember::Read::kWait);
+  CHECK(net.members["c"]->OnRead(2, 6, net.now, &out) == ChainMember::Read::kServe);
   net.Deliver();  // acks up, then the head's commit point down
   CHECK(net.replies[100]);
   CHECK(net.reads == std::vector<uint64_t>{1});
-  CHECK(net.members["c"]->OnRead(3, 5, &out) == ChainMember::Read::kServe);
+  CHECK(net.members["c"]->OnRead(3, 5, net.now, &out) == ChainMember::Read::kServe);
 }
 
 TEST_CASE("a verified member refuses a snapshot: its store is never emptied for one") {
@@ -231,7 +248,7 @@ TEST_CASE("async: the head answers after its own apply; any member reads") {
   CHECK(net.applied["b"] == std::vector<uint64_t>{1});
   CHECK(net.members["a"]->lag_writes() == 0);
   ChainOutput out;
-  CHECK(net.members["a"]->OnRead(1, 5, &out) == ChainMember::Read::kServe);
+  CHECK(net.members["a"]->OnRead(1, 5, net.now, &out) == ChainMember::Read::kServe);
 }
 
 TEST_CASE("writes are batched: many client writes go down in one message") {
@@ -273,26 +290,83 @@ TEST_CASE("a message from another chain is refused: a woken old head gets no ack
   CHECK(net.replies[201]);
 }
 
-TEST_CASE("a lost lease stops answers unless the member is provably alone") {
+TEST_CASE("the lease runs half a session timeout from the send time of the last answer") {
+  Net net;
+  net.now = 1000;
+  net.Start({"a", "b"}, 7);  // answered at 1000: leased until 1000 + 3000
+  ChainMember& a = *net.members["a"];
+  CHECK(a.leased(3999));
+  CHECK_FALSE(a.leased(4000));
+  // An answer that took long counts from when its request was sent, so it
+  // renews less: sent at 2000, answered at 4500 (ZooKeeper could expire
+  // the session 6000 after it last heard from it, 2000 at the earliest).
+  net.now = 4500;
+  net.Answered("a", 2000);
+  CHECK(a.leased(4999));
+  CHECK_FALSE(a.leased(5000));
+  // An answer to an earlier request never shortens it.
+  net.Answered("a", 1500);
+  CHECK(a.leased(4999));
+  // One whose lease had ended by the time it came back renews nothing.
+  net.now = 9000;
+  net.Answered("a", 5000);
+  CHECK_FALSE(a.leased(9000));
+}
+
+TEST_CASE("without a lease a head refuses writes at once and fails those waiting") {
   Net net;
   net.Start({"a", "b"}, 7);
+  // A write still waiting for the tail's ack when the lease ends is failed
+  // (it may still commit); nothing is left hanging for the client.
+  net.Write("a", 300, 1);  // applied at a, on the wire to b
+  net.now = kSessionMs / 2;
+  net.Tick("a");
+  REQUIRE(net.replies.count(300) == 1);
+  CHECK_FALSE(net.replies[300]);
+  net.Deliver();  // b applies and acks it: the answer was already given
+  // A write that arrives without the lease is refused before it is applied.
+  const size_t applied = net.applied["a"].size();
+  net.Write("a", 301, 1);
+  REQUIRE(net.replies.count(301) == 1);
+  CHECK_FALSE(net.replies[301]);
+  CHECK(net.applied["a"].size() == applied);
+  // The tail refuses reads under sync, whose lease ended too.
   ChainOutput out;
-  net.members["a"]->SetLease(false, &out);
-  net.Write("a", 300, 1);
+  CHECK(net.members["b"]->OnRead(1, 1, net.now, &out) == ChainMember::Read::kRefuse);
+  // ZooKeeper answers again: writes are taken and answered.
+  net.Answered("a");
+  net.Answered("b");
+  net.Write("a", 302, 1);
   net.Deliver();
-  CHECK(net.replies.count(300) == 0);  // applied down the chain, not answered
-  net.members["a"]->SetLease(true, &out);
-  net.Take("a", out);
-  CHECK(net.replies[300]);
+  CHECK(net.replies[302]);
+  CHECK(net.members["b"]->OnRead(2, 1, net.now, &out) == ChainMember::Read::kServe);
+}
 
+TEST_CASE("a member frozen past its lease serves nothing when it wakes") {
+  // A SIGSTOP or a stalled VM: no event ran meanwhile, and the first one
+  // after it is judged at the time it runs, before any answer the session
+  // may have had waiting in its socket.
+  Net net;
+  net.Start({"a", "b", "c"}, 7);
+  net.now = 20000;
+  ChainOutput out;
+  CHECK(net.members["c"]->OnRead(1, 1, net.now, &out) == ChainMember::Read::kRefuse);
+  net.Write("a", 400, 1);
+  CHECK_FALSE(net.replies[400]);
+  // The answer that waited was sent before the pause: it renews nothing.
+  net.Answered("c", 100);
+  CHECK(net.members["c"]->OnRead(2, 1, net.now, &out) == ChainMember::Read::kRefuse);
+}
+
+TEST_CASE("a chain of one that never had company serves without a lease") {
   Net solo;
   solo.Add("s");
   Register(solo, {"s"}, {1});
   solo.Config(Make(1, 9, {"s"}, {1}));
-  ChainOutput o2;
-  solo.members["s"]->SetLease(false, &o2);
+  solo.now = 10 * kSessionMs;
+  solo.Tick("s");
   solo.Write("s", 1, 1);
-  CHECK(solo.replies[1]);  // a chain of one that never had company keeps serving
+  CHECK(solo.replies[1]);  // nobody could have taken over from it
 }
 
 TEST_CASE("a joiner catches up from the tail's log, then asks to register") {
@@ -471,20 +545,23 @@ TEST_CASE("a read parked at a tail with a joiner is served only while the tail h
   REQUIRE(net.applied["t"] == std::vector<uint64_t>({1}));
   CHECK(net.replies.count(10) == 0);  // the joiner has not applied it
   ChainOutput read_out;
-  REQUIRE(net.members["t"]->OnRead(20, 5, &read_out) == ChainMember::Read::kWait);
+  REQUIRE(net.members["t"]->OnRead(20, 5, net.now, &read_out) == ChainMember::Read::kWait);
 
-  ChainOutput lease_out;
-  net.members["t"]->SetLease(false, &lease_out);
-  net.Take("t", lease_out);
+  // The tail's lease ends while the read waits: the read is refused then
+  // (not served later from a chain ZooKeeper may have replaced).
+  net.now = kSessionMs / 2;
+  net.Tick("t");
+  REQUIRE(net.replies.count(20) == 1);
+  CHECK_FALSE(net.replies[20]);
   for (auto& h : held) net.wire.push_back(h);
   std::vector<uint64_t> reads;
   deliver(&reads);
   CHECK(net.applied["j"] == std::vector<uint64_t>({1}));
-  CHECK(reads.empty());  // committed now, but the tail has no lease
+  CHECK(reads.empty());  // committed now, but the read was refused
 
   ChainOutput renewed;
-  net.members["t"]->SetLease(true, &renewed);
-  CHECK(renewed.reads == std::vector<uint64_t>({20}));
+  net.members["t"]->OnSessionAnswer(net.now, kSessionMs, net.now, &renewed);
+  CHECK(renewed.reads.empty());
 }
 
 namespace {
@@ -590,6 +667,7 @@ TEST_CASE("a late ack from a joiner below the tail's log is not taken for a rest
   ChainOptions small;
   small.backlog_bytes = 1;  // keep nothing committed
   net.members["a"] = std::make_unique<ChainMember>("a", small, ChainPosition{});
+  net.Answered("a");  // with a joiner it answers writes only under its lease
   Register(net, {"a"}, {1});
   net.Config(Make(1, 7, {"a"}, {1}));
   for (uint64_t r = 1; r <= 5; ++r) net.Write("a", r, r);

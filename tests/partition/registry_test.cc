@@ -579,7 +579,7 @@ TEST_CASE("A registry started while ZooKeeper is down registers as soon as it co
   CHECK(r->stats().sessions == 1);
 }
 
-TEST_CASE("In steady state a registry sends ZooKeeper nothing but pings",
+TEST_CASE("In steady state a registry sends ZooKeeper nothing but its lease probes",
           "[partition][registry]") {
   ZooKeeperServer zk;
   std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
@@ -591,9 +591,32 @@ TEST_CASE("In steady state a registry sends ZooKeeper nothing but pings",
   std::this_thread::sleep_for(2s);
   const int64_t after = MntrValue(zk.FourLetter("mntr"), "zk_packets_received");
   REQUIRE(before >= 0);
-  // Two clients pinging every third of a 2 s timeout: ~6 packets in 2 s.
-  CHECK(after - before <= 12);
+  // Two clients, each sending its lease probe every eighth of a 2 s
+  // timeout (which keeps the client's own pings away): ~16 packets in 2 s.
+  CHECK(after - before <= 24);
   CHECK(a->stats().ring_reads + b->stats().ring_reads == reads);
+}
+
+TEST_CASE("The lease evidence is the send time of the newest answered probe",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
+  REQUIRE(Eventually([&] { return a->lease().sent_ms != 0; }, 5s));
+  CHECK(a->lease().timeout_ms == kSessionTimeoutMs);  // as the server granted it
+  // Renewed about every eighth of the timeout, each from before its send.
+  const int64_t first = a->lease().sent_ms;
+  std::this_thread::sleep_for(1s);
+  const int64_t later = a->lease().sent_ms;
+  CHECK(later - first >= 1000 - 2 * kSessionTimeoutMs / 8);
+  CHECK(later <= flatkv::partition::BootTimeMs());
+  // ZooKeeper stops answering: the evidence stops where it was (the
+  // session itself survives a restart within its timeout).
+  zk.Kill();
+  const int64_t killed = flatkv::partition::BootTimeMs();
+  std::this_thread::sleep_for(1s);
+  CHECK(a->lease().sent_ms <= killed);
+  zk.Start();
+  CHECK(Eventually([&] { return a->lease().sent_ms > killed; }, 10s));
 }
 
 TEST_CASE("RecordChain writes .cluster/chains/<mark> and every ring shows it within 1 s",

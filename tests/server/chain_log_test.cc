@@ -186,8 +186,7 @@ class NoCoordinator final : public flatkv::server::ChainCoordinator {
   void Register() override {}
   void Deregister() override {}
   Status RecordChain(const std::vector<std::string>&, int64_t) override { return Status::OK(); }
-  int64_t disconnected_ms() const override { return 0; }
-  Status Ping(int) override { return Status::OK(); }
+  flatkv::partition::SessionLease lease() const override { return {}; }
 };
 
 std::string Op(flatkv::rpc::ChainOpKind::type kind, int64_t key, const std::string& skey,
