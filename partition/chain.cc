@@ -91,15 +91,29 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
     if (joining_ && !snapshotting_ && !register_sent_) SendSyncRequest(now, out);
     return;
   }
-  if (registered_alone_ && index_ > 0) {
+  if (registered_alone_ && (index_ > 0 || !MayStartAlone())) {
     // Registered on what looked like an empty chain, but an older member
-    // is there: this store may lack its writes. Leave and catch up.
+    // is there, or the ring read since names a recorded chain this store
+    // does not hold (the view it registered on was stale: a chain formed
+    // and recorded without it meanwhile): this store may lack its writes.
+    // Leave and catch up.
     registered_alone_ = false;
     Deregister(out);
     FailPending(Status::Unavailable("rejoining the chain"), out);
     DropDownstream();
     joining_ = true;
     register_sent_ = false;
+    index_ = -1;
+    SendSyncRequest(now, out);
+    return;
+  }
+  if (joining_ && register_sent_ && !registered_alone_ && predecessor() != register_from_) {
+    // Caught up from a tail that is not its predecessor in the chain it
+    // registered into (that tail left, or was expired unaware and served a
+    // chain ZooKeeper had already replaced): what it holds was vouched for
+    // by another member's history. Withdraw and catch up from this chain.
+    register_sent_ = false;
+    Deregister(out);
     index_ = -1;
     SendSyncRequest(now, out);
     return;
@@ -561,6 +575,7 @@ void ChainMember::HandleReplicate(const std::string& from, const ChainMessage& m
   if (joining_ && !register_sent_ && copy_end_.seq == 0 && msg.floor <= applied_.seq &&
       msg.applied <= applied_.seq + options_.catchup_lag) {
     register_sent_ = true;
+    register_from_ = from;
     out->register_now = true;
   }
   // A member whose downstream acks what it passes on tells its predecessor
@@ -672,8 +687,11 @@ void ChainMember::HandleSyncRequest(const std::string& from, const ChainMessage&
   answer.chain = config_.id;
   const bool busy = down_is_joiner_ && down_ != from &&
                     now - down_progress_ms_ < options_.joiner_timeout_ms;
-  // An unverified tail may lack committed writes: it is no source.
-  if (fenced_ || !is_tail() || !verified_ || msg.chain != config_.id || busy) {
+  // An unverified tail may lack committed writes: it is no source. Nor is
+  // one without its lease: ZooKeeper may have formed the chain without it,
+  // and a joiner that caught up from it would register into that chain
+  // holding another history.
+  if (fenced_ || !is_tail() || !verified_ || !Leased() || msg.chain != config_.id || busy) {
     ++refused_;
     answer.kind = ChainMessage::Kind::kSyncRefused;
     out->sends.push_back({from, std::move(answer)});
@@ -724,9 +742,7 @@ void ChainMember::SendSyncRequest(int64_t now, ChainOutput* out) {
     // its store intact holds every acknowledged write: it starts the chain
     // again; anyone else waits for one (a mark that never had a chain has
     // nothing to lose).
-    const auto& rec = config_.recorded;
-    const bool may = rec.empty() || (intact_ && std::find(rec.begin(), rec.end(), self_) != rec.end());
-    if (may && !register_sent_) {
+    if (MayStartAlone() && !register_sent_) {
       register_sent_ = true;
       registered_alone_ = true;
       out->register_now = true;
@@ -787,15 +803,19 @@ uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at,
     ++refused_;
     return 0;
   }
-  // A joiner of the recorded chain with its store intact may hold the only
-  // copy of some acknowledged write: the chain it joins has not recorded
-  // itself, so it acknowledged nothing yet and may still vanish before it
-  // does, leaving the mark to a recorded member with an intact store
-  // (SendSyncRequest). It keeps its store until that chain is recorded.
-  const auto& rec = config_.recorded;
-  if (joining_ && intact_ && config_.recorded != config_.members &&
-      std::find(rec.begin(), rec.end(), self_) != rec.end()) {
+  // A keeper does not empty its store for a copy until the chain it would
+  // join has recorded itself; in that chain, it leaves it meanwhile (it
+  // cannot follow its predecessor without the copy).
+  if (Keeper()) {
     ++refused_;
+    if (!joining_) {
+      Deregister(out);
+      FailPending(Status::Unavailable("rejoining the chain"), out);
+      DropDownstream();
+      joining_ = true;
+      register_sent_ = false;
+      index_ = -1;
+    }
     return 0;
   }
   if (!joining_) {

@@ -116,6 +116,12 @@ struct ChainConfig {
   // newer one was read: a head trusts a record only from its own chain's
   // time (Recorded()).
   int64_t recorded_version = 0;
+  // The zxid of the write that recorded it (RecordedChain::zxid). A record
+  // counts for this chain only if it is later than every member's
+  // registration (epochs): one of the same addresses made before a member
+  // registered again vouches for that member's earlier life, not for what
+  // this registration holds.
+  int64_t recorded_zxid = 0;
 };
 
 // A message between two members of one mark.
@@ -360,8 +366,31 @@ class ChainMember {
   // by a late one of another chain (asked for before, landing after this
   // view was read), which would then name members lacking what it answered.
   bool Recorded() const {
+    return ChainRecorded() && (!is_head() || config_.recorded_version >= chain_since_);
+  }
+  // The current chain is the one recorded, by a record written after every
+  // member's registration.
+  bool ChainRecorded() const {
     if (config_.recorded != config_.members) return false;
-    return !is_head() || config_.recorded_version >= chain_since_;
+    for (int64_t epoch : config_.epochs) {
+      if (config_.recorded_zxid <= epoch) return false;
+    }
+    return true;
+  }
+  // May start an empty chain alone: it holds every acknowledged write (a
+  // member of the recorded chain with its store intact), or the mark never
+  // had a chain.
+  bool MayStartAlone() const {
+    const auto& rec = config_.recorded;
+    return rec.empty() || (intact_ && std::find(rec.begin(), rec.end(), self_) != rec.end());
+  }
+  // This member may hold the only copy of some acknowledged write: it is
+  // in the recorded chain with its store intact, and the current chain has
+  // not recorded itself (so it acknowledged nothing yet and may vanish
+  // before it does, leaving the mark to this member: SendSyncRequest).
+  bool Keeper() const {
+    const auto& rec = config_.recorded;
+    return intact_ && !ChainRecorded() && std::find(rec.begin(), rec.end(), self_) != rec.end();
   }
   // May answer writes and sync reads: the lease holds, or it is alone.
   bool Leased() const { return leased(now_); }
@@ -479,6 +508,7 @@ class ChainMember {
   std::string snapshot_from_;
   uint64_t snapshot_token_ = 0;
   bool register_sent_ = false;
+  std::string register_from_;      // the tail whose stream made it register
   bool registered_alone_ = false;  // registered on an empty chain
   bool intact_ = true;             // holds every write it applied
   // The loaded copy may hold writes up to here (seq 0: nothing beyond

@@ -1140,6 +1140,7 @@ Status Registry::Impl::ReadChains(std::map<int64_t, RecordedChain>* chains, int6
                s.message() + "; no recorded chain for mark " + child);
       continue;
     }
+    chain.zxid = node.mzxid;
     (*chains)[mark] = std::move(chain);
   }
   return Status::OK();

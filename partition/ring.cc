@@ -314,6 +314,7 @@ std::shared_ptr<const Ring> Ring::Make(int64_t version, RingSettings settings,
     if (p == nullptr) continue;
     p->recorded = std::move(chain.members);
     p->recorded_ring_version = chain.ring_version;
+    p->recorded_zxid = chain.zxid;
   }
   ring->change_ = std::move(change);
   return ring;
@@ -407,7 +408,8 @@ bool Ring::SameAs(const Ring& o) const {
     const Partition& a = partitions_[i];
     const Partition& b = o.partitions_[i];
     if (a.mark != b.mark || a.recorded != b.recorded ||
-        a.recorded_ring_version != b.recorded_ring_version || a.chain.size() != b.chain.size()) {
+        a.recorded_ring_version != b.recorded_ring_version ||
+        a.recorded_zxid != b.recorded_zxid || a.chain.size() != b.chain.size()) {
       return false;
     }
     for (size_t j = 0; j < a.chain.size(); ++j) {

@@ -84,6 +84,11 @@ struct Member {
 struct RecordedChain {
   int64_t ring_version = 0;
   std::vector<std::string> members;
+  // The zxid of the write that recorded it (the node's mzxid as read; not
+  // part of the JSON, 0 when not read from ZooKeeper). Later than every
+  // registration of the chain it recorded: a record older than a member's
+  // registration names an earlier life of that address.
+  int64_t zxid = 0;
 
   std::string ToJson() const;
   // Parses ToJson()'s output (keys in any order, whitespace allowed; both
@@ -144,6 +149,7 @@ struct Partition {
   // could not be read or parsed. ChainConfig::recorded takes it.
   std::vector<std::string> recorded;
   int64_t recorded_ring_version = 0;
+  int64_t recorded_zxid = 0;  // RecordedChain::zxid
   // Its node .cluster/marks/<mark> exists (else the mark is in the ring only
   // through a member node: its mark node was deleted by a remove-mark).
   bool in_marks = false;

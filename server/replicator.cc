@@ -812,6 +812,7 @@ partition::ChainConfig Replicator::ConfigOf(const partition::Ring& ring) const {
   c.id = id;
   c.recorded = p->recorded;
   c.recorded_version = p->recorded_ring_version;
+  c.recorded_zxid = p->recorded_zxid;
   return c;
 }
 

@@ -193,7 +193,7 @@ class Sim {
   // Runs until "end" ms with faults until "faults_until", then heals.
   void Run(int64_t faults_until, int64_t end) {
     faults_until_ = faults_until;
-    clients_until_ = end - 1000;  // then quiet: the chain settles
+    clients_until_ = end - 2000;  // then quiet: the chain settles
     for (int64_t t = 0; t < end; t += 5) {
       At(t, [this] { Step(); });
     }
@@ -314,6 +314,7 @@ class Sim {
     c.version = version_;
     c.recorded = recorded_;
     c.recorded_version = recorded_version_;
+    c.recorded_zxid = recorded_zxid_;
     return c;
   }
 
@@ -361,10 +362,13 @@ class Sim {
     chain_.push_back(n.address);
     Publish();
   }
-  // The registry retries a request while its link to ZooKeeper is down.
+  // The registry retries a request while its link to ZooKeeper is down,
+  // and carries it out once a stopped process goes on.
   void RegisterLater(int i) {
-    if (ZkLinkUp(i)) return Register(i);
-    At(nodes_[i].zk_cut_until + Rand(1, 10), [this, i] { RegisterLater(i); });
+    const Node& n = nodes_[i];
+    if (ZkLinkUp(i) && !n.paused) return Register(i);
+    const int64_t after = n.paused ? std::max(now_, n.paused_until) : n.zk_cut_until;
+    At(after + Rand(1, 10), [this, i] { RegisterLater(i); });
   }
   void RecordLater(int i, std::vector<std::string> rec, int64_t version, uint64_t gen, int64_t at) {
     At(at, [this, rec, version, i, gen] {
@@ -373,8 +377,10 @@ class Sim {
         return RecordLater(i, rec, version, gen, nodes_[i].zk_cut_until + Rand(1, 10));
       }
       if (version < recorded_version_) return;
+      if (version == recorded_version_ && rec == recorded_) return;  // nothing to write
       recorded_version_ = version;
       recorded_ = rec;
+      recorded_zxid_ = ++zxid_;
       Publish();  // a watch on the mark node
     });
   }
@@ -971,6 +977,7 @@ class Sim {
   std::vector<std::string> recorded_;        // .cluster/marks/<mark>: the recorded chain
   int64_t version_ = 1;
   int64_t recorded_version_ = 0;
+  int64_t recorded_zxid_ = 0;
   int64_t config_due_[kMembers] = {};
   std::map<std::string, int64_t> czxid_;
   int64_t zxid_ = 1000;
@@ -1009,7 +1016,7 @@ void RunSeeds(bool sync, bool always = false) {
   uint64_t overlapped = 0;
   for (uint64_t seed : Seeds()) {
     Sim sim(seed, sync, always, RuleFromEnv());
-    sim.Run(/*faults_until=*/6000, /*end=*/9000);
+    sim.Run(/*faults_until=*/6000, /*end=*/10000);
     sim.CheckFinal();
     overlapped += sim.overlapped();
     INFO("replay with FLATKV_SIM_SEED=" << seed << " ("
@@ -1034,7 +1041,7 @@ TEST_CASE("chain simulation finds the stale read of a lease counted from the dis
   uint64_t seed = 1;
   for (; seed <= 400 && found.empty(); ++seed) {
     Sim sim(seed, /*sync=*/true, /*always=*/false, LeaseRule::kDisconnect);
-    sim.Run(/*faults_until=*/6000, /*end=*/9000);
+    sim.Run(/*faults_until=*/6000, /*end=*/10000);
     found = sim.failure();
   }
   INFO("seeds tried: " << seed - 1 << "; failure: " << found);

@@ -114,6 +114,7 @@ ChainConfig Make(int64_t version, uint64_t id, std::vector<std::string> members,
   c.sync = sync;
   c.recorded = c.members;  // recorded already (the head asks when it is not)
   c.recorded_version = version;
+  c.recorded_zxid = 1000;   // after every registration
   return c;
 }
 
@@ -500,6 +501,7 @@ TEST_CASE("a joiner neither registers nor asks anyone before it has read the rin
     c.members = {"tail"};
     c.epochs = {1};
     c.recorded = c.members;
+    c.recorded_zxid = 2;
     ChainOutput after;
     m.OnConfig(c, 10050, &after);
     CHECK_FALSE(after.register_now);
@@ -715,4 +717,30 @@ TEST_CASE("a head answers writes only by a record of its chain made under this c
   net.Config(c);
   CHECK(net.replies.count(1) == 1);
   CHECK(net.replies[1]);
+}
+
+TEST_CASE("a record made before a member registered again does not count for its chain") {
+  // b registered again (zxid 5) after the record of [a, b] was written
+  // (zxid 3): that record vouches for b's earlier life, whose store held
+  // what was acknowledged then, not for what this registration holds.
+  Net net;
+  net.Add("a");
+  net.Add("b");
+  Register(net, {"a", "b"}, {1, 5});
+  ChainConfig c = Make(2, 7, {"a", "b"}, {1, 5});
+  c.recorded_zxid = 3;
+  net.Config(c);
+  net.Deliver();
+  net.Write("a", 1, 1);
+  net.Deliver();
+  CHECK(net.replies.count(1) == 0);                        // not answered...
+  CHECK(net.record == std::vector<std::string>{"a", "b"});  // ...but recorded again
+  ChainOutput out;
+  CHECK(net.members["b"]->OnRead(2, 1, net.now, &out) == ChainMember::Read::kRefuse);
+  c.version = 3;
+  c.recorded_zxid = 6;  // the new record, after both registrations
+  net.Config(c);
+  net.Deliver();
+  CHECK(net.replies[1]);
+  CHECK(net.members["b"]->OnRead(3, 1, net.now, &out) == ChainMember::Read::kServe);
 }
