@@ -332,7 +332,17 @@ func main() {
 	}
 	fmt.Printf("operations %d (of %d records), keys %d, checked in %.2f s\n", len(ops), len(recs),
 		len(results), time.Since(t0).Seconds())
-	fmt.Printf("per key: %s\n", strings.Join(counts, " "))
+	if len(counts) <= 20 {
+		fmt.Printf("per key: %s\n", strings.Join(counts, " "))
+	} else {
+		sizes := make([]int, len(results))
+		for i, r := range results {
+			sizes[i] = r.Ops
+		}
+		sort.Ints(sizes)
+		fmt.Printf("per key: %d keys, operations min %d median %d max %d\n", len(sizes), sizes[0],
+			sizes[len(sizes)/2], sizes[len(sizes)-1])
+	}
 	if bad == 0 && unknown == 0 {
 		fmt.Println("linearizable")
 		os.Exit(0)
