@@ -8,7 +8,7 @@
 // happened at any time after their call (no return time); "info" reads tell
 // nothing and are dropped.
 //
-// Usage: checker [-html FILE] [-timeout SECONDS] [-context N] HISTORY.jsonl
+// Usage: checker [-html FILE] [-timeout SECONDS] [-context N] [-show N] HISTORY.jsonl
 //
 // Exit status: 0 linearizable, 1 not linearizable (or the check could not
 // finish in time: a history that cannot be shown correct is not passed),
@@ -300,6 +300,7 @@ func main() {
 	html := flag.String("html", "", "write Porcupine's visualization of a violation here")
 	timeout := flag.Float64("timeout", 120, "seconds per key before the check gives up")
 	ctx := flag.Int("context", 4, "operations of the longest linearization to show before a violation")
+	show := flag.Int("show", 3, "failing keys whose piece of history is printed")
 	flag.Parse()
 	if flag.NArg() != 1 {
 		fmt.Fprintln(os.Stderr, "usage: checker [-html FILE] [-timeout S] [-context N] HISTORY.jsonl")
@@ -353,7 +354,15 @@ func main() {
 			base = op.Call
 		}
 	}
+	// Every failing key goes into the visualization; the shortest pieces
+	// (at most -show of them) are printed.
 	var failing []porcupine.Operation
+	type shown struct {
+		r     Result
+		state string
+		piece []porcupine.Operation
+	}
+	var pieces []shown
 	for _, r := range results {
 		if r.Result == porcupine.Unknown {
 			fmt.Printf("key %d: check timed out after %.0f s (not shown linearizable)\n", r.Key, *timeout)
@@ -364,13 +373,21 @@ func main() {
 		}
 		failing = append(failing, r.ops...)
 		state, piece := FailingPiece(r, *ctx)
-		fmt.Printf("key %d: NOT linearizable (%d operations); state %s, then:\n", r.Key, r.Ops, state)
-		for _, op := range piece {
-			ret := "      ?"
+		pieces = append(pieces, shown{r, state, piece})
+	}
+	sort.SliceStable(pieces, func(a, b int) bool { return len(pieces[a].piece) < len(pieces[b].piece) })
+	for i, p := range pieces {
+		if i == *show {
+			fmt.Printf("(%d more keys not linearizable; -show N prints more)\n", len(pieces)-i)
+			break
+		}
+		fmt.Printf("key %d: NOT linearizable (%d operations); state %s, then:\n", p.r.Key, p.r.Ops, p.state)
+		for _, op := range p.piece {
+			ret := "        ?"
 			if op.Return != math.MaxInt64 {
-				ret = fmt.Sprintf("%7.3f", float64(op.Return-base)/1e9)
+				ret = fmt.Sprintf("%9.6f", float64(op.Return-base)/1e9)
 			}
-			fmt.Printf("  [%7.3f, %s] p%-3d %-22s %s\n", float64(op.Call-base)/1e9, ret, op.ClientId,
+			fmt.Printf("  [%9.6f, %s] p%-5d %-18s %s\n", float64(op.Call-base)/1e9, ret, op.ClientId,
 				op.Metadata, Model.DescribeOperation(op.Input, op.Output))
 		}
 	}
