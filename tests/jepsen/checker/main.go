@@ -54,8 +54,9 @@ type Input struct {
 
 // Output of the model.
 type Output struct {
-	Found bool
-	Value string
+	Found   bool
+	Value   string
+	Unknown bool // an operation in doubt: its result says nothing
 }
 
 // State of one register: absent, or present with a value.
@@ -78,7 +79,7 @@ func Step(state interface{}, in interface{}, out interface{}) (bool, interface{}
 		}
 		return true, State{true, i.Value}
 	case "remove":
-		return o.Found == s.Present, State{}
+		return o.Unknown || o.Found == s.Present, State{}
 	case "get":
 		if !s.Present {
 			return !o.Found, s
@@ -117,6 +118,9 @@ var Model = porcupine.Model{
 		case "put", "append":
 			return fmt.Sprintf("%s(%d, %q)", i.F, i.Key, short(i.Value))
 		case "remove":
+			if o.Unknown {
+				return fmt.Sprintf("remove(%d) -> ?", i.Key)
+			}
 			return fmt.Sprintf("remove(%d) -> %v", i.Key, o.Found)
 		}
 		if !o.Found {
@@ -160,8 +164,7 @@ func Operations(recs []Record) ([]porcupine.Operation, []Record) {
 		}
 		out := Output{Found: r.Found, Value: r.Out}
 		if r.Type == "info" {
-			// Unknown output: a remove in doubt matches either state.
-			out = Output{Found: true}
+			out = Output{Unknown: true} // a remove in doubt matches either state
 		}
 		ops = append(ops, porcupine.Operation{
 			ClientId: r.Process,

@@ -79,6 +79,15 @@ func TestInDoubtWritesAndPhantoms(t *testing.T) {
 	if r := check(t, late); r[0].Result != porcupine.Ok {
 		t.Errorf("in-doubt write applied late: %v, want ok", r[0].Result)
 	}
+	// A remove in doubt on a key that stays absent: it may have run on
+	// nothing (false) or never.
+	removeInDoubt := `
+{"process":0,"key":3,"f":"remove","type":"info","call":0}
+{"process":1,"key":3,"f":"get","type":"ok","call":20,"ret":30,"found":false}
+`
+	if r := check(t, removeInDoubt); r[0].Result != porcupine.Ok {
+		t.Errorf("remove in doubt on an absent key: %v, want ok", r[0].Result)
+	}
 	phantom := `
 {"process":0,"key":3,"f":"put","value":"a","type":"ok","call":0,"ret":10}
 {"process":0,"key":3,"f":"get","type":"ok","call":20,"ret":30,"found":true,"out":"nobody"}
