@@ -71,32 +71,43 @@ def ms(ns):
 
 
 def stale_reads(ops):
-    """Reads that returned a value whose last writer was followed, before
-    the read began, by another acknowledged write of the key: stale on
-    their own, whatever else happened (a count for the report; the checker
-    is the judge). Values name their writer: "p<proc>.<n>" or
-    ",a<proc>.<n>" for the last append."""
+    """Reads stale on their own, whatever else happened (a count for the
+    report; the checker is the judge). A value read names its last writer
+    ("p<proc>.<n>", or ",a<proc>.<n>" for an append): the read is stale if
+    another write of the key was acknowledged after that writer returned
+    and before the read began. An absent read is stale if a put or append
+    was acknowledged before it began and no remove could have run between
+    the two. Returns [(read, the write it missed)]."""
     writer_of = {}
     writes_by_key = {}
+    removes_by_key = {}
     for r in ops:
         if r["f"] in ("put", "append") and r["type"] != "fail":
             writer_of[r["value"].lstrip(",")] = r
         if r["f"] in WRITES and r["type"] == "ok":
             writes_by_key.setdefault(r["key"], []).append(r)
+        if r["f"] == "remove" and r["type"] != "fail":
+            removes_by_key.setdefault(r["key"], []).append(r)
     stale = []
     for r in ops:
-        if r["f"] != "get" or r["type"] != "ok" or not r.get("found"):
+        if r["f"] != "get" or r["type"] != "ok":
             continue
-        last = r["out"].split(",")[-1]
-        w = writer_of.get(last) or writer_of.get("a" + last)
-        if w is None:
-            continue  # a value nobody wrote: the checker says so
-        w_done = w.get("ret") if w["type"] == "ok" else None
-        if w_done is None:
+        if not r.get("found"):
+            sets = [w for w in writes_by_key.get(r["key"], [])
+                    if w["f"] != "remove" and w["ret"] < r["call"]]
+            if not sets:
+                continue
+            w = max(sets, key=lambda x: x["call"])
+            if not any(x["call"] < r["ret"] and (x["type"] == "info" or x["ret"] > w["call"])
+                       for x in removes_by_key.get(r["key"], [])):
+                stale.append((r, w))
             continue
-        newer = [x for x in writes_by_key.get(r["key"], []) if x["call"] > w_done and x["ret"] < r["call"]]
+        w = writer_of.get(r["out"].split(",")[-1])
+        if w is None or w["type"] != "ok":
+            continue  # a value nobody wrote, or one in doubt: the checker judges it
+        newer = [x for x in writes_by_key.get(r["key"], []) if x["call"] > w["ret"] and x["ret"] < r["call"]]
         if newer:
-            stale.append((r, w, min(newer, key=lambda x: x["ret"])))
+            stale.append((r, min(newer, key=lambda x: x["ret"])))
     return stale
 
 
@@ -285,9 +296,9 @@ def main():
         m.terminate()
 
     print(chk.stdout.rstrip())
-    for s, w, newer in stale[:5]:
+    for s, newer in stale[:5]:
         print("  stale: get(%d) via %s at +%d ms -> %r, but %s(%r) acknowledged at +%d ms" % (
-            s["key"], s["member"], ms(s["call"] - t_start), s["out"][-24:], newer["f"],
+            s["key"], s["member"], ms(s["call"] - t_start), s.get("out", "absent")[-24:], newer["f"],
             newer.get("value", ""), ms(newer["ret"] - t_start)))
     for row in timings:
         print("  " + json.dumps(row))
