@@ -269,13 +269,16 @@ def main():
     hist = os.path.join(work, "history.jsonl")
     wl.history.write(hist)
     html = os.path.join(work, "violation.html")
-    chk = subprocess.run([checker_bin, "-html", html, hist], capture_output=True, text=True)
+    chk = subprocess.run([checker_bin, "-timeout", "120", "-html", html, hist], capture_output=True, text=True)
     if chk.returncode == 2:
         sys.stderr.write("jepsen: the checker refused the history:\n" + chk.stdout + chk.stderr)
         sys.exit(2)
     linearizable = chk.returncode == 0
-    if not linearizable:
+    verdict = "ok" if linearizable else "violation" if "NOT linearizable" in chk.stdout else "unknown"
+    if verdict == "violation":
         anomalies.append("not linearizable")
+    elif verdict == "unknown":
+        anomalies.append("linearizability not decided in time (%s)" % (chk.stdout.strip().splitlines() or ["?"])[-1])
     stale = stale_reads(ops)
     counts = {t: sum(1 for r in ops if r["type"] == t) for t in ("ok", "fail", "info")}
     windows = unavailable_windows(ops, t_start, t_faults_end)
@@ -284,7 +287,7 @@ def main():
         "scenario": args.scenario, "mode": args.mode, "seconds": args.seconds, "seed": args.seed,
         "session_ms": args.session_ms, "server": args.server,
         "ops": len(ops), **counts,
-        "linearizable": linearizable, "stale_reads": len(stale),
+        "linearizable": linearizable, "check": verdict, "stale_reads": len(stale),
         "stale_by_member": {a: sum(1 for s in stale if s[0]["member"] == a) for a in {s[0]["member"] for s in stale}},
         "set": set_res, "anomalies": anomalies,
         "unavailable_windows_ms": [(ms(a - t_start), ms(b - a)) for a, b in windows],
@@ -305,7 +308,7 @@ def main():
     line = ("%-12s %-5s ops %6d ok %6d fail %5d info %5d | linearizable %-3s stale %4d | set lost %s unexpected %s"
             " | unavail windows %d (max %s ms)" % (
                 args.scenario, args.mode, len(ops), counts["ok"], counts["fail"], counts["info"],
-                "yes" if linearizable else "NO", len(stale),
+                {"ok": "yes", "violation": "NO", "unknown": "?"}[verdict], len(stale),
                 set_res["lost"] if set_res else "?", set_res["unexpected"] if set_res else "?",
                 len(windows), max((ms(b - a) for a, b in windows), default=0)))
     print(line)

@@ -8,7 +8,8 @@ process on this host) and its outcome:
   info  unknown: it may have happened at any time after its call (no
         return time). A timeout or a broken connection is always info (the
         thread then reconnects, under a new process number, as a crashed
-        Jepsen process would).
+        Jepsen process would). A call that could not connect was never
+        sent: fail.
 
 A KvError answered to a get is a fail (a read changes nothing). A KvError
 answered to a write is info by default: the server does not promise that
@@ -38,7 +39,7 @@ REG_BASE = 1_000_000     # register keys: REG_BASE + generation * NKEYS + slot
 SET_BASE = 500_000_000   # set elements: SET_BASE + thread * 10^7 + n
 SET_SPAN = 10_000_000
 NKEYS = 10
-KEY_LIFE_S = 2.0
+KEY_LIFE_S = 1.0
 OP_TIMEOUT_MS = 1000
 
 
@@ -102,6 +103,12 @@ def run_op(history, conn, process, key, f, value=None):
     rec["call"] = time.monotonic_ns()
     try:
         c = conn.get()
+    except Exception as e:
+        # No connection, so nothing was sent: definitely not applied.
+        rec.update(ret=time.monotonic_ns(), type="fail", error="connect: " + type(e).__name__)
+        history.add(rec)
+        return rec
+    try:
         if f == "get":
             r = c.get(key)
             rec["found"] = bool(r.found)
@@ -181,7 +188,9 @@ class Workload:
             if rec["type"] == "info":
                 process = self.history.new_process()  # the old one may still be running
             if rec["type"] != "ok":
-                time.sleep(0.05 if "ret" not in rec else 0.02)
+                # Back off: every write in doubt is one more operation the
+                # checker must try at every point after its call.
+                time.sleep(0.1 if rec["type"] == "info" or rec["error"].startswith("connect") else 0.02)
 
     def _set_adds(self, address, j):
         conn = Conn(address)
