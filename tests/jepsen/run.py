@@ -188,6 +188,13 @@ def main():
     if not os.access(args.server, os.X_OK):
         sys.stderr.write("jepsen: no server binary at %s (--server or FLATKV_SERVER)\n" % args.server)
         sys.exit(2)
+    if args.scenario == "clock" and "libjemalloc" in subprocess.run(
+            ["ldd", args.server], capture_output=True, text=True).stdout:
+        # libfaketime's clock_gettime and jemalloc's start-up call each other:
+        # the server hangs before it listens.
+        sys.stderr.write("jepsen: the clock scenario needs a server built with -DFLATKV_JEMALLOC=OFF "
+                         "(libfaketime deadlocks jemalloc at start-up); %s links jemalloc\n" % args.server)
+        sys.exit(2)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     tag = "%s-%s" % (args.scenario, args.mode)
@@ -339,4 +346,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RuntimeError as e:  # a member or ZooKeeper that would not start: not a verdict
+        sys.stderr.write("jepsen: cannot run: %s\n" % e)
+        sys.exit(2)
