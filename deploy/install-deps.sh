@@ -29,6 +29,11 @@ packages=(
   clang libfuzzer-14-dev libclang-rt-14-dev
   # ring tests: ZooKeeper from Python, and XXH64 to know each string key's owner
   python3-kazoo python3-xxhash
+  # the fault-injection suite (tests/jepsen): network namespaces and a bridge
+  # (iproute2), links cut inside a namespace (nftables), one member's
+  # wall clock stepped or slowed (faketime); its checker is built with the Go
+  # toolchain below
+  nftables faketime iproute2
   # peer engines for flatkv-bench
   librocksdb-dev libleveldb-dev libkyotocabinet-dev
   # the server against Redis: flatkv-loadgen's hiredis client and the Redis

@@ -2,7 +2,9 @@
 # Starts or stops a standalone ZooKeeper server from Debian's `zookeeper`
 # package, with its own config and data in DIR, listening on 127.0.0.1:PORT.
 # Used by the registry tests and by deploy/ring.sh; not for production (one
-# server, no ensemble).
+# server, no ensemble). ZK_HOST (default 127.0.0.1) is the address it listens
+# on and is probed at: the fault-injection suite runs it inside a network
+# namespace on that namespace's address.
 #
 #   bash deploy/zookeeper.sh start DIR PORT   # returns once it serves (<= ~20 s)
 #   bash deploy/zookeeper.sh stop DIR         # SIGTERM, SIGKILL after 5 s
@@ -17,6 +19,7 @@
 # 20 s. Files in DIR: zoo.cfg, data/, zookeeper.log, zookeeper.pid, port.
 set -euo pipefail
 
+ZK_HOST=${ZK_HOST:-127.0.0.1}
 JAVA_CP=/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar
 START_TIMEOUT_S=20
 
@@ -25,11 +28,11 @@ usage() {
   exit 2
 }
 
-# Sends a four-letter word to 127.0.0.1:$1 and prints the answer (empty if
+# Sends a four-letter word to $ZK_HOST:$1 and prints the answer (empty if
 # the server does not answer within 1 s).
 four_letter() {
   local port=$1 word=$2
-  timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port && printf '%s' '$word' >&3 && cat <&3" \
+  timeout 1 bash -c "exec 3<>/dev/tcp/$ZK_HOST/$port && printf '%s' '$word' >&3 && cat <&3" \
     2>/dev/null || true
 }
 
@@ -43,7 +46,7 @@ write_config() {
 tickTime=200
 dataDir=$dir/data
 clientPort=$port
-clientPortAddress=127.0.0.1
+clientPortAddress=$ZK_HOST
 admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr,stat,mntr
 minSessionTimeout=400
@@ -95,7 +98,7 @@ start() {
       exit 1
     fi
     if ((SECONDS >= deadline)); then
-      echo "zookeeper.sh: no answer on 127.0.0.1:$port after ${START_TIMEOUT_S}s" >&2
+      echo "zookeeper.sh: no answer on $ZK_HOST:$port after ${START_TIMEOUT_S}s" >&2
       stop "$dir"
       exit 1
     fi

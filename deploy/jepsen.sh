@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs the fault-injection suite (tests/jepsen) over a set of scenarios and
+# modes, N times each, and writes a markdown report table.
+#
+#   deploy/jepsen.sh [--runs N] [--seconds S] [--scenarios a,b] [--modes sync,async]
+#                    [--server BIN] [--out DIR]
+#
+# Needs root, nft, go and Java (deploy/install-deps.sh). The server defaults
+# to build/server/flatkv-server (or $FLATKV_SERVER). Each run's line goes to
+# DIR/results.jsonl; DIR/report.md is the table; a run with an anomaly keeps
+# its history, Porcupine's HTML and every log in a directory of DIR.
+# Exit status: 0 if no run found an anomaly, 1 otherwise, 2 if it could not run.
+set -uo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+runs=1
+seconds=30
+scenarios=none,zk-cut-tail,zk-cut-head,zk-cut-any,peer-cut,isolate,asym,loss,pause,kill,zk-restart,clock
+modes=sync,async
+server=${FLATKV_SERVER:-$repo/build/server/flatkv-server}
+out=$repo/build/jepsen-$(date +%Y%m%d-%H%M%S)
+
+while (($#)); do
+  case "$1" in
+    --runs) runs=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    --scenarios) scenarios=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
+    --server) server=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+
+status=0
+for ((i = 1; i <= runs; i++)); do
+  for mode in ${modes//,/ }; do
+    for sc in ${scenarios//,/ }; do
+      /usr/bin/python3 "$repo/tests/jepsen/run.py" --scenario "$sc" --mode "$mode" \
+        --seconds "$seconds" --server "$server" --out "$out" --seed "$i" 2>&1 \
+        | tee -a "$out/run.log" | grep -E '^(==|ANOMALY|  evidence|[a-z-]+ +(sync|async) +ops)'
+      rc=${PIPESTATUS[0]}
+      ((rc == 2)) && { echo "jepsen.sh: the suite could not run (see $out/run.log)" >&2; exit 2; }
+      ((rc != 0)) && status=1
+    done
+  done
+done
+/usr/bin/python3 "$repo/tests/jepsen/report.py" "$out/results.jsonl" >"$out/report.md"
+cat "$out/report.md"
+echo "report: $out/report.md"
+exit $status

@@ -1,0 +1,241 @@
+"""Faults, each with its heal. A scenario is a schedule: warm up, then
+(fault, hold, heal, recover) repeated until the time is up. Every fault
+and heal is recorded as an event with its CLOCK_MONOTONIC time and the
+member it hit, for the report's timings.
+
+Roles (head, middle, tail) are read from the ring as a member reports it
+when the fault starts, so "zk-cut-tail" cuts whoever is the tail then."""
+import random
+import time
+
+import cluster
+
+FAULTS = {}
+
+
+def fault(name):
+    def register(fn):
+        FAULTS[name] = fn
+        return fn
+    return register
+
+
+class Nemesis:
+    def __init__(self, net, zk, members, session_ms, seed):
+        self.net, self.zk, self.members = net, zk, members
+        self.session_s = session_ms / 1000.0
+        self.rng = random.Random(seed)
+        self.events = []  # {"t": ns, "what": "fault"|"heal", "fault": name, "member": name|None}
+        self.heals = []   # callables undoing the faults in force
+        self.round = 0
+
+    def log(self, what, fault_name, member=None, detail=""):
+        ev = {"t": time.monotonic_ns(), "what": what, "fault": fault_name,
+              "member": member.name if member else None, "detail": detail}
+        self.events.append(ev)
+        print("  %s %-10s %s %s" % (what, fault_name, member.name if member else "-", detail), flush=True)
+
+    def chain(self, mark=None):
+        """The members of the first mark's chain, head first, as a running
+        member sees it; falls back to start order."""
+        mark = mark if mark is not None else self.members[0].mark
+        for m in self.members:
+            if not m.running() or m.stopped:
+                continue
+            ring = cluster.ring_of(m.address)
+            if ring and ring.get(mark):
+                by_addr = {x.address: x for x in self.members}
+                chain = [by_addr[a] for a in ring[mark] if a in by_addr]
+                if chain:
+                    return chain
+        return [m for m in self.members if m.mark == mark]
+
+    def role(self, which):
+        chain = self.chain()
+        if which == "head":
+            return chain[0]
+        if which == "tail":
+            return chain[-1]
+        if which == "middle" and len(chain) >= 3:
+            return chain[1]
+        return self.rng.choice(chain)
+
+    def others(self, m):
+        return [x for x in self.members if x is not m]
+
+    def heal_all(self):
+        while self.heals:
+            self.heals.pop()()
+        self.net.heal()
+
+
+def cut_zk(nem, target, name, direction="both"):
+    nem.net.drop(target.name, nem.zk.addr, direction)
+    nem.log("fault", name, target, "zk " + direction)
+
+    def heal():
+        nem.net.heal(target.name)
+        nem.log("heal", name, target)
+    nem.heals.append(heal)
+    return target
+
+
+@fault("zk-cut-tail")
+def zk_cut_tail(nem):
+    return cut_zk(nem, nem.role("tail"), "zk-cut"), 2.0 * nem.session_s
+
+
+@fault("zk-cut-head")
+def zk_cut_head(nem):
+    return cut_zk(nem, nem.role("head"), "zk-cut"), 2.0 * nem.session_s
+
+
+@fault("zk-cut-any")
+def zk_cut_any(nem):
+    return cut_zk(nem, nem.role("any"), "zk-cut"), nem.session_s * nem.rng.uniform(0.8, 1.6)
+
+
+@fault("peer-cut")
+def peer_cut(nem):
+    chain = nem.chain()
+    a, b = (chain[0], chain[1]) if nem.round % 2 == 0 else (chain[1], chain[-1])
+    nem.net.drop(a.name, b.addr, "both")
+    nem.log("fault", "peer-cut", a, "<-> " + b.name)
+
+    def heal():
+        nem.net.heal(a.name)
+        nem.log("heal", "peer-cut", a)
+    nem.heals.append(heal)
+    return a, 2.0 * nem.session_s
+
+
+@fault("isolate")
+def isolate(nem):
+    """From ZooKeeper and every peer; the test's clients still reach it."""
+    target = nem.role("tail" if nem.round % 2 == 0 else "head")
+    nem.net.drop(target.name, nem.zk.addr, "both")
+    for o in nem.others(target):
+        nem.net.drop(target.name, o.addr, "both")
+    nem.log("fault", "isolate", target, "zk+peers")
+
+    def heal():
+        nem.net.heal(target.name)
+        nem.log("heal", "isolate", target)
+    nem.heals.append(heal)
+    return target, 2.0 * nem.session_s
+
+
+@fault("asym")
+def asym(nem):
+    """One direction only, in turn: the tail's packets to ZooKeeper, ZooKeeper's
+    to the tail, the head's to its successor."""
+    variant = nem.round % 3
+    if variant == 0:
+        return cut_zk(nem, nem.role("tail"), "asym", "out"), 2.0 * nem.session_s
+    if variant == 1:
+        return cut_zk(nem, nem.role("tail"), "asym", "in"), 2.0 * nem.session_s
+    chain = nem.chain()
+    head, succ = chain[0], chain[1]
+    nem.net.drop(head.name, succ.addr, "out")
+    nem.log("fault", "asym", head, "out -> " + succ.name)
+
+    def heal():
+        nem.net.heal(head.name)
+        nem.log("heal", "asym", head)
+    nem.heals.append(heal)
+    return head, 2.0 * nem.session_s
+
+
+@fault("loss")
+def loss(nem):
+    """Random loss on every link between members (replication, catch-up,
+    forwarding), not on ZooKeeper's or the clients'."""
+    pct = (10, 30, 50)[nem.round % 3]
+    for m in nem.members:
+        for o in nem.others(m):
+            nem.net.drop(m.name, o.addr, "in", percent=pct)
+    nem.log("fault", "loss", None, "%d%% member<->member" % pct)
+
+    def heal():
+        nem.net.heal()
+        nem.log("heal", "loss")
+    nem.heals.append(heal)
+    return None, 2.0 * nem.session_s
+
+
+@fault("pause")
+def pause(nem):
+    factor = (0.4, 0.6, 2.0)[nem.round % 3]
+    target = nem.role(("tail", "head", "tail", "head", "middle", "tail")[nem.round % 6])
+    target.pause()
+    nem.log("fault", "pause", target, "SIGSTOP %.1fx" % factor)
+
+    def heal():
+        target.resume()
+        nem.log("heal", "pause", target)
+    nem.heals.append(heal)
+    return target, factor * nem.session_s
+
+
+@fault("kill")
+def kill(nem):
+    target = nem.role("any")
+    target.kill9()
+    nem.log("fault", "kill", target, "kill -9")
+
+    def heal():
+        target.start()
+        nem.log("heal", "kill", target, "restarted")
+    nem.heals.append(heal)
+    return target, nem.rng.uniform(0.5, 2.0) * nem.session_s
+
+
+@fault("zk-restart")
+def zk_restart(nem):
+    nem.zk.kill()
+    nem.log("fault", "zk-restart", None, "kill -9 zookeeper")
+
+    def heal():
+        nem.zk.start()
+        nem.log("heal", "zk-restart", None, "zookeeper restarted")
+    nem.heals.append(heal)
+    return None, nem.rng.uniform(0.5, 1.5) * nem.session_s
+
+
+@fault("clock")
+def clock(nem):
+    """The wall clock of the member started under faketime: a step forward,
+    back, a fast and a slow rate. The monotonic clock is untouched, so
+    nothing may change."""
+    target = next(m for m in nem.members if m.clock_file)
+    spec = ("+300s", "-300s", "+0 x4", "+0 x0.25")[nem.round % 4]
+    target.set_clock(spec)
+    nem.log("fault", "clock", target, "wall clock " + spec)
+
+    def heal():
+        target.set_clock("+0")
+        nem.log("heal", "clock", target)
+    nem.heals.append(heal)
+    return target, 2.0 * nem.session_s
+
+
+# Seconds to wait after a heal before the next fault: long enough for a
+# member that left to come back (re-register, catch up).
+RECOVER_S = 4.0
+
+
+def schedule(nem, names, seconds, warmup=3.0, stop=None):
+    """Runs the faults "names" in turn (a list; empty: none) until
+    "seconds" after start, each held for its own time, then healed."""
+    t_end = time.monotonic() + seconds
+    time.sleep(min(warmup, seconds))
+    while names and time.monotonic() < t_end - 1.0:
+        name = names[nem.round % len(names)]
+        _target, hold = FAULTS[name](nem)
+        time.sleep(max(0.1, min(hold, t_end - time.monotonic())))
+        nem.heal_all()
+        nem.round += 1
+        time.sleep(max(0.0, min(RECOVER_S, t_end - time.monotonic())))
+    rest = t_end - time.monotonic()
+    if rest > 0:
+        time.sleep(rest)

@@ -1,0 +1,47 @@
+#!/usr/bin/python3
+"""Turns run.py's results.jsonl into a markdown table: one row per
+scenario and mode, summed over its runs.
+
+Usage: report.py RESULTS.jsonl"""
+import json
+import sys
+from collections import OrderedDict
+
+
+def span(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return "%d" % lo if lo == hi else "%d–%d" % (lo, hi)
+
+
+def main():
+    rows = OrderedDict()
+    with open(sys.argv[1]) as f:
+        for line in f:
+            r = json.loads(line)
+            rows.setdefault((r["scenario"], r["mode"]), []).append(r)
+    print("| scenario | mode | runs | ops | ok / fail / info | non-linearizable runs | stale reads |"
+          " set lost / unexpected | unavailable windows > 1 s (max ms) | first UNAVAILABLE ms |"
+          " node gone ms | margin ms (gone − UNAVAILABLE) | new chain's first write ms |")
+    print("|" + " --- |" * 13)
+    for (sc, mode), rs in rows.items():
+        faults = [x for r in rs for x in r["faults"]]
+        sets = [r["set"] for r in rs if r["set"]]
+        wins = [w[1] for r in rs for w in r["unavailable_windows_ms"]]
+        print("| %s | %s | %d | %d | %d / %d / %d | %d | %d | %s | %d (%s) | %s | %s | %s | %s |" % (
+            sc, mode, len(rs), sum(r["ops"] for r in rs), sum(r["ok"] for r in rs),
+            sum(r["fail"] for r in rs), sum(r["info"] for r in rs),
+            sum(1 for r in rs if not r["linearizable"]), sum(r["stale_reads"] for r in rs),
+            ("%d / %d" % (sum(s["lost"] for s in sets), sum(s["unexpected"] for s in sets))
+             if len(sets) == len(rs) else "final read failed"),
+            len(wins), max(wins, default=0),
+            span(x.get("first_unavailable_ms") for x in faults),
+            span(x.get("node_gone_ms") for x in faults),
+            span(x.get("margin_ms") for x in faults),
+            span(x.get("new_chain_write_ms") for x in faults)))
+
+
+if __name__ == "__main__":
+    main()
