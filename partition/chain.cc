@@ -750,6 +750,9 @@ void ChainMember::SendSyncRequest(int64_t now, ChainOutput* out) {
     return;
   }
   if (dirty_) return StartOver(now, out);
+  // Its own node, being withdrawn, is the tail in this view: ask once the
+  // ring shows it gone (OnConfig, or the next tick after that).
+  if (config_.members.back() == self_) return;
   ChainMessage m;
   m.kind = ChainMessage::Kind::kSyncRequest;
   m.chain = config_.id;

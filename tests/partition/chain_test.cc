@@ -744,3 +744,75 @@ TEST_CASE("a record made before a member registered again does not count for its
   CHECK(net.replies[1]);
   CHECK(net.members["b"]->OnRead(3, 1, net.now, &out) == ChainMember::Read::kServe);
 }
+
+TEST_CASE("a joiner that lands behind another predecessor than its source rejoins from it") {
+  // j caught up from a (the tail it saw) and registered; meanwhile a was
+  // replaced, and the chain j landed in is [b, j]. What j holds was vouched
+  // for by a's history, not b's: it withdraws and asks b.
+  Net net;
+  net.Add("a");
+  Register(net, {"a"}, {1});
+  net.Config(Make(1, 7, {"a"}, {1}));
+  for (uint64_t r = 1; r <= 3; ++r) net.Write("a", r, r);
+  net.Add("j");
+  ChainOutput out;
+  ChainMember& j = *net.members["j"];
+  j.OnConfig(Make(1, 7, {"a"}, {1}), 0, &out);
+  j.StartJoin(0, &out);
+  net.Take("j", out);
+  net.Deliver();
+  REQUIRE(j.wants_registration());
+  j.OnRegistered(9);
+  ChainOutput landed;
+  j.OnConfig(Make(2, 8, {"b", "j"}, {5, 9}), 0, &landed);
+  CHECK(landed.deregister);
+  CHECK(std::string(j.role()) == "syncing");
+  // Once the ring shows its node gone, it asks b.
+  ChainOutput gone;
+  j.OnConfig(Make(3, 10, {"b"}, {5}), 0, &gone);
+  const ChainMessage* ask = nullptr;
+  for (const auto& s : gone.sends) {
+    if (s.to == "b" && s.msg.kind == ChainMessage::Kind::kSyncRequest) ask = &s.msg;
+  }
+  CHECK(ask != nullptr);
+  // Landing behind the tail it caught up from is the normal case: it stays.
+  Net ok;
+  ok.Add("a");
+  Register(ok, {"a"}, {1});
+  ok.Config(Make(1, 7, {"a"}, {1}));
+  ok.Write("a", 1, 1);
+  ok.Add("k");
+  ChainOutput o2;
+  ChainMember& k = *ok.members["k"];
+  k.OnConfig(Make(1, 7, {"a"}, {1}), 0, &o2);
+  k.StartJoin(0, &o2);
+  ok.Take("k", o2);
+  ok.Deliver();
+  REQUIRE(k.wants_registration());
+  k.OnRegistered(9);
+  ChainOutput in;
+  k.OnConfig(Make(2, 8, {"a", "k"}, {1, 9}), 0, &in);
+  CHECK_FALSE(in.deregister);
+  CHECK(std::string(k.role()) == "tail");
+}
+
+TEST_CASE("a member that registered alone on a stale view leaves when the ring names another record") {
+  // m was of the recorded chain [m, x] when it saw the mark empty, so it
+  // registered to start it alone; but by the time its node landed the ring
+  // had recorded [x] (x served and acknowledged writes m lacks).
+  ChainMember m("m", ChainOptions{}, ChainPosition{1, 10}, /*intact=*/true);
+  ChainOutput out;
+  ChainConfig empty = Make(1, 7, {}, {});
+  empty.recorded = {"m", "x"};
+  m.OnConfig(empty, 0, &out);
+  m.StartJoin(0, &out);
+  REQUIRE(out.register_now);
+  m.OnRegistered(20);
+  ChainConfig now = Make(3, 9, {"m"}, {20});
+  now.recorded = {"x"};
+  now.recorded_zxid = 15;
+  ChainOutput after;
+  m.OnConfig(now, 0, &after);
+  CHECK(after.deregister);
+  CHECK(std::string(m.role()) == "syncing");
+}
