@@ -836,7 +836,12 @@ uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at,
   dirty_ = false;  // emptied below
   copy_end_ = {};
   applied_ = {};
+  // Commit points are sequence numbers of the history it held; the copy
+  // may be of another (a branch its old chain wrote and never committed
+  // under a recorded chain): none of them says anything of the copy.
   committed_ = 0;
+  chain_committed_ = 0;
+  read_safe_ = 0;
   log_.clear();
   log_bytes_ = 0;
   log_base_ = {};
@@ -858,6 +863,8 @@ void ChainMember::OnSnapshotLoaded(uint64_t token, ChainPosition end, int64_t no
   log_.clear();
   log_bytes_ = 0;
   committed_ = 0;
+  chain_committed_ = 0;
+  read_safe_ = 0;
   SendSyncRequest(now, out);
 }
 
@@ -884,7 +891,12 @@ void ChainMember::OnTick(int64_t now, ChainOutput* out) {
       SendSyncRequest(now, out);
     }
     if (register_sent_ && now - join_progress_ms_ >= options_.joiner_timeout_ms) {
-      register_sent_ = false;  // registration lost in a ring change: ask again
+      // The ring has not shown the registration (lost in a ring change, or
+      // this process was stopped meanwhile): ask again, withdrawing a node
+      // that was made, lest the ring show it in the chain with whatever
+      // this store holds by then.
+      register_sent_ = false;
+      if (registration_ != 0) Deregister(out);
       SendSyncRequest(now, out);
     }
     return;
