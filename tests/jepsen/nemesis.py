@@ -32,6 +32,8 @@ class Nemesis:
     def log(self, what, fault_name, member=None, detail=""):
         ev = {"t": time.monotonic_ns(), "what": what, "fault": fault_name,
               "member": member.name if member else None, "detail": detail}
+        if what == "fault" and member is not None:
+            ev["role"] = self.role_of(member)
         self.events.append(ev)
         print("  %s %-10s %s %s" % (what, fault_name, member.name if member else "-", detail), flush=True)
 
@@ -49,6 +51,17 @@ class Nemesis:
                 if chain:
                     return chain
         return [m for m in self.members if m.mark == mark]
+
+    def role_of(self, member):
+        """head, middle, tail or single in the first mark's chain as a
+        running member sees it; none when it is not in it."""
+        chain = self.chain(member.mark)
+        if member not in chain:
+            return "none"
+        if len(chain) == 1:
+            return "single"
+        i = chain.index(member)
+        return "head" if i == 0 else "tail" if i == len(chain) - 1 else "middle"
 
     def role(self, which):
         chain = self.chain()

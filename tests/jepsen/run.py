@@ -130,7 +130,7 @@ def fault_timings(events, ops, watch, members):
         heal = next((e["t"] for e in events[i + 1:] if e["what"] == "heal"), None)
         t0 = ev["t"]
         row = {"fault": ev["fault"], "member": ev["member"], "detail": ev["detail"],
-               "held_ms": ms(heal - t0) if heal else None}
+               "role": ev.get("role"), "held_ms": ms(heal - t0) if heal else None}
         m = by_name.get(ev["member"])
         if m is not None:
             unav = [r["ret"] for r in ops if r["member"] == m.address and r.get("error") == "UNAVAILABLE"
@@ -140,7 +140,12 @@ def fault_timings(events, ops, watch, members):
             if gone is not None and heal is not None and gone > heal:
                 gone = None
             row["node_gone_ms"] = ms(gone - t0) if gone is not None else None
-            if row["first_unavailable_ms"] is not None and row["node_gone_ms"] is not None:
+            # The lease's margin: for a member that answers by its lease (the
+            # head and the tail of a chain of two or more) cut from ZooKeeper.
+            # A middle or a member out of the chain forwards its clients'
+            # calls, which the new chain answers.
+            if (row["first_unavailable_ms"] is not None and row["node_gone_ms"] is not None
+                    and row["role"] in ("head", "tail") and "zk" in ev["detail"]):
                 row["margin_ms"] = row["node_gone_ms"] - row["first_unavailable_ms"]
             since = gone if gone is not None else t0
             acks = [r["ret"] for r in ops if r["f"] in WRITES and r["type"] == "ok"
