@@ -214,8 +214,7 @@ void ChainMember::CheckLease(ChainOutput* out) {
     // ZooKeeper may be expiring this member now and forming the chain
     // without it: answer nobody from here (no hanging until a client's
     // timeout). A pending write went down the chain: it may still commit.
-    FailPending(Status::Unavailable("no ZooKeeper lease (this member may have been replaced); "
-                                    "the write may or may not have been applied"),
+    FailPending(Status::Unavailable("no ZooKeeper lease (this member may have been replaced)"),
                 out);
     for (const ParkedRead& r : parked_) {
       out->replies.push_back({r.request, Status::Unavailable("no ZooKeeper lease")});
@@ -458,7 +457,12 @@ void ChainMember::Release(ChainOutput* out) {
 }
 
 void ChainMember::FailPending(const Status& status, ChainOutput* out) {
-  for (const Pending& p : pending_) out->replies.push_back({p.request, status});
+  if (pending_.empty()) return;
+  // A pending write was applied here and passed down: a later head may
+  // still commit it. The client is told it cannot know.
+  const Status in_doubt = Status::Unavailable(
+      status.message() + "; the write may or may not have been applied");
+  for (const Pending& p : pending_) out->replies.push_back({p.request, in_doubt});
   pending_.clear();
 }
 

@@ -901,9 +901,10 @@ std::atomic<int64_t>* Cluster::ForwardCounter(const std::string& address) {
   return &forwarded_.try_emplace(address, 0).first->second;  // map nodes never move
 }
 
-Status Cluster::PeerUnanswered(const Target& target, const std::string& why) const {
+Status Cluster::PeerUnanswered(const Target& target, const std::string& why, bool sent) const {
   return Status::Unavailable("mark " + std::to_string(target.mark) + ": member " +
-                             target.address + " did not answer: " + why);
+                             target.address + " did not answer: " + why +
+                             (sent ? "; a write may or may not have been applied" : ""));
 }
 
 Status Cluster::CheckToken(const rpc::PeerContext& context) {

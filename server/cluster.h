@@ -137,7 +137,10 @@ class Cluster : public ChainCoordinator {
   // The Unavailable status of a forwarded call the member of "target" did
   // not answer; "why" names the member and the failure ("host:port:
   // peerGet: ...", "host:port: cannot connect: ...").
-  Status PeerUnanswered(const Target& target, const std::string& why) const;
+  // "sent": the call may have reached the peer (it was written, or it is
+  // not known that it was not), so a write may have been applied: the
+  // message says so (the client's retry contract).
+  Status PeerUnanswered(const Target& target, const std::string& why, bool sent = true) const;
 
   // For the I/O threads' Forwarders (server/forwarder.h), which forward
   // without Forward(): the counter of calls forwarded to "address"

@@ -762,12 +762,12 @@ void Forwarder::Answer(Op* op, const Outcome& outcome) {
   reply->Answer(frame, size);
 }
 
-void Forwarder::FailOp(Op* op, const std::string& why) {
+void Forwarder::FailOp(Op* op, const std::string& why, bool sent) {
   cluster_->CountPeerFailure();
   Outcome outcome;
   outcome.has_err = true;
   outcome.err.code = rpc::ErrorCode::UNAVAILABLE;
-  outcome.err.message = cluster_->PeerUnanswered(op->target, why).message();
+  outcome.err.message = cluster_->PeerUnanswered(op->target, why, sent).message();
   Answer(op, outcome);
 }
 
@@ -854,9 +854,11 @@ void Forwarder::Fail(Conn* conn, bool timed_out, bool connecting, const std::str
       op->deadline = Clock::now() + timeout_;
       if (Send(peer, op)) continue;
     }
-    FailOp(op, peer->address + (connecting ? ": cannot connect: " : std::string(": ") +
-                                                                       op->spec->peer_name + ": ") +
-                   why);
+    FailOp(op,
+           peer->address + (connecting ? ": cannot connect: "
+                                       : std::string(": ") + op->spec->peer_name + ": ") +
+               why,
+           /*sent=*/!connecting);
   }
 }
 

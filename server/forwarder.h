@@ -131,7 +131,8 @@ class Forwarder final : public AsyncCalls {
   // "conn"; false if the connection is out of step (it must be failed).
   bool Complete(Conn* conn, uint8_t* body, uint32_t len);
   void Answer(Op* op, const Outcome& outcome);
-  void FailOp(Op* op, const std::string& why);
+  // "sent": the call was written to the peer (Cluster::PeerUnanswered).
+  void FailOp(Op* op, const std::string& why, bool sent = true);
   void Redo(Op* op);
 
   static void OnReadable(int fd, short what, void* arg);
