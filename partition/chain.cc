@@ -409,6 +409,7 @@ void ChainMember::Commit(uint64_t committed, ChainOutput* out) {
   if (chain_committed_ > committed_) committed_ = chain_committed_;
   if (is_head() && !Recorded() && !record_sent_ && chain_committed_ >= record_at_ && !fenced_) {
     record_sent_ = true;
+    record_sent_ms_ = now_;
     out->record = config_.members;
     out->record_version = config_.version;
   }
@@ -904,6 +905,15 @@ void ChainMember::OnTick(int64_t now, ChainOutput* out) {
       SendSyncRequest(now, out);
     }
     return;
+  }
+  if (is_head() && record_sent_ && !Recorded() &&
+      now - record_sent_ms_ >= options_.joiner_timeout_ms) {
+    // The record did not show in the ring: its write may have been lost
+    // with the connection (or landed, and the ring read that shows it was
+    // lost). Asking again is harmless: the registry writes only what is not
+    // there yet.
+    record_sent_ = false;
+    Commit(0, out);
   }
   if (!down_.empty() && now - down_progress_ms_ >= options_.resend_ms) {
     if (down_is_joiner_ && now - down_progress_ms_ >= options_.joiner_timeout_ms) {

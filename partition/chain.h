@@ -457,6 +457,7 @@ class ChainMember {
   uint64_t record_at_ = 0;       // head: record the chain once chain_committed_ reaches it
   int64_t chain_since_ = 0;      // the ring version this member first saw the current chain at
   bool record_sent_ = false;
+  int64_t record_sent_ms_ = 0;   // when out->record was last asked for
   std::deque<ChainEntry> log_;   // (log_base_, applied_], contiguous
   ChainPosition log_base_;
   uint64_t log_bytes_ = 0;

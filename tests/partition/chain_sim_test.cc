@@ -373,6 +373,9 @@ class Sim {
   void RecordLater(int i, std::vector<std::string> rec, int64_t version, uint64_t gen, int64_t at) {
     At(at, [this, rec, version, i, gen] {
       if (!nodes_[i].alive || !nodes_[i].session || nodes_[i].gen != gen) return;
+      // The connection is lost around the write and it did not land (the
+      // shell hears of it or not: the member learns only from the ring).
+      if (Chance(5)) return;
       if (!ZkLinkUp(i)) {
         return RecordLater(i, rec, version, gen, nodes_[i].zk_cut_until + Rand(1, 10));
       }
