@@ -98,12 +98,7 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
     // and recorded without it meanwhile): this store may lack its writes.
     // Leave and catch up.
     registered_alone_ = false;
-    Deregister(out);
-    FailPending(Status::Unavailable("rejoining the chain"), out);
-    DropDownstream();
-    joining_ = true;
-    register_sent_ = false;
-    index_ = -1;
+    LeaveToRejoin(out);
     SendSyncRequest(now, out);
     return;
   }
@@ -270,6 +265,15 @@ void ChainMember::OnWrite(uint64_t request, std::vector<uint64_t> keys, std::str
 void ChainMember::Deregister(ChainOutput* out) {
   out->deregister = true;
   registration_ = 0;
+}
+
+void ChainMember::LeaveToRejoin(ChainOutput* out) {
+  Deregister(out);
+  FailPending(Status::Unavailable("rejoining the chain"), out);
+  DropDownstream();
+  joining_ = true;
+  register_sent_ = false;
+  index_ = -1;
 }
 
 void ChainMember::Apply(ChainEntry entry, ChainOutput* out) {
@@ -816,14 +820,7 @@ uint64_t ChainMember::OnSnapshotBegin(const std::string& from, ChainPosition at,
   // cannot follow its predecessor without the copy).
   if (Keeper()) {
     ++refused_;
-    if (!joining_) {
-      Deregister(out);
-      FailPending(Status::Unavailable("rejoining the chain"), out);
-      DropDownstream();
-      joining_ = true;
-      register_sent_ = false;
-      index_ = -1;
-    }
+    if (!joining_) LeaveToRejoin(out);
     return 0;
   }
   if (!joining_) {

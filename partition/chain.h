@@ -346,6 +346,9 @@ class ChainMember {
   void Apply(ChainEntry entry, ChainOutput* out);
   // out->deregister, and forget the registration.
   void Deregister(ChainOutput* out);
+  // Out of the chain it is in (or registered into) to catch up again:
+  // withdraws the node, fails the pending writes, drops the downstream.
+  void LeaveToRejoin(ChainOutput* out);
   void Pump(int64_t now, ChainOutput* out);
   void SendAck(int64_t now, ChainOutput* out);
   // Sends "m" (an ack or a COMMIT: each says where something stands) to

@@ -82,15 +82,22 @@ class Nemesis:
         self.net.heal()
 
 
-def cut_zk(nem, target, name, direction="both"):
-    nem.net.drop(target.name, nem.zk.addr, direction)
-    nem.log("fault", name, target, "zk " + direction)
+def cut(nem, name, target, addrs, direction, detail):
+    """Drops target's packets to and/or from each of addrs, inside target's
+    namespace, until the heal (which removes all of target's rules)."""
+    for addr in addrs:
+        nem.net.drop(target.name, addr, direction)
+    nem.log("fault", name, target, detail)
 
     def heal():
         nem.net.heal(target.name)
         nem.log("heal", name, target)
     nem.heals.append(heal)
     return target
+
+
+def cut_zk(nem, target, name, direction="both"):
+    return cut(nem, name, target, [nem.zk.addr], direction, "zk " + direction)
 
 
 @fault("zk-cut-tail")
@@ -112,30 +119,15 @@ def zk_cut_any(nem):
 def peer_cut(nem):
     chain = nem.chain()
     a, b = (chain[0], chain[1]) if nem.round % 2 == 0 else (chain[1], chain[-1])
-    nem.net.drop(a.name, b.addr, "both")
-    nem.log("fault", "peer-cut", a, "<-> " + b.name)
-
-    def heal():
-        nem.net.heal(a.name)
-        nem.log("heal", "peer-cut", a)
-    nem.heals.append(heal)
-    return a, 2.0 * nem.session_s
+    return cut(nem, "peer-cut", a, [b.addr], "both", "<-> " + b.name), 2.0 * nem.session_s
 
 
 @fault("isolate")
 def isolate(nem):
     """From ZooKeeper and every peer; the test's clients still reach it."""
     target = nem.role("tail" if nem.round % 2 == 0 else "head")
-    nem.net.drop(target.name, nem.zk.addr, "both")
-    for o in nem.others(target):
-        nem.net.drop(target.name, o.addr, "both")
-    nem.log("fault", "isolate", target, "zk+peers")
-
-    def heal():
-        nem.net.heal(target.name)
-        nem.log("heal", "isolate", target)
-    nem.heals.append(heal)
-    return target, 2.0 * nem.session_s
+    addrs = [nem.zk.addr] + [o.addr for o in nem.others(target)]
+    return cut(nem, "isolate", target, addrs, "both", "zk+peers"), 2.0 * nem.session_s
 
 
 @fault("asym")
@@ -149,14 +141,7 @@ def asym(nem):
         return cut_zk(nem, nem.role("tail"), "asym", "in"), 2.0 * nem.session_s
     chain = nem.chain()
     head, succ = chain[0], chain[1]
-    nem.net.drop(head.name, succ.addr, "out")
-    nem.log("fault", "asym", head, "out -> " + succ.name)
-
-    def heal():
-        nem.net.heal(head.name)
-        nem.log("heal", "asym", head)
-    nem.heals.append(heal)
-    return head, 2.0 * nem.session_s
+    return cut(nem, "asym", head, [succ.addr], "out", "out -> " + succ.name), 2.0 * nem.session_s
 
 
 @fault("loss")
