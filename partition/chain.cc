@@ -123,6 +123,7 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
   // A recorded chain was recorded only once its tail held the commit
   // point, and every member before the tail holds more: all hold it.
   if (Recorded()) verified_ = true;
+  if (ChainRecorded()) imported_ = false;  // the record names it now
   if (!verified_ && index_ == 0) {
     // First in the chain without the commit point (its predecessors left
     // before it caught up): it must not lead. Leave; the mark waits for a
@@ -491,6 +492,7 @@ bool ChainMember::Rebase(ChainPosition at) {
   intact_ = true;
   dirty_ = false;
   copy_end_ = {};
+  imported_ = true;
   return true;
 }
 
@@ -790,6 +792,7 @@ void ChainMember::StartJoin(int64_t now, ChainOutput* out) {
   if (in_chain()) Deregister(out);  // fenced: its node may linger
   index_ = -1;
   left_ = false;
+  imported_ = false;  // a rejoin after the import: the record rules again
   company_ = false;
   joining_ = true;
   snapshotting_ = false;

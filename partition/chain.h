@@ -385,7 +385,8 @@ class ChainMember {
   // had a chain.
   bool MayStartAlone() const {
     const auto& rec = config_.recorded;
-    return rec.empty() || (intact_ && std::find(rec.begin(), rec.end(), self_) != rec.end());
+    return imported_ || rec.empty() ||
+           (intact_ && std::find(rec.begin(), rec.end(), self_) != rec.end());
   }
   // This member may hold the only copy of some acknowledged write: it is
   // in the recorded chain with its store intact, and the current chain has
@@ -523,6 +524,10 @@ class ChainMember {
   // its store may hold writes of a discarded branch. Emptied before it
   // catches up from a tail.
   bool dirty_ = false;
+  // Its store is a new mark's import (Rebase): the ring change made it the
+  // whole of the mark's data, whatever chain a record of an earlier life of
+  // the mark (removed since) names.
+  bool imported_ = false;
   bool left_ = false;              // was in the chain, then not: out until it rejoins
   int64_t registration_ = 0;       // czxid of our member node (OnRegistered), 0 if none
   int64_t join_progress_ms_ = 0;

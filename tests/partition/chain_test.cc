@@ -816,3 +816,24 @@ TEST_CASE("a member that registered alone on a stale view leaves when the ring n
   CHECK(after.deregister);
   CHECK(std::string(m.role()) == "syncing");
 }
+
+TEST_CASE("a new mark's importer starts its chain whatever an earlier life of the mark recorded") {
+  // A removed mark added again: its chain record of before names members
+  // long gone, but the ring change made the importer's store the whole of
+  // the mark's data.
+  ChainMember m("m", ChainOptions{}, ChainPosition{}, /*intact=*/true);
+  ChainOutput out;
+  m.OnConfig(Make(1, 7, {}, {}), 0, &out);  // the ring has no such mark yet
+  m.StartJoin(0, &out);
+  REQUIRE(out.register_now);
+  REQUIRE(m.Rebase({42, 0}));
+  m.OnRegistered(50);
+  ChainConfig c = Make(2, 9, {"m"}, {50});
+  c.recorded = {"old1", "old2"};
+  c.recorded_zxid = 10;
+  ChainOutput landed;
+  m.OnConfig(c, 0, &landed);
+  CHECK_FALSE(landed.deregister);
+  CHECK(std::string(m.role()) == "single");
+  CHECK(landed.record == std::vector<std::string>{"m"});  // and records itself
+}
