@@ -6,12 +6,18 @@
 
 namespace flatkv::partition {
 const Member* Router::Target(const Partition& partition, bool write,
-                             std::string_view replication, uint64_t spread) {
+                             std::string_view replication, uint64_t spread,
+                             std::string_view self) {
   if (partition.chain.empty()) return nullptr;
   // Writes enter at the head; under sync only the tail serves reads (it
   // holds exactly the acknowledged writes), under async any member does.
   if (write) return partition.head();
   if (replication == "sync") return partition.tail();
+  if (!self.empty()) {
+    for (const Member& m : partition.chain) {
+      if (m.address() == self) return &m;
+    }
+  }
   return &partition.chain[spread % partition.chain.size()];
 }
 

@@ -46,11 +46,14 @@ class Router {
   }
 
   // The member a call goes to: writes to the head; reads to the tail under
-  // sync replication, to member spread % size under async (until chain
-  // replication lands, issue 10, reads go to the head too: only it holds
-  // the data). nullptr when the chain is empty (no member serves the mark).
+  // sync replication; under async to "self" (host:port) when it is in the
+  // chain (any member serves reads: one that forwarded its own reads would
+  // tie up its threads waiting on members that forward theirs), else to
+  // member spread % size. nullptr when the chain is empty (no member serves
+  // the mark).
   static const Member* Target(const Partition& partition, bool write,
-                              std::string_view replication, uint64_t spread);
+                              std::string_view replication, uint64_t spread,
+                              std::string_view self = {});
 
   // Groups a batch's hashes by owner, partitions in ring order; positions
   // keep the request order, so results can be put back in place.

@@ -803,8 +803,9 @@ Status Cluster::Route(int64_t hash, bool write, Target* target) {
 Status Cluster::RouteTo(const partition::Ring& ring, size_t partition, bool write,
                         Target* target) {
   const partition::Partition& p = ring.partitions()[partition];
-  const partition::Member* member = partition::Router::Target(
-      p, write, ring.settings().replication, spread_.fetch_add(1, std::memory_order_relaxed));
+  const partition::Member* member =
+      partition::Router::Target(p, write, ring.settings().replication,
+                                spread_.fetch_add(1, std::memory_order_relaxed), advertise_);
   if (member == nullptr) {
     return Status::Unavailable("mark " + std::to_string(p.mark) +
                                " has no serving member (ring version " +

@@ -184,8 +184,8 @@ void DamageOnDisk(const std::string& dir, const std::string& needle) {
 
 }  // namespace
 
-TEST_CASE("A write into a bad string bucket is kept; its other keys stay bad until the bucket "
-          "is written whole",
+TEST_CASE("A write into a bad string bucket is kept, its other keys stay bad until the bucket "
+          "is whole",
           "[engine][strings][repair]") {
   flatkv::test::TempDir dir;
   // Two slots: the keys share buckets.

@@ -136,7 +136,7 @@ void Net::Start(const std::vector<std::string>& names, uint64_t id, bool sync) {
 
 }  // namespace
 
-TEST_CASE("sync: a write is answered only once the tail applied it; reads go to the tail") {
+TEST_CASE("sync: a write is answered only once the tail applied it, and reads go to the tail") {
   Net net;
   net.Start({"a", "b", "c"}, 7);
   net.Write("a", 100, 5);
@@ -239,7 +239,7 @@ TEST_CASE("a verified member refuses a snapshot: its store is never emptied for 
   CHECK(net.members["b"]->applied().seq == 2);
 }
 
-TEST_CASE("async: the head answers after its own apply; any member reads") {
+TEST_CASE("async: the head answers after its own apply, and any member reads") {
   Net net;
   net.Start({"a", "b"}, 7, /*sync=*/false);
   net.Write("a", 100, 5);

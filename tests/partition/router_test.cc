@@ -75,15 +75,25 @@ std::vector<int64_t> RingScan(const Ring& ring, const std::map<int64_t, std::set
 
 }  // namespace
 
-TEST_CASE("Writes go to the head; sync reads to the chain's serving member; none with no member",
+TEST_CASE("Writes go to the head, sync reads to the tail, async reads to a member, none with no member",
           "[partition][router]") {
   auto ring = MakeRing(1, {{10, 3}, {20, 0}});
   const Partition& p = *ring->Find(10);
   CHECK(Router::Target(p, true, "sync", 7)->port == 1);
-  // Until chain replication lands (issue 10) only the head holds data.
-  CHECK(Router::Target(p, false, "sync", 7)->port == 1);
-  CHECK(Router::Target(p, false, "async", 8)->port == 1);
+  CHECK(Router::Target(p, false, "sync", 7)->port == 3);   // the tail
+  CHECK(Router::Target(p, false, "async", 8)->port == 3);  // member 8 % 3
   CHECK(Router::Target(*ring->Find(20), true, "sync", 0) == nullptr);
+  // Under async a member of the chain serves its own reads; an instance
+  // outside it spreads them over the chain.
+  auto async = MakeRing(1, {{10, 3}}, "async");
+  const Partition& a = *async->Find(10);
+  REQUIRE(a.chain.size() == 3);
+  for (int i = 0; i < 6; ++i) {
+    CHECK(Router::Target(a, false, "async", static_cast<uint64_t>(i), "m10:2")->port == 2);
+    CHECK(Router::Target(a, false, "async", static_cast<uint64_t>(i), "other:9")->port ==
+          1 + i % 3);
+  }
+  CHECK(Router::Target(a, true, "async", 0, "m10:2")->port == 1);  // writes: the head
   Router router(10);
   CHECK(router.IsLocal(*ring, 5));
   CHECK_FALSE(router.IsLocal(*ring, 15));

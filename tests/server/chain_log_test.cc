@@ -61,7 +61,7 @@ off_t SizeOf(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("chain log: a new log claims nothing; appended entries come back after a restart") {
+TEST_CASE("chain log: a new log claims nothing, and appended entries come back after a restart") {
   TempDir dir;
   const std::string path = dir / "CHAINLOG";
   std::vector<ChainEntry> written = {Entry(7, 1, "a"), Entry(7, 2, std::string(5000, 'b')),
@@ -116,7 +116,7 @@ TEST_CASE("chain log: appends past the preallocated zeros, over several restarts
   RequireSame(o.entries, written);
 }
 
-TEST_CASE("chain log: Reset keeps only its state record; later entries follow it") {
+TEST_CASE("chain log: Reset keeps only its state record, and later entries follow it") {
   TempDir dir;
   const std::string path = dir / "CHAINLOG";
   {
