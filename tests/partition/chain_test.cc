@@ -745,24 +745,35 @@ TEST_CASE("a record made before a member registered again does not count for its
   CHECK(net.members["b"]->OnRead(3, 1, net.now, &out) == ChainMember::Read::kServe);
 }
 
+namespace {
+
+// A chain of one, "a" (epoch 1), with three writes, and a joiner "name"
+// that caught up from it and registered (epoch 9); not yet in a ring.
+ChainMember& CaughtUpFromA(Net& net, const std::string& name) {
+  net.Add("a");
+  Register(net, {"a"}, {1});
+  net.Config(Make(1, 7, {"a"}, {1}));
+  for (uint64_t r = 1; r <= 3; ++r) net.Write("a", r, r);
+  net.Add(name);
+  ChainOutput out;
+  ChainMember& j = *net.members[name];
+  j.OnConfig(Make(1, 7, {"a"}, {1}), 0, &out);
+  j.StartJoin(0, &out);
+  net.Take(name, out);
+  net.Deliver();
+  REQUIRE(j.wants_registration());
+  j.OnRegistered(9);
+  return j;
+}
+
+}  // namespace
+
 TEST_CASE("a joiner that lands behind another predecessor than its source rejoins from it") {
   // j caught up from a (the tail it saw) and registered; meanwhile a was
   // replaced, and the chain j landed in is [b, j]. What j holds was vouched
   // for by a's history, not b's: it withdraws and asks b.
   Net net;
-  net.Add("a");
-  Register(net, {"a"}, {1});
-  net.Config(Make(1, 7, {"a"}, {1}));
-  for (uint64_t r = 1; r <= 3; ++r) net.Write("a", r, r);
-  net.Add("j");
-  ChainOutput out;
-  ChainMember& j = *net.members["j"];
-  j.OnConfig(Make(1, 7, {"a"}, {1}), 0, &out);
-  j.StartJoin(0, &out);
-  net.Take("j", out);
-  net.Deliver();
-  REQUIRE(j.wants_registration());
-  j.OnRegistered(9);
+  ChainMember& j = CaughtUpFromA(net, "j");
   ChainOutput landed;
   j.OnConfig(Make(2, 8, {"b", "j"}, {5, 9}), 0, &landed);
   CHECK(landed.deregister);
@@ -777,19 +788,7 @@ TEST_CASE("a joiner that lands behind another predecessor than its source rejoin
   CHECK(ask != nullptr);
   // Landing behind the tail it caught up from is the normal case: it stays.
   Net ok;
-  ok.Add("a");
-  Register(ok, {"a"}, {1});
-  ok.Config(Make(1, 7, {"a"}, {1}));
-  ok.Write("a", 1, 1);
-  ok.Add("k");
-  ChainOutput o2;
-  ChainMember& k = *ok.members["k"];
-  k.OnConfig(Make(1, 7, {"a"}, {1}), 0, &o2);
-  k.StartJoin(0, &o2);
-  ok.Take("k", o2);
-  ok.Deliver();
-  REQUIRE(k.wants_registration());
-  k.OnRegistered(9);
+  ChainMember& k = CaughtUpFromA(ok, "k");
   ChainOutput in;
   k.OnConfig(Make(2, 8, {"a", "k"}, {1, 9}), 0, &in);
   CHECK_FALSE(in.deregister);
