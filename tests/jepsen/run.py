@@ -51,8 +51,8 @@ def parse():
     p.add_argument("--marks", type=int, default=1, choices=(1, 2), help="a second mark of three members")
     p.add_argument("--seed", type=int, default=int(os.environ.get("FLATKV_JEPSEN_SEED", "1")))
     p.add_argument("--thrift", default=shutil.which("thrift") or "thrift")
-    p.add_argument("--write-errors-definite", action="store_true",
-                   help="treat UNAVAILABLE/NOT_OWNER/OVERLOADED on a write as not applied")
+    p.add_argument("--writes-in-doubt", action="store_true",
+                   help="every error answered to a write is in doubt (default: the server's retry contract)")
     p.add_argument("--keep", action="store_true", help="keep the evidence even without an anomaly")
     return p.parse_args()
 
@@ -213,8 +213,8 @@ def main():
     import cluster
     import nemesis
     import workload
-    if args.write_errors_definite:
-        workload.WRITE_ERRORS_DEFINITE = True
+    if args.writes_in_doubt:
+        workload.WRITES_IN_DOUBT = True
 
     print("== %s (%s, %.0f s, session %d ms, seed %d)" % (tag, args.server, args.seconds,
                                                          args.session_ms, args.seed), flush=True)

@@ -12,11 +12,14 @@ process on this host) and its outcome:
         sent: fail.
 
 A KvError answered to a get is a fail (a read changes nothing). A KvError
-answered to a write is info by default: the server does not promise that
-an error means "not applied" for writes. WRITE_ERRORS_DEFINITE (env
-FLATKV_JEPSEN_WRITE_ERRORS_DEFINITE=1, or run.py --write-errors-definite)
-turns UNAVAILABLE, NOT_OWNER and OVERLOADED answered to a write into fail,
-for a server that promises it.
+answered to a write is judged by the server's retry contract (README,
+"Errors and retries"): a definite code (UNAVAILABLE, NOT_OWNER,
+OVERLOADED, ...) is a fail unless its message says the write "may or may
+not have been applied"; that message, and STORAGE_ERROR, make it info. The
+checker thereby tests the contract too: a write answered "not applied"
+that took effect shows up as a value nobody wrote. --writes-in-doubt (env
+FLATKV_JEPSEN_WRITES_IN_DOUBT=1) makes every write error info, for a server
+that promises nothing.
 
 Registers: a small set of keys live at a time (NKEYS), replaced by fresh
 ones every KEY_LIFE_S seconds, so that conflicts are frequent while each
@@ -33,8 +36,9 @@ import time
 
 import cluster
 
-WRITE_ERRORS_DEFINITE = os.environ.get("FLATKV_JEPSEN_WRITE_ERRORS_DEFINITE") == "1"
-DEFINITE_WRITE_CODES = ("UNAVAILABLE", "NOT_OWNER", "OVERLOADED")
+WRITES_IN_DOUBT = os.environ.get("FLATKV_JEPSEN_WRITES_IN_DOUBT") == "1"
+IN_DOUBT_TEXT = "may or may not have been applied"
+IN_DOUBT_CODES = ("STORAGE_ERROR",)
 REG_BASE = 1_000_000     # register keys: REG_BASE + generation * NKEYS + slot
 SET_BASE = 500_000_000   # set elements: SET_BASE + thread * 10^7 + n
 SET_SPAN = 10_000_000
@@ -63,6 +67,14 @@ class History:
         with open(path, "w") as f:
             for r in ops:
                 f.write(json.dumps(r, separators=(",", ":")) + "\n")
+
+
+def write_failed(e, code):
+    """True when a write answered with error "code" was definitely not
+    applied, by the server's contract."""
+    if WRITES_IN_DOUBT or code in IN_DOUBT_CODES:
+        return False
+    return IN_DOUBT_TEXT not in (getattr(e, "message", None) or "")
 
 
 def error_code(e):
@@ -131,7 +143,7 @@ def run_op(history, conn, process, key, f, value=None):
             rec["error"] = type(e).__name__
         else:
             rec["error"] = code
-            definite = f == "get" or (WRITE_ERRORS_DEFINITE and code in DEFINITE_WRITE_CODES)
+            definite = f == "get" or write_failed(e, code)
             rec["type"] = "fail" if definite else "info"
             # The time the error came back is kept for the report (first
             # UNAVAILABLE); the checker ignores "ret" of an info op.
@@ -207,7 +219,7 @@ class Workload:
             except Exception as e:
                 if error_code(e) is None:
                     conn.drop()
-                elif WRITE_ERRORS_DEFINITE and error_code(e) in DEFINITE_WRITE_CODES:
+                elif write_failed(e, error_code(e)):
                     with self._set_lock:
                         self.set_failed.add(key)
                 time.sleep(0.05)
