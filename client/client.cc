@@ -8,6 +8,10 @@
 // unknown (half a frame may be unread), so it is dropped.
 #include "client/client.h"
 
+#include <cerrno>
+#include <cstring>
+#include <string_view>
+
 #include <thrift/TApplicationException.h>
 #include <thrift/TConfiguration.h>
 #include <thrift/protocol/TBinaryProtocol.h>
@@ -75,8 +79,12 @@ Status Client::Connect() {
     transport->open();
   } catch (const std::exception& e) {
     network_failed_ = true;
+    // Thrift keeps no errno in its exception; its message ends with the
+    // system's text for it.
+    refused_ = std::string_view(e.what()).find(std::strerror(ECONNREFUSED)) != std::string_view::npos;
     return Status::IOError(address() + ": cannot connect: " + e.what());
   }
+  refused_ = false;
   conn_ = std::make_unique<Connection>(std::move(socket), std::move(transport));
   conn_used_ = false;
   return Status::OK();
@@ -97,6 +105,7 @@ Status Client::Invoke(const char* method, bool idempotent, Fn&& call) {
   for (int attempt = 0;; ++attempt) {
     const bool reused = conn_ != nullptr && conn_used_;
     network_failed_ = true;  // until the server answers
+    refused_ = false;
     FLATKV_RETURN_IF_ERROR(Connect());
     std::string failure;
     try {

@@ -67,6 +67,11 @@ class Client {
   // an error the server answered (a KvError; STORAGE_ERROR is IOError too,
   // which is why callers that must tell the two apart ask here).
   bool network_failed() const { return network_failed_; }
+  // True when the last call failed because the server's host refused the
+  // connection (ECONNREFUSED: the host is up and nothing listens on that
+  // port), as opposed to a timeout, an unreachable host or a broken
+  // connection.
+  bool refused() const { return refused_; }
 
   // On a hit stores the value in *value and returns OK; an absent key is
   // NotFound and leaves *value unchanged.
@@ -121,6 +126,7 @@ class Client {
   std::unique_ptr<Connection> conn_;
   bool conn_used_ = false;  // the connection has completed a call
   bool network_failed_ = false;  // see network_failed()
+  bool refused_ = false;         // see refused()
 };
 
 // The Status for a server's KvError (exposed for the ring-aware client).

@@ -880,6 +880,22 @@ void ChainMember::OnSnapshotFailed(uint64_t token, int64_t now, ChainOutput* out
   SendSyncRequest(now, out);
 }
 
+void ChainMember::OnPeerRefused(const std::string& peer, int64_t now, ChainOutput* out) {
+  Clock(now);
+  CheckLease(out);
+  if (!in_chain() || fenced_ || peer == self_) return;
+  const auto& members = config_.members;
+  const auto it = std::find(members.begin(), members.end(), peer);
+  if (it == members.end() || config_.epochs.size() != members.size()) return;
+  const int64_t epoch = config_.epochs[static_cast<size_t>(it - members.begin())];
+  const std::pair<std::string, int64_t> registration{peer, epoch};
+  if (std::find(evicted_.begin(), evicted_.end(), registration) != evicted_.end()) return;
+  // Members come and go; the last few evictions are all that can repeat.
+  if (evicted_.size() >= 16) evicted_.erase(evicted_.begin());
+  evicted_.push_back(registration);
+  out->evict.push_back({peer, epoch});
+}
+
 void ChainMember::OnTick(int64_t now, ChainOutput* out) {
   Clock(now);
   CheckLease(out);

@@ -73,6 +73,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/status.h"
@@ -151,8 +152,9 @@ struct ChainMessage {
 
 // What the shell must do after an event, in this order: apply `apply` to the
 // store (in order) and make it as durable as storage.sync says, then send
-// `sends`, answer `replies`, serve `reads`, start `snapshots`; `wipe`,
-// `register_now` and `deregister` concern this member's own registration.
+// `sends`, answer `replies`, serve `reads`, start `snapshots`, remove the
+// member nodes in `evict`; `wipe`, `register_now` and `deregister` concern
+// this member's own registration.
 struct ChainOutput {
   struct Send {
     std::string to;
@@ -166,6 +168,12 @@ struct ChainOutput {
     std::string to;      // the joiner
     ChainPosition at;    // the joiner resumes after this position
   };
+  // A member whose process is gone (OnPeerRefused): delete its member node
+  // if it is still the one its registration made (creation zxid "epoch").
+  struct Evict {
+    std::string member;
+    int64_t epoch = 0;
+  };
   std::vector<ChainEntry> apply;
   std::vector<std::string> record;  // head: record this chain in ZooKeeper...
   int64_t record_version = 0;       // ...unless a chain of a later ring version is recorded
@@ -173,13 +181,14 @@ struct ChainOutput {
   std::vector<Reply> replies;
   std::vector<uint64_t> reads;  // parked reads (OnRead kWait) that may be served now
   std::vector<Snapshot> snapshots;
+  std::vector<Evict> evict;
   bool wipe = false;          // empty the store (a snapshot is being loaded)
   bool register_now = false;  // joiner: caught up; register the member node
   bool deregister = false;    // registered without catching up: remove the node, rejoin
 
   bool empty() const {
     return apply.empty() && record.empty() && sends.empty() && replies.empty() && reads.empty() &&
-           snapshots.empty() && !wipe && !register_now && !deregister;
+           snapshots.empty() && evict.empty() && !wipe && !register_now && !deregister;
   }
 };
 
@@ -262,6 +271,19 @@ class ChainMember {
                ChainOutput* out);
   void OnMessage(const std::string& from, const ChainMessage& msg, int64_t now,
                  ChainOutput* out);
+  // A connection to "peer" was refused: its host answered that nothing
+  // listens on its port, so the process that registered there is gone (a
+  // process stopped or cut off keeps its port; one that restarts holds it
+  // again only as a new member, which must catch up and register anew).
+  // A member of the current chain asks once (out->evict) to remove the
+  // peer's member node, if the peer is in that chain: the chain re-forms
+  // without it at once instead of a session timeout later. Safe for the
+  // same reason an expiry is (a chain forms without a member that no
+  // longer serves), given what a refusal proves: the shell reports only
+  // ECONNREFUSED, never a timeout, an unreachable host or a broken
+  // connection. (A firewall that answers a member's peers with resets yet
+  // lets its clients through breaks that premise: shared/DESIGN.md.)
+  void OnPeerRefused(const std::string& peer, int64_t now, ChainOutput* out);
   // Resends what a silent neighbour has not acknowledged; drops a silent
   // joiner. Call every resend_ms / 2 or so.
   void OnTick(int64_t now, ChainOutput* out);
@@ -530,6 +552,8 @@ class ChainMember {
   bool imported_ = false;
   bool left_ = false;              // was in the chain, then not: out until it rejoins
   int64_t registration_ = 0;       // czxid of our member node (OnRegistered), 0 if none
+  // Registrations (member, epoch) this member asked to evict: each once.
+  std::vector<std::pair<std::string, int64_t>> evicted_;
   int64_t join_progress_ms_ = 0;
   uint64_t refused_ = 0;
 };

@@ -237,9 +237,12 @@ int64_t BootTimeMs() {
 
 // A RecordChain() or Ping() waiting for the registry thread.
 struct Request {
-  enum class Kind { kPing, kRecord, kChange };
+  enum class Kind { kPing, kRecord, kChange, kEvict };
   Kind kind = Kind::kPing;
   RecordedChain chain;  // kRecord
+  std::string member;   // kEvict: "host:port" of this mark...
+  int64_t czxid = 0;    // ...whose node has this creation zxid (0: any
+                        // node of our own address not held by our session)
   // kChange: create, set or delete .cluster/change; "change" for the first two.
   enum class ChangeOp { kCreate, kSet, kDelete, kDeleteMark, kAbort };
   ChangeOp change_op = ChangeOp::kCreate;
@@ -291,6 +294,7 @@ struct Registry::Impl {
   std::vector<std::shared_ptr<Request>> Take(Request::Kind kind);
   void Answer(const std::vector<std::shared_ptr<Request>>& requests);
   void ServePings();
+  void ServeEvictions();
   std::vector<std::shared_ptr<Request>> ServeRecords();
   Status RecordNow(const RecordedChain& chain);
   std::vector<std::shared_ptr<Request>> ServeChanges();
@@ -505,8 +509,10 @@ int Registry::Impl::Step() {
   const auto or_probe = [probe_wait](int wait) {
     return wait < 0 ? probe_wait : std::min(wait, probe_wait);
   };
-  // A lease renewal waits for nothing else.
+  // A lease renewal waits for nothing else; a dead member's eviction only
+  // for it.
   ServePings();
+  ServeEvictions();
   Status s;
   if (!settings_ok_) s = opt_.observer ? ReadSettings() : EnsureSettings();
   if (s.ok() && deregister) s = RemoveNode();
@@ -890,6 +896,33 @@ void Registry::Impl::ServePings() {
     ping->status = s;
   }
   Answer(pings);
+}
+
+// Deletes each queued member node that still has the creation zxid the
+// eviction names (not a later registration at the same address), with the
+// version just read. Nobody waits for the answer: the ring read its
+// deletion triggers is what counts.
+void Registry::Impl::ServeEvictions() {
+  std::vector<std::shared_ptr<Request>> evictions = Take(Request::Kind::kEvict);
+  for (const auto& e : evictions) {
+    const std::string path = opt_.service_path + "/" + MemberNodeName(opt_.mark, e->member);
+    Stat stat{};
+    int rc = zoo_exists(zh_, path.c_str(), 0, &stat);
+    const bool stale = e->czxid == 0 ? stat.ephemeralOwner != zoo_client_id(zh_)->client_id
+                                     : stat.czxid == e->czxid;
+    if (rc == ZOK && stale) {
+      rc = zoo_delete(zh_, path.c_str(), stat.version);
+      if (rc == ZOK) {
+        spdlog::warn("registry: removed {} (czxid 0x{:x}): {}", path, stat.czxid,
+                     e->czxid == 0 ? "left by this instance's previous process"
+                                   : "its host refused connections to it");
+      }
+    }
+    if (rc != ZOK && rc != ZNONODE && rc != ZBADVERSION) {
+      spdlog::warn("registry: removing {}: {}", path, ZkError("delete", path, rc).ToString());
+    }
+  }
+  Answer(evictions);
 }
 
 // Writes each queued chain; answered by the caller of this (Step) after the
@@ -1400,6 +1433,27 @@ Status Registry::AbortChange() {
   request->change_op = Request::ChangeOp::kAbort;
   return impl_->Submit(request, ChangeTimeoutMs(impl_->opt_), "aborting the ring change");
 }
+
+void Registry::Evict(const std::string& member, int64_t czxid) {
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kEvict;
+  request->member = member;
+  request->czxid = czxid;
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  if (impl_->fatal_set_ || impl_->stop_ || impl_->opt_.observer) return;
+  // Nobody waits for it: a few at most are worth keeping while ZooKeeper
+  // is away.
+  if (std::count_if(impl_->requests_.begin(), impl_->requests_.end(), [](const auto& r) {
+        return r->kind == Request::Kind::kEvict;
+      }) >= 16) {
+    return;
+  }
+  impl_->requests_.push_back(std::move(request));
+  impl_->request_event_ = true;
+  impl_->wake_.notify_one();
+}
+
+void Registry::RemoveStale() { Evict(impl_->opt_.advertise, 0); }
 
 Status Registry::Ping(int timeout_ms) {
   auto request = std::make_shared<Request>();

@@ -168,6 +168,18 @@ class Registry {
   // never call it from a callback (the registry thread).
   Status RecordChain(const std::vector<std::string>& members, int64_t ring_version);
 
+  // Removes the member node of "member" ("host:port", this instance's mark)
+  // if its creation zxid is still "czxid": that registration's process is
+  // gone (ChainMember::OnPeerRefused). Returns at once; the registry thread
+  // deletes it once connected, and nobody learns the outcome but from the
+  // ring.
+  void Evict(const std::string& member, int64_t czxid);
+  // Removes a member node of this instance's own address that another
+  // session holds: the previous process's, which is gone since this one
+  // serves its port (call only then). Its chain re-forms at once instead
+  // of a session timeout later. Returns at once.
+  void RemoveStale();
+
   // One round trip to ZooKeeper through the current session. OK means
   // ZooKeeper answered, after this call began, on a session it still holds
   // valid: the lease can be renewed (after the process was frozen, say).

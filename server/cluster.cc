@@ -115,6 +115,7 @@ Status Cluster::StartReplication(const Config& config, engine::Store* store,
 }
 
 void Cluster::Join() {
+  registry_->RemoveStale();
   if (replicator_) {
     replicator_->Join();
   } else {

@@ -73,8 +73,10 @@ class Cluster : public ChainCoordinator {
                           std::function<bool(std::function<void()>)> defer = nullptr);
   Replicator* replicator() const { return replicator_.get(); }
 
-  // Serving: joins the chain (with replication) or registers this
-  // instance's member node (now or once ZooKeeper answers).
+  // Serving: removes the member node this address's previous process
+  // left (Registry::RemoveStale: this process holds the port now), then
+  // joins the chain (with replication) or registers this instance's member
+  // node (now or once ZooKeeper answers).
   void Join();
 
   // ChainCoordinator, over the registry. Register() goes through the ring
@@ -84,6 +86,9 @@ class Cluster : public ChainCoordinator {
   void Deregister() override;
   Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) override;
   partition::SessionLease lease() const override { return registry_->lease(); }
+  void Evict(const std::string& member, int64_t czxid) override {
+    registry_->Evict(member, czxid);
+  }
   // flatkv admin remove-mark: records the change (.cluster/change, kind
   // remove) that moves mark "removed"'s keys to the next mark up, whose head
   // then does the rest (RemoveStep). InvalidArgument for a mark not in the

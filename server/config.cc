@@ -279,7 +279,8 @@ const std::vector<Key>& Schema() {
        Int<int64_t>([](Config* c) { return &c->cluster.hash_bound; }, 1, kI64Max,
                     "cluster.hash_bound")},
       {"cluster.session_timeout_ms", "6000",
-       "ZooKeeper session timeout: a member that dies leaves the ring after about this long",
+       "ZooKeeper session timeout: a member that is paused, cut off or on a dead host leaves the "
+       "ring after about this long (a dead process on a live host leaves at once)",
        Int<int>([](Config* c) { return &c->cluster.session_timeout_ms; }, 100, 3600000,
                 "cluster.session_timeout_ms")},
       {"cluster.peer_token", "", "token every call between instances carries; empty = none",

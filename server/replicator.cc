@@ -221,14 +221,18 @@ struct Replicator::Waiter {
 // Sends the frames queued for one neighbour, in order, on one connection.
 class Replicator::PeerLink {
  public:
+  // "refused" runs (on the sending thread, no lock held) after each
+  // connection attempt the neighbour's host refused.
   PeerLink(const std::string& address, const ReplicatorOptions& options,
-           std::atomic<int64_t>* sent, std::atomic<int64_t>* failed)
+           std::atomic<int64_t>* sent, std::atomic<int64_t>* failed,
+           std::function<void()> refused)
       : address_(address),
         options_(options),
         ctx_(PeerContextOf(options)),
         conn_(PeerOptions(address, options.peer_timeout_ms, options)),
         sent_(sent),
-        failed_(failed) {
+        failed_(failed),
+        refused_(std::move(refused)) {
     thread_ = std::thread([this] { Run(); });
   }
   ~PeerLink() {
@@ -279,10 +283,12 @@ class Replicator::PeerLink {
     } else {
       Failed(st);
     }
+    const bool refused = !st.ok() && conn_.refused();
     sending_ = false;
     const bool wake = !queue_.empty() || !healthy_;
     lk.unlock();
     if (wake) cv_.notify_one();
+    if (refused) refused_();
   }
 
  private:
@@ -334,6 +340,7 @@ class Replicator::PeerLink {
       std::vector<rpc::ChainFrame> batch = Coalesce(&queued);
       bool broken = false;
       bool ok = true;
+      bool refused = false;
       for (rpc::ChainFrame& frame : batch) {
         if (broken) {
           failed_->fetch_add(1, std::memory_order_relaxed);
@@ -348,9 +355,11 @@ class Replicator::PeerLink {
         } else {
           Failed(st);
           broken = conn_.network_failed();
+          refused = refused || conn_.refused();
           ok = false;
         }
       }
+      if (refused) refused_();
       lk.lock();
       if (ok && !batch.empty()) healthy_ = true;
       sending_ = false;
@@ -395,6 +404,7 @@ class Replicator::PeerLink {
   client::Client conn_;
   std::atomic<int64_t>* const sent_;
   std::atomic<int64_t>* const failed_;
+  const std::function<void()> refused_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<rpc::ChainFrame> queue_;  // GUARDED_BY(mu_), and the fields below
@@ -1793,6 +1803,12 @@ void Replicator::Carry(ChainOutput* out, bool logged) {
   for (const ChainOutput::Reply& r : out->replies) Finish(r.request, r.status);
   for (uint64_t r : out->reads) Finish(r, Status::OK());
   for (const ChainOutput::Snapshot& s : out->snapshots) StartSnapshot(s.to, s.at);
+  for (const ChainOutput::Evict& e : out->evict) {
+    spdlog::warn("chain: {} refused a connection: its process is gone; removing its member node",
+                 e.member);
+    evictions_.fetch_add(1, std::memory_order_relaxed);
+    coordinator_->Evict(e.member, e.epoch);
+  }
   if (out->deregister) coordinator_->Deregister();
   if (out->register_now) {
     spdlog::info("chain: caught up; registering in mark {}", options_.mark);
@@ -2055,7 +2071,11 @@ void Replicator::Send(const std::string& to, const ChainMessage& msg) {
   auto it = links_.find(to);
   if (it == links_.end()) {
     it = links_.emplace(to, std::make_unique<PeerLink>(to, options_, &frames_sent_,
-                                                       &frames_failed_)).first;
+                                                       &frames_failed_, [this, to] {
+      PostRun([this, to](int64_t now, ChainOutput* out) {
+        member_->OnPeerRefused(to, now, out);
+      });
+    })).first;
   }
   spdlog::trace("chain: to {}: kind {} chain {:x} entries {} applied {} committed {}", to,
                static_cast<int>(msg.kind), msg.chain, msg.entries.size(), msg.applied,
@@ -2192,6 +2212,7 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
       snapshot_bytes_loaded_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.wipes"] = wipes_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.records"] = records_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.evictions"] = evictions_.load(std::memory_order_relaxed);
 }
 
 }  // namespace flatkv::server

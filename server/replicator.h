@@ -94,6 +94,9 @@ class ChainCoordinator {
   virtual Status RecordChain(const std::vector<std::string>& members, int64_t ring_version) = 0;
   // The session's lease evidence (partition/registry.h, SessionLease).
   virtual partition::SessionLease lease() const = 0;
+  // Remove the member node of "member" (this mark) if its creation zxid is
+  // still "czxid" (ChainOutput::evict). Returns at once.
+  virtual void Evict(const std::string& member, int64_t czxid) = 0;
   // Whether a write to "hash" may be sequenced now (a ring change may be
   // moving it: Cluster::CheckWritable). Asked on the loop thread as the
   // write is sequenced, so a fence (an empty write) that a ring change
@@ -457,6 +460,7 @@ class Replicator {
   std::atomic<int64_t> snapshot_bytes_loaded_{0};
   std::atomic<int64_t> wipes_{0};
   std::atomic<int64_t> records_{0};
+  std::atomic<int64_t> evictions_{0};  // members removed: their host refused connections
   std::atomic<int64_t> checkpoints_{0};
   std::atomic<int64_t> repairs_{0};
   std::atomic<int64_t> reads_held_{0};  // reads that waited (BeforeRead)

@@ -12,8 +12,9 @@ acknowledgement), and no newer than the newest version attempted (no value
 nobody wrote).
 
 Faults, in turn, under that load: kill -9 of a tail, a middle member and a
-head, each restarted with its data (it rejoins at the tail after catching
-up from the log); SIGSTOP of a head past its session timeout, then SIGCONT
+head (a neighbour removes its node when its port refuses a connection),
+each restarted with its data (it rejoins at the tail after catching up from
+the log); SIGSTOP of a head past its session timeout, then SIGCONT
 (it must not answer writes the new chain does not hold, and rejoins); a
 member restarted with its data directory wiped (a full copy from the tail);
 a ZooKeeper restart. After each, the writers must make progress again.
@@ -218,12 +219,24 @@ def by_role(mark, wanted, timeout=20.0):
 wait_progress("start")
 check(True, "writes through random instances are acknowledged")
 
+def evictions(mark, but):
+    """Member nodes the members of "mark" other than "but" removed because
+    a dead member's host refused connections (ChainMember::OnPeerRefused)."""
+    return sum(m.call(lambda c: c.stats()).get("cluster.chain.evictions", 0)
+               for m in members[mark] if m is not but)
+
+
 # kill -9 of the tail, the middle and the head of mark A, each restarted.
 for wanted in ("tail", "middle", "head"):
     victim = by_role(MARK_A, wanted)
+    evicted = evictions(MARK_A, victim)
     t_kill = time.monotonic()
     victim.kill9()
     wait_chain(MARK_A, 2)
+    # Its port refuses connections at once: a neighbour removes its node
+    # instead of waiting for its session to expire.
+    check(evictions(MARK_A, victim) > evicted,
+          "kill -9 of the %s: a neighbour removed its node on the refused connection" % wanted)
     wait_progress("kill -9 of the %s" % wanted, 100)
     if wanted == "head":
         # The longest time mark A acknowledged nothing around the kill.

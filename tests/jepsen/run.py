@@ -111,6 +111,36 @@ def stale_reads(ops):
     return stale
 
 
+def phantom_reads(ops):
+    """Reads that returned a value nobody wrote: every piece of a value
+    (a put's "p<proc>.<n>", then appends' ",a<proc>.<n>") must be the value
+    of a write of that key that was not answered "not applied". Linear in
+    the history; the verdict under async, which promises no order between
+    members' reads."""
+    written = {}
+    for r in ops:
+        if r["f"] in ("put", "append") and r["type"] != "fail":
+            written.setdefault(r["key"], set()).add(r["value"].lstrip(","))
+    bad = []
+    for r in ops:
+        if r["f"] != "get" or r["type"] != "ok" or not r.get("found"):
+            continue
+        pieces = r["out"].split(",")
+        if pieces[0] == "":
+            pieces = pieces[1:]  # an append created the key
+        known = written.get(r["key"], set())
+        if not pieces or any(p not in known for p in pieces):
+            bad.append(r)
+    return bad
+
+
+def head_failed(events):
+    """Whether a fault hit the member that was a head then: under async the
+    only case in which acknowledged writes may be lost (those it had not
+    passed down)."""
+    return any(ev["what"] == "fault" and ev.get("role") == "head" for ev in events)
+
+
 def unavailable_windows(ops, t_start, t_end, gap_ms=1000):
     """Gaps of more than gap_ms between successive acknowledged writes."""
     times = sorted(r["ret"] for r in ops if r["f"] in WRITES and r["type"] == "ok")
@@ -273,7 +303,12 @@ def main():
             present = got if present is None else present
         if present is not None:
             set_res = wl.set_result(present)
-            if set_res["lost"] or set_res["unexpected"] or set_res["failed_but_present"]:
+            # Under async a failed head loses what it acknowledged and had
+            # not passed down: counted, not an anomaly. Nothing else may go.
+            lost_allowed = args.mode == "async" and head_failed(nem.events)
+            set_res["lost_allowed"] = lost_allowed
+            if ((set_res["lost"] and not lost_allowed) or set_res["unexpected"]
+                    or set_res["failed_but_present"]):
                 anomalies.append("set: %d lost, %d unexpected, %d failed-but-present" % (
                     set_res["lost"], set_res["unexpected"], set_res["failed_but_present"]))
 
@@ -281,12 +316,25 @@ def main():
     hist = os.path.join(work, "history.jsonl")
     wl.history.write(hist)
     html = os.path.join(work, "violation.html")
-    chk = subprocess.run([checker_bin, "-timeout", "120", "-html", html, hist], capture_output=True, text=True)
-    if chk.returncode == 2:
-        sys.stderr.write("jepsen: the checker refused the history:\n" + chk.stdout + chk.stderr)
-        sys.exit(2)
-    linearizable = chk.returncode == 0
-    verdict = "ok" if linearizable else "violation" if "NOT linearizable" in chk.stdout else "unknown"
+    phantoms = phantom_reads(ops)
+    if phantoms:
+        anomalies.append("%d reads returned a value nobody wrote" % len(phantoms))
+    if args.mode == "sync":
+        chk = subprocess.run([checker_bin, "-timeout", "120", "-html", html, hist],
+                             capture_output=True, text=True)
+        if chk.returncode == 2:
+            sys.stderr.write("jepsen: the checker refused the history:\n" + chk.stdout + chk.stderr)
+            sys.exit(2)
+        linearizable = chk.returncode == 0
+        verdict = "ok" if linearizable else "violation" if "NOT linearizable" in chk.stdout else "unknown"
+    else:
+        # Under async any member serves reads, which may lag the head: not
+        # linearizable by design (shared/DESIGN.md), so the register
+        # checker has nothing to judge. The verdict is the phantom reads,
+        # the set and the replicas' agreement after healing.
+        chk = subprocess.CompletedProcess([], 0, stdout="async: linearizability is not promised; not checked\n")
+        linearizable = None
+        verdict = "n/a"
     if verdict == "violation":
         anomalies.append("not linearizable")
     elif verdict == "unknown":
@@ -300,6 +348,7 @@ def main():
         "session_ms": args.session_ms, "server": args.server,
         "ops": len(ops), **counts,
         "linearizable": linearizable, "check": verdict, "stale_reads": len(stale),
+        "phantom_reads": len(phantoms),
         "stale_by_member": {a: sum(1 for s in stale if s[0]["member"] == a) for a in {s[0]["member"] for s in stale}},
         "set": set_res, "anomalies": anomalies,
         "unavailable_windows_ms": [(ms(a - t_start), ms(b - a)) for a, b in windows],
@@ -320,7 +369,7 @@ def main():
     line = ("%-12s %-5s ops %6d ok %6d fail %5d info %5d | linearizable %-3s stale %4d | set lost %s unexpected %s"
             " | unavail windows %d (max %s ms)" % (
                 args.scenario, args.mode, len(ops), counts["ok"], counts["fail"], counts["info"],
-                {"ok": "yes", "violation": "NO", "unknown": "?"}[verdict], len(stale),
+                {"ok": "yes", "violation": "NO", "unknown": "?", "n/a": "n/a"}[verdict], len(stale),
                 set_res["lost"] if set_res else "?", set_res["unexpected"] if set_res else "?",
                 len(windows), max((ms(b - a) for a, b in windows), default=0)))
     print(line)

@@ -836,3 +836,47 @@ TEST_CASE("a new mark's importer starts its chain whatever an earlier life of th
   CHECK(std::string(m.role()) == "single");
   CHECK(landed.record == std::vector<std::string>{"m"});  // and records itself
 }
+
+TEST_CASE("a refused connection to a chain member asks once to evict that registration") {
+  Net net;
+  net.Start({"a", "b", "c"}, 7);
+  ChainMember& b = *net.members["b"];
+  ChainOutput out;
+  b.OnPeerRefused("a", net.now, &out);
+  REQUIRE(out.evict.size() == 1);
+  CHECK(out.evict[0].member == "a");
+  CHECK(out.evict[0].epoch == 1);  // the registration the chain shows
+  // The refusals that follow (every resend) ask nothing more.
+  ChainOutput again;
+  b.OnPeerRefused("a", net.now + 50, &again);
+  CHECK(again.evict.empty());
+  // An address outside the chain (a joiner, another mark's member) is
+  // not this member's to evict, nor is its own.
+  ChainOutput other;
+  b.OnPeerRefused("x", net.now, &other);
+  b.OnPeerRefused("b", net.now, &other);
+  CHECK(other.evict.empty());
+  // The same address registered again (a restarted process) is a new
+  // registration: refused once more, it may be evicted once more.
+  net.members["a"] = std::make_unique<ChainMember>("a", net.options, ChainPosition{});
+  net.Config(Make(2, 8, {"b", "c", "a"}, {2, 3, 9}));
+  ChainOutput later;
+  b.OnPeerRefused("a", net.now, &later);
+  REQUIRE(later.evict.size() == 1);
+  CHECK(later.evict[0].epoch == 9);
+}
+
+TEST_CASE("a member outside the chain or fenced evicts nobody") {
+  Net net;
+  net.Start({"a", "b"}, 7);
+  ChainMember& joiner = net.Add("j");
+  net.Config(Make(1, 7, {"a", "b"}, {1, 2}));  // the joiner reads the ring too
+  ChainOutput out;
+  joiner.OnPeerRefused("a", net.now, &out);
+  CHECK(out.evict.empty());
+  ChainMember& b = *net.members["b"];
+  ChainOutput fenced;
+  b.SetFenced(true, &fenced);
+  b.OnPeerRefused("a", net.now, &fenced);
+  CHECK(fenced.evict.empty());
+}

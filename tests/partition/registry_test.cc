@@ -999,4 +999,55 @@ TEST_CASE("Start refuses bad options, naming the key", "[partition][registry]") 
   CHECK(Registry::Start(good, &r).ok());  // the good options start (and retry quietly)
 }
 
+
+TEST_CASE("Evict removes a member's node only while it is the registration named",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
+  std::unique_ptr<Registry> b = StartRegistered(zk, 100, 9002);
+  REQUIRE(AllSee({a.get()}, "100=[127.0.0.1:9001,127.0.0.1:9002]", 1s));
+  const int64_t czxid = b->registration_czxid();
+  REQUIRE(czxid != 0);
+  Inspector zoo(zk.address());
+  const std::string node = "/flatkv/thriftbinary100:127.0.0.1:9002";
+  // An earlier registration of that address: nothing happens.
+  a->Evict("127.0.0.1:9002", czxid - 1);
+  // Not our mark's member: nothing either (the node name holds the mark).
+  a->Evict("127.0.0.1:9003", czxid);
+  std::this_thread::sleep_for(300ms);
+  CHECK(zoo.Exists(node) == ZOK);
+  // The registration the chain shows: removed, and every ring drops it.
+  a->Evict("127.0.0.1:9002", czxid);
+  CHECK(Eventually([&] { return zoo.Exists(node) == ZNONODE; }, 1s));
+  CHECK(AllSee({a.get()}, "100=[127.0.0.1:9001]", 1s));
+}
+
+TEST_CASE("RemoveStale removes the node the previous process at this address left, not ours",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  // The previous process was killed: its session (and ephemeral node)
+  // outlives it until the timeout.
+  Inspector earlier(zk.address());
+  earlier.Create("/flatkv");
+  const std::string node = "/flatkv/thriftbinary100:127.0.0.1:9001";
+  earlier.Create(node, "thriftbinary100:127.0.0.1:9001", ZOO_EPHEMERAL);
+  std::unique_ptr<Registry> other = StartRegistered(zk, 100, 9002);
+  REQUIRE(AllSee({other.get()}, "100=[127.0.0.1:9001,127.0.0.1:9002]", 1s));
+
+  // The new process serves the port: it removes the old node long before
+  // the old session expires, without registering itself.
+  std::unique_ptr<Registry> r = StartRegistry(Options(zk, 100, 9001), /*do_register=*/false);
+  r->RemoveStale();
+  CHECK(Eventually([&] { return earlier.Exists(node) == ZNONODE; }, 1s));
+  CHECK(AllSee({other.get()}, "100=[127.0.0.1:9002]", 1s));
+  CHECK(r->registration_czxid() == 0);
+
+  // Once registered, its own node is never stale.
+  r->Register();
+  REQUIRE(r->WaitRegistered(5000).ok());
+  r->RemoveStale();
+  std::this_thread::sleep_for(300ms);
+  CHECK(earlier.Exists(node) == ZOK);
+}
+
 }  // namespace flatkv::partition

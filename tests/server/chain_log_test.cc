@@ -187,6 +187,7 @@ class NoCoordinator final : public flatkv::server::ChainCoordinator {
   void Deregister() override {}
   Status RecordChain(const std::vector<std::string>&, int64_t) override { return Status::OK(); }
   flatkv::partition::SessionLease lease() const override { return {}; }
+  void Evict(const std::string&, int64_t) override {}
 };
 
 std::string Op(flatkv::rpc::ChainOpKind::type kind, int64_t key, const std::string& skey,
