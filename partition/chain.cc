@@ -194,8 +194,18 @@ void ChainMember::OnConfig(const ChainConfig& config, int64_t now, ChainOutput* 
 }
 
 void ChainMember::OnSessionAnswer(int64_t sent, int64_t session_timeout_ms, int64_t now,
-                                  ChainOutput* out) {
+                                  ChainOutput* out, uint64_t session) {
   Clock(now);
+  if (registration_ != 0 && session != registration_session_) {
+    // The session that held this member's registration is gone, and the
+    // registration with it.
+    if (joining_) {
+      registration_ = 0;
+      register_sent_ = false;  // catch up and register again (OnTick)
+    } else {
+      SetFenced(true, out);  // out of the chain; the shell has it rejoin
+    }
+  }
   if (session_timeout_ms <= 0) return;
   lease_end_ = std::max(lease_end_, sent + session_timeout_ms / 2);
   if (now_ >= lease_end_) return;  // answered too late to count

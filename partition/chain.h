@@ -242,8 +242,12 @@ class ChainMember {
   // shows it, any write acknowledged without it needs a recorded chain
   // without it, and only a member of the recorded chain may restart an
   // empty one (SendSyncRequest).
-  void OnRegistered(int64_t czxid) {
+  //
+  // "session" names the ZooKeeper session that made the node (as in
+  // OnSessionAnswer): the registration lives as long as that session.
+  void OnRegistered(int64_t czxid, uint64_t session = 0) {
     registration_ = czxid;
+    registration_session_ = session;
     if (joining_ && register_sent_ && copy_end_.seq == 0 && !dirty_) intact_ = true;
   }
   // The ZooKeeper lease (shared/DESIGN.md, "ZooKeeper unreachable"). The
@@ -263,7 +267,18 @@ class ChainMember {
   // (in doubt: they may still commit), unless it is alone: a chain of one
   // that has had no joiner or other member since it last held the lease
   // (nobody could have taken over from it).
-  void OnSessionAnswer(int64_t sent, int64_t session_timeout_ms, int64_t now, ChainOutput* out);
+  //
+  // "session" names the ZooKeeper session that answered (any value that
+  // changes with every new session). A client never returns to a session
+  // once it has another: an answer from another session than the one that
+  // made this member's registration (OnRegistered) means that session
+  // expired (or was closed) and the registration with it, so the member
+  // leaves its chain (fenced; a joiner registers again) before the answer
+  // counts. Without this, the new session's first answer would renew the
+  // lease of a member whose view still shows it in the chain it was
+  // removed from, until the ring read showing its removal arrives.
+  void OnSessionAnswer(int64_t sent, int64_t session_timeout_ms, int64_t now, ChainOutput* out,
+                       uint64_t session = 0);
   // Holds the lease at "now" (or needs none: alone).
   bool leased(int64_t now) const { return !company_ || now < lease_end_; }
   // A client write at the head; answered through out->replies (maybe later).
@@ -552,6 +567,7 @@ class ChainMember {
   bool imported_ = false;
   bool left_ = false;              // was in the chain, then not: out until it rejoins
   int64_t registration_ = 0;       // czxid of our member node (OnRegistered), 0 if none
+  uint64_t registration_session_ = 0;  // the session that made it
   // Registrations (member, epoch) this member asked to evict: each once.
   std::vector<std::pair<std::string, int64_t>> evicted_;
   int64_t join_progress_ms_ = 0;

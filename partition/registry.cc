@@ -425,6 +425,7 @@ void Registry::Impl::ProbeDone(int rc, const Stat*, const void* data) {
   if (rc != ZOK && rc != ZNONODE) return;
   impl->lease_.sent_ms = std::max(impl->lease_.sent_ms, probe->sent_ms);
   impl->lease_.timeout_ms = probe->timeout_ms;
+  impl->lease_.session = probe->session;
 }
 
 // ---- registry thread: the loop ------------------------------------------
@@ -762,7 +763,12 @@ Status Registry::Impl::RegisterNode() {
   }
   spdlog::info("registry: registered {} (session 0x{:x}, czxid 0x{:x})", member_path_, session,
                czxid);
-  if (opt_.on_registered) opt_.on_registered(czxid);
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gen = session_gen_;
+  }
+  if (opt_.on_registered) opt_.on_registered(czxid, gen);
   return Status::OK();
 }
 

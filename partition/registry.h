@@ -73,8 +73,9 @@ struct RegistryOptions {
   // Called after each successful registration (the first, after Register()
   // following Deregister(), and every re-registration after session expiry)
   // with the member node's creation zxid: the registration's name in
-  // ChainConfig::epochs (ChainMember::OnRegistered).
-  std::function<void(int64_t czxid)> on_registered;
+  // ChainConfig::epochs (ChainMember::OnRegistered), and the session that
+  // made it (SessionLease::session's numbering).
+  std::function<void(int64_t czxid, uint64_t session)> on_registered;
   // After a registration is lost (session expiry, the node deleted), make
   // it again by itself. A chain member turns this off: it must catch up
   // before it registers again (server/replicator.h calls Register()).
@@ -99,11 +100,13 @@ int64_t BootTimeMs();
 
 // What a lease is computed from (partition/chain.h, OnSessionAnswer): the
 // send time (BootTimeMs) of the latest request the current session sent
-// that ZooKeeper answered, and the session timeout the server granted.
+// that ZooKeeper answered, the session timeout the server granted, and
+// which session it was.
 // sent_ms is 0 while none has been answered since the session began.
 struct SessionLease {
   int64_t sent_ms = 0;
   int64_t timeout_ms = 0;
+  uint64_t session = 0;  // changes with every new session (the ZooKeeper handle's)
 };
 
 class Registry {

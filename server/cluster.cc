@@ -61,8 +61,8 @@ Status Cluster::Start(const Config& config, std::function<void(const Status&)> o
     if (Replicator* r = hooks->replicator.load()) r->OnRing(ring);
     if (Cluster* c = hooks->cluster.load()) c->OnRingChange(*ring);
   };
-  options.on_registered = [hooks](int64_t czxid) {
-    if (Replicator* r = hooks->replicator.load()) r->OnRegistered(czxid);
+  options.on_registered = [hooks](int64_t czxid, uint64_t session) {
+    if (Replicator* r = hooks->replicator.load()) r->OnRegistered(czxid, session);
   };
   // With a chain, a member whose session expired catches up before it
   // registers again (the replicator decides when).

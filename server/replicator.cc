@@ -788,14 +788,14 @@ void Replicator::OnRing(std::shared_ptr<const partition::Ring> ring) {
   });
 }
 
-void Replicator::OnRegistered(int64_t czxid) {
-  PostRun([this, czxid](int64_t now, ChainOutput* out) {
+void Replicator::OnRegistered(int64_t czxid, uint64_t session) {
+  PostRun([this, czxid, session](int64_t now, ChainOutput* out) {
     if (!member_->wants_registration()) {
       // Registered too late (the tail changed meanwhile): withdraw it.
       out->deregister = true;
       return;
     }
-    member_->OnRegistered(czxid);
+    member_->OnRegistered(czxid, session);
     intact_ = true;
     if (ring_) member_->OnConfig(ConfigOf(*ring_), now, out);
   });
@@ -1595,7 +1595,7 @@ void Replicator::Tick(int64_t now, ChainOutput* out) {
   std::lock_guard<std::mutex> lock(mu_);
   if (lease.sent_ms != 0 && lease.sent_ms != lease_sent_ms_) {
     lease_sent_ms_ = lease.sent_ms;
-    member_->OnSessionAnswer(lease.sent_ms, lease.timeout_ms, now, out);
+    member_->OnSessionAnswer(lease.sent_ms, lease.timeout_ms, now, out, lease.session);
   }
   const bool leased = member_->leased(now);
   if (leased != leased_) {

@@ -141,8 +141,9 @@ class Replicator {
   void Join();
   // A new ring (registry thread).
   void OnRing(std::shared_ptr<const partition::Ring> ring);
-  // This member's node was created with "czxid" (registry thread).
-  void OnRegistered(int64_t czxid);
+  // This member's node was created with "czxid" by ZooKeeper session
+  // "session" (registry thread).
+  void OnRegistered(int64_t czxid, uint64_t session);
 
   // How a write is answered: its status (OK once acknowledged: sync, the
   // tail applied it; async, this member did) and, for remove and sremove,

@@ -6,6 +6,7 @@ member it hit, for the report's timings.
 Roles (head, middle, tail) are read from the ring as a member reports it
 when the fault starts, so "zk-cut-tail" cuts whoever is the tail then."""
 import random
+import subprocess
 import time
 
 import cluster
@@ -21,10 +22,12 @@ def fault(name):
 
 
 class Nemesis:
-    def __init__(self, net, zk, members, session_ms, seed):
+    def __init__(self, net, zk, members, session_ms, seed, cli=None):
         self.net, self.zk, self.members = net, zk, members
         self.session_s = session_ms / 1000.0
         self.rng = random.Random(seed)
+        self.cli = cli          # the flatkv CLI, for ring changes
+        self.errors = []        # a fault that could not be carried out: an anomaly
         self.events = []  # {"t": ns, "what": "fault"|"heal", "fault": name, "member": name|None}
         self.heals = []   # callables undoing the faults in force
         self.round = 0
@@ -186,6 +189,66 @@ def kill(nem):
         nem.log("heal", "kill", target, "restarted")
     nem.heals.append(heal)
     return target, nem.rng.uniform(0.5, 2.0) * nem.session_s
+
+
+def wait_chain(nem, via, mark, n, timeout=90.0):
+    """Until "via" shows a chain of "n" members for "mark"; False on timeout."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        ring = cluster.ring_of(via.address)
+        if ring and len(ring.get(mark, [])) == n:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@fault("ring-change")
+def ring_change(nem):
+    """flatkv admin remove-mark of the second mark (its range goes to the
+    first), and while it runs a kill -9 of a member of the first mark (the
+    importing chain); healed by restarting that member and starting the
+    removed mark's members again on their old data, which must wipe it and
+    import their range back as a new mark. Needs --marks 2."""
+    first = nem.members[0].mark
+    a = [m for m in nem.members if m.mark == first]
+    b = [m for m in nem.members if m.mark != first]
+    via = nem.rng.choice(a)
+    # The previous round's import must be done: one ring change at a time.
+    if not wait_chain(nem, via, b[0].mark, len(b)):
+        nem.errors.append("ring-change: mark %d did not come back within 90 s" % b[0].mark)
+        return None, 0.1
+    proc = subprocess.Popen([nem.cli, "--host", via.addr, "--port", str(cluster.PORT), "admin",
+                             "remove-mark", str(b[0].mark), "--wait"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    nem.log("fault", "ring-change", None, "remove-mark %d via %s" % (b[0].mark, via.name))
+    time.sleep(nem.rng.uniform(0.1, 1.0))
+    victim = nem.rng.choice(a)
+    victim.kill9()
+    nem.log("fault", "kill", victim, "kill -9 during remove-mark")
+
+    def heal():
+        victim.start()
+        nem.log("heal", "kill", victim, "restarted")
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            nem.errors.append("ring-change: remove-mark did not finish within 120 s: %s" % err[-300:])
+        if proc.returncode != 0:
+            nem.errors.append("ring-change: remove-mark exited %s: %s" % (proc.returncode, err[-300:]))
+        for m in b:
+            try:
+                m.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                nem.errors.append("ring-change: %s of the removed mark did not exit" % m.name)
+                m.kill9()
+        nem.log("heal", "ring-change", None, "mark %d removed (%s)" % (b[0].mark, out.strip()[-80:]))
+        for m in b:
+            m.start()
+        nem.log("heal", "ring-change", None, "mark %d's members started again" % b[0].mark)
+    nem.heals.append(heal)
+    return victim, nem.session_s
 
 
 @fault("zk-restart")

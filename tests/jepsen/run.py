@@ -35,6 +35,7 @@ SCENARIOS = {
     "kill": ["kill"],
     "zk-restart": ["zk-restart"],
     "clock": ["clock"],
+    "ring-change": ["ring-change"],  # --marks 2 implied
 }
 MARK_A, MARK_B = 1_000_000_000, 2_000_000_000  # A owns [0, 1e9) and >= 2e9; B [1e9, 2e9)
 WRITES = ("put", "append", "remove")
@@ -48,7 +49,9 @@ def parse():
     p.add_argument("--server", default=os.environ.get("FLATKV_SERVER", os.path.join(REPO, "build/server/flatkv-server")))
     p.add_argument("--out", required=True, help="directory for the report and, on an anomaly, the evidence")
     p.add_argument("--session-ms", type=int, default=3000)
-    p.add_argument("--marks", type=int, default=1, choices=(1, 2), help="a second mark of three members")
+    p.add_argument("--marks", type=int, default=1, choices=(1, 2),
+                   help="a second mark of two members (ring-change: always)")
+    p.add_argument("--cli", default=None, help="the flatkv CLI (default: client/flatkv beside the server's build)")
     p.add_argument("--seed", type=int, default=int(os.environ.get("FLATKV_JEPSEN_SEED", "1")))
     p.add_argument("--thrift", default=shutil.which("thrift") or "thrift")
     p.add_argument("--writes-in-doubt", action="store_true",
@@ -250,10 +253,12 @@ def main():
                                                          args.session_ms, args.seed), flush=True)
     net = topology.Net()
     zk = cluster.ZooKeeper(work, net)
+    if args.scenario == "ring-change":
+        args.marks = 2
     marks = [MARK_A] + ([MARK_B] if args.marks == 2 else [])
     members = []
     for mi, mark in enumerate(marks):
-        for i in range(3):
+        for i in range(3 if mi == 0 else 2):
             n = mi * 10 + i + 1
             members.append(cluster.Member(
                 work, net, args.server, zk, "n%d" % n, "%s.%d" % (topology.SUBNET, 10 + n), mark,
@@ -270,7 +275,9 @@ def main():
         sys.stderr.write("jepsen: the ring did not form; logs in %s\n" % work)
         sys.exit(2)
 
-    nem = nemesis.Nemesis(net, zk, members, args.session_ms, args.seed)
+    cli = args.cli or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.server))),
+                                   "client", "flatkv")
+    nem = nemesis.Nemesis(net, zk, members, args.session_ms, args.seed, cli=cli)
     offsets = [0] + ([MARK_A + 500_000_000 - workload.REG_BASE] if args.marks == 2 else [])
     wl = workload.Workload(members, seed=args.seed, key_offsets=offsets)
     t_start = time.monotonic_ns()
@@ -283,6 +290,7 @@ def main():
             if m.stopped:
                 m.resume()
     t_faults_end = time.monotonic_ns()
+    anomalies.extend(nem.errors)
     settle = wait_settled(members, watch, marks)
     if settle is None:
         anomalies.append("ring did not settle within 60 s after healing")

@@ -880,3 +880,43 @@ TEST_CASE("a member outside the chain or fenced evicts nobody") {
   b.OnPeerRefused("a", net.now, &fenced);
   CHECK(fenced.evict.empty());
 }
+
+TEST_CASE("an answer from a new ZooKeeper session fences a member registered by the old one") {
+  Net net;
+  net.Start({"a", "b"}, 7);  // registered by session 0 (Register above)
+  ChainMember& b = *net.members["b"];
+  ChainOutput out;
+  CHECK(b.OnRead(1, 5, net.now, &out) == ChainMember::Read::kServe);
+  // The session expired and the registry made a new one, which answers
+  // before the ring read that shows b removed: b's view still has it as
+  // the tail, but its registration is gone with the old session.
+  net.now += 10;
+  ChainOutput fenced;
+  b.OnSessionAnswer(net.now, kSessionMs, net.now, &fenced, /*session=*/1);
+  CHECK(b.leased(net.now));  // the new session's answer is a lease...
+  CHECK(std::string(b.role()) == "fenced");  // ...for a member out of its chain
+  CHECK(b.OnRead(2, 5, net.now, &fenced) == ChainMember::Read::kRefuse);
+  // It catches up again as a joiner (the shell's tick).
+  b.StartJoin(net.now, &fenced);
+  CHECK(std::string(b.role()) == "syncing");
+}
+
+TEST_CASE("a joiner's registration is gone with the session that made it") {
+  // Registered by session 1; the ring then shows it in the chain. If a
+  // session 2 answered in between, the node the ring shows belonged to an
+  // expired session: it does not count as this member being in the chain.
+  for (const uint64_t answering : {uint64_t{1}, uint64_t{2}}) {
+    Net net;
+    net.Start({"a"}, 7);
+    ChainMember& j = net.Add("j");
+    net.Config(Make(1, 7, {"a"}, {1}));
+    ChainOutput out;
+    j.StartJoin(net.now, &out);
+    j.OnRegistered(30, /*session=*/1);
+    j.OnSessionAnswer(net.now, kSessionMs, net.now, &out, answering);
+    ChainOutput later;
+    j.OnConfig(Make(2, 8, {"a", "j"}, {1, 30}), net.now, &later);
+    INFO("answering session " << answering);
+    CHECK(std::string(j.role()) == (answering == 1 ? "tail" : "syncing"));
+  }
+}

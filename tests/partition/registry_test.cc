@@ -485,14 +485,26 @@ TEST_CASE("After session expiry the registry makes a new session and registers a
           "[partition][registry]") {
   ZooKeeperServer zk;
   std::mutex mu;
-  std::vector<int64_t> registered;  // on_registered's czxids
+  std::vector<int64_t> registered;  // on_registered's czxids...
+  std::vector<uint64_t> sessions;   // ...and the sessions that made them
   RegistryOptions o = Options(zk, 100, 9001);
-  o.on_registered = [&](int64_t czxid) {
+  o.on_registered = [&](int64_t czxid, uint64_t session) {
     std::lock_guard<std::mutex> lock(mu);
     registered.push_back(czxid);
+    sessions.push_back(session);
   };
   std::unique_ptr<Registry> r = StartRegistry(std::move(o));
   REQUIRE(r->WaitRegistered(5000).ok());
+  // The lease's answers name the session that registered.
+  REQUIRE(Eventually([&] { return r->lease().sent_ms != 0; }, 2s));
+  REQUIRE(Eventually([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return !sessions.empty();
+  }, 1s));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(r->lease().session == sessions.at(0));
+  }
   const std::string node = "/flatkv/thriftbinary100:127.0.0.1:9001";
   Inspector zoo(zk.address());
   Stat before;
@@ -516,6 +528,14 @@ TEST_CASE("After session expiry the registry makes a new session and registers a
         return registered == std::vector<int64_t>{before.czxid, after.czxid};
       },
       1s));
+  // Another session made the new registration, and the lease's answers now
+  // name that one: a chain member tells its registration is gone by this.
+  REQUIRE(Eventually([&] { return r->lease().sent_ms != 0; }, 2s));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(sessions.at(1) != sessions.at(0));
+    CHECK(r->lease().session == sessions.at(1));
+  }
   CHECK(Eventually(
       [&] {
         const std::shared_ptr<const Ring> ring = r->ring();
@@ -809,7 +829,7 @@ TEST_CASE("registration_czxid names the member node, and Deregister removes it u
     return registered;
   };
   RegistryOptions o = Options(zk, 100, 9001);
-  o.on_registered = [&](int64_t czxid) {
+  o.on_registered = [&](int64_t czxid, uint64_t) {
     std::lock_guard<std::mutex> lock(mu);
     registered.push_back(czxid);
   };
