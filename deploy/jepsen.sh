@@ -15,7 +15,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 runs=1
 seconds=30
-scenarios=none,zk-cut-tail,zk-cut-head,zk-cut-any,peer-cut,isolate,asym,loss,pause,kill,zk-restart,clock
+scenarios=none,zk-cut-tail,zk-cut-head,zk-cut-any,peer-cut,isolate,asym,loss,pause,kill,zk-restart,ring-change,clock
 modes=sync,async
 server=${FLATKV_SERVER:-$repo/build/server/flatkv-server}
 out=$repo/build/jepsen-$(date +%Y%m%d-%H%M%S)

@@ -858,7 +858,9 @@ void Forwarder::Fail(Conn* conn, bool timed_out, bool connecting, const std::str
            peer->address + (connecting ? ": cannot connect: "
                                        : std::string(": ") + op->spec->peer_name + ": ") +
                why,
-           /*sent=*/!connecting);
+           // In doubt if any attempt went out: a call sent again whose fresh
+           // connection could not be made was sent once before it.
+           /*sent=*/!connecting || op->sent_again);
   }
 }
 

@@ -206,7 +206,7 @@ def wait_chain(nem, via, mark, n, timeout=90.0):
 def ring_change(nem):
     """flatkv admin remove-mark of the second mark (its range goes to the
     first), and while it runs a kill -9 of a member of the first mark (the
-    importing chain); healed by restarting that member and starting the
+    importing chain, not the one the CLI calls); healed by restarting that member and starting the
     removed mark's members again on their old data, which must wipe it and
     import their range back as a new mark. Needs --marks 2."""
     first = nem.members[0].mark
@@ -222,7 +222,7 @@ def ring_change(nem):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     nem.log("fault", "ring-change", None, "remove-mark %d via %s" % (b[0].mark, via.name))
     time.sleep(nem.rng.uniform(0.1, 1.0))
-    victim = nem.rng.choice(a)
+    victim = nem.rng.choice([m for m in a if m is not via])  # the CLI waits through via
     victim.kill9()
     nem.log("fault", "kill", victim, "kill -9 during remove-mark")
 

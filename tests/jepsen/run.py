@@ -166,7 +166,7 @@ def fault_timings(events, ops, watch, members):
                "role": ev.get("role"), "held_ms": ms(heal - t0) if heal else None}
         m = by_name.get(ev["member"])
         if m is not None:
-            unav = [r["ret"] for r in ops if r["member"] == m.address and r.get("error") == "UNAVAILABLE"
+            unav = [r["ret"] for r in ops if r["member"] == m.address and (r.get("error") or "").startswith("UNAVAILABLE")
                     and r.get("ret", 0) >= t0 and (heal is None or r["call"] <= heal)]
             row["first_unavailable_ms"] = ms(min(unav) - t0) if unav else None
             gone = watch.first_without(m.address, t0)

@@ -142,7 +142,7 @@ def run_op(history, conn, process, key, f, value=None):
             rec["type"] = "info"
             rec["error"] = type(e).__name__
         else:
-            rec["error"] = code
+            rec["error"] = code + ": " + (getattr(e, "message", None) or "")[:160]
             definite = f == "get" or write_failed(e, code)
             rec["type"] = "fail" if definite else "info"
             # The time the error came back is kept for the report (first
