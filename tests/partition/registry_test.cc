@@ -353,15 +353,22 @@ TEST_CASE("Registration creates the ephemeral member node, .cluster with the set
   CHECK(stats.ring_version == ring->version());
 }
 
-TEST_CASE("A member node left by an earlier process at the same address is replaced",
-          "[partition][registry]") {
-  ZooKeeperServer zk;
-  // The earlier process: its session is still alive (as after kill -9,
-  // until the session timeout), so its ephemeral node is still there.
-  Inspector earlier(zk.address());
+// The member node of mark 100 at 127.0.0.1:9001 left by an earlier
+// process: its session is still alive (as after kill -9, until the session
+// timeout), held here by "earlier", so the ephemeral node is still there.
+// Returns its path.
+std::string EarlierProcessNode(Inspector& earlier) {
   earlier.Create("/flatkv");
   const std::string node = "/flatkv/thriftbinary100:127.0.0.1:9001";
   earlier.Create(node, "thriftbinary100:127.0.0.1:9001", ZOO_EPHEMERAL);
+  return node;
+}
+
+TEST_CASE("A member node left by an earlier process at the same address is replaced",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  Inspector earlier(zk.address());
+  const std::string node = EarlierProcessNode(earlier);
   Stat before;
   REQUIRE(earlier.Exists(node, &before) == ZOK);
   REQUIRE(before.ephemeralOwner == earlier.session());
@@ -1045,12 +1052,8 @@ TEST_CASE("Evict removes a member's node only while it is the registration named
 TEST_CASE("RemoveStale removes the node the previous process at this address left, not ours",
           "[partition][registry]") {
   ZooKeeperServer zk;
-  // The previous process was killed: its session (and ephemeral node)
-  // outlives it until the timeout.
   Inspector earlier(zk.address());
-  earlier.Create("/flatkv");
-  const std::string node = "/flatkv/thriftbinary100:127.0.0.1:9001";
-  earlier.Create(node, "thriftbinary100:127.0.0.1:9001", ZOO_EPHEMERAL);
+  const std::string node = EarlierProcessNode(earlier);
   std::unique_ptr<Registry> other = StartRegistered(zk, 100, 9002);
   REQUIRE(AllSee({other.get()}, "100=[127.0.0.1:9001,127.0.0.1:9002]", 1s));
 
