@@ -153,8 +153,8 @@ def run_op(history, conn, process, key, f, value=None):
 
 
 class Workload:
-    """Register threads (per_member per member) and set threads (one per
-    member) until stop()."""
+    """Register threads (per_member per member), a reader and a set thread
+    per member, until stop()."""
 
     def __init__(self, members, per_member=2, seed=1, set_threads=True, key_offsets=(0,)):
         self.key_offsets = list(key_offsets)
@@ -170,6 +170,13 @@ class Workload:
                 self.threads.append(threading.Thread(
                     target=self._registers, args=(m.address, random.Random(seed * 1000 + i)), daemon=True))
                 i += 1
+        # A reader per member, gets only: a member's first refusal shows
+        # even while its writer threads wait on forwards to an unreachable
+        # peer (the report's first UNAVAILABLE), and more reads are judged.
+        for m in members:
+            self.threads.append(threading.Thread(
+                target=self._reads, args=(m.address, random.Random(seed * 1000 + i)), daemon=True))
+            i += 1
         if set_threads:
             for j, m in enumerate(members):
                 self.threads.append(threading.Thread(target=self._set_adds, args=(m.address, j), daemon=True))
@@ -203,6 +210,16 @@ class Workload:
                 # Back off: every write in doubt is one more operation the
                 # checker must try at every point after its call.
                 time.sleep(0.1 if rec["type"] == "info" or rec["error"].startswith("connect") else 0.02)
+
+    def _reads(self, address, rng):
+        conn = Conn(address)
+        process = self.history.new_process()
+        while not self.stop_ev.is_set():
+            rec = run_op(self.history, conn, process, self.key(rng), "get")
+            if rec["type"] == "info":
+                process = self.history.new_process()
+            if rec["type"] != "ok":
+                time.sleep(0.02)
 
     def _set_adds(self, address, j):
         conn = Conn(address)
