@@ -24,7 +24,7 @@ def main():
             rows.setdefault((r["scenario"], r["mode"]), []).append(r)
     print("| scenario | mode | runs | runs with an anomaly | ops | ok / fail / info |"
           " non-linearizable runs | stale reads | values nobody wrote | set lost / unexpected | unavailable windows > 1 s (max ms) | first UNAVAILABLE ms |"
-          " node gone ms | margin ms (gone − UNAVAILABLE) | new chain's first write ms |")
+          " node gone ms | margin ms (gone − last served) | new chain's first write ms |")
     print("|" + " --- |" * 15)
     for (sc, mode), rs in rows.items():
         faults = [x for r in rs for x in r["faults"]]

@@ -174,12 +174,17 @@ def fault_timings(events, ops, watch, members):
                 gone = None
             row["node_gone_ms"] = ms(gone - t0) if gone is not None else None
             # The lease's margin: for a member that answers by its lease (the
-            # head and the tail of a chain of two or more) cut from ZooKeeper.
-            # A middle or a member out of the chain forwards its clients'
-            # calls, which the new chain answers.
-            if (row["first_unavailable_ms"] is not None and row["node_gone_ms"] is not None
-                    and row["role"] in ("head", "tail") and "zk" in ev["detail"]):
-                row["margin_ms"] = row["node_gone_ms"] - row["first_unavailable_ms"]
+            # head its writes, the tail of a chain of two or more its reads)
+            # cut from ZooKeeper, the time from the last call it answered
+            # itself to its node's removal. (Its other calls it forwards,
+            # and the new chain answers them; a middle forwards all.)
+            own = {"head": WRITES, "tail": ("get",)}.get(row["role"], ())
+            if gone is not None and own and "zk" in ev["detail"]:
+                served_own = [r["ret"] for r in ops if r["member"] == m.address and r["type"] == "ok"
+                              and r["f"] in own and t0 <= r["ret"] <= gone]
+                if served_own:
+                    row["last_served_ms"] = ms(max(served_own) - t0)
+                    row["margin_ms"] = row["node_gone_ms"] - row["last_served_ms"]
             since = gone if gone is not None else t0
             acks = [r["ret"] for r in ops if r["f"] in WRITES and r["type"] == "ok"
                     and r["member"] != m.address and r["call"] >= since]
@@ -299,16 +304,26 @@ def main():
     set_res = None
     if settle is not None:
         wl.final_register_reads(members)
-        present = None
-        for m in members:
-            try:
-                got = wl.final_set_read(m)
-            except Exception as e:
-                anomalies.append("final set read through %s failed: %s" % (m.name, e))
-                continue
-            if present is not None and got != present:
-                anomalies.append("final set reads differ between members")
-            present = got if present is None else present
+        # Writes in flight when the workload stopped may still be on their
+        # way down a chain: the members must agree within seconds
+        # (convergence), not at the first look.
+        for _ in range(10):
+            reads = {}
+            for m in members:
+                try:
+                    reads[m.name] = wl.final_set_read(m)
+                except Exception as e:
+                    reads[m.name] = e
+            sets = [v for v in reads.values() if not isinstance(v, Exception)]
+            if len(sets) == len(members) and all(x == sets[0] for x in sets):
+                break
+            time.sleep(1.0)
+        for name, got in reads.items():
+            if isinstance(got, Exception):
+                anomalies.append("final set read through %s failed: %s" % (name, got))
+        if any(x != sets[0] for x in sets):
+            anomalies.append("final set reads still differ between members after 10 s")
+        present = sets[0] if sets else None
         if present is not None:
             set_res = wl.set_result(present)
             # Under async a failed head loses what it acknowledged and had
