@@ -1018,6 +1018,19 @@ uint64_t FlatTable::TotalBytes() const {
   return total;
 }
 
+uint64_t FlatTable::ChargedBytes() const {
+  uint64_t total = 0;
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    const LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log == nullptr) continue;
+    const uint64_t end = log->end();
+    const uint64_t bytes = end - std::min(end, log->begin());
+    const uint64_t ahead = log->allocated() - std::min(log->allocated(), end);
+    total += bytes + std::min(ahead, static_cast<uint64_t>(kChargedReserve * static_cast<double>(bytes)));
+  }
+  return total;
+}
+
 uint64_t FlatTable::AllocatedBytes() const {
   uint64_t total = 0;
   for (int f = 0; f < params_.index.data_files; ++f) {

@@ -183,6 +183,15 @@ class FlatTable {
   // What the data files hold on disk: TotalBytes() plus the space each
   // reserved ahead of its end (LogFile::Reserve).
   uint64_t AllocatedBytes() const;
+  // What the store's disk bound charges the table (Store::PickAutomatic):
+  // TotalBytes() plus each data file's space reserved ahead up to
+  // kChargedReserve of its bytes, the share the reservation keeps to once a
+  // file grows. Beyond that a reservation is a fixed cost of an open file
+  // (a new file's first page, a large record's step) that no compaction
+  // gives back, so a table without garbage is charged at most 1 +
+  // kChargedReserve times its live bytes.
+  uint64_t ChargedBytes() const;
+  static constexpr double kChargedReserve = 1.0 / 8;
   uint64_t DeadBytes() const { return dead_bytes_.load(std::memory_order_relaxed); }
   // Live keys in the whole table, and (an estimate, for progress reports)
   // in [from, stop] clamped to the table: counted from the index alone (no
