@@ -323,8 +323,10 @@ class FlatTable {
 
   FlatTable(const TableParams& params, EngineCounters* counters);
 
+  // Writes META via a temporary file and a rename; "durable" also fsyncs
+  // the file and the directory (a new table leaves that to SyncLayout).
   static Status WriteMeta(const std::string& dir, const IndexParams& p, bool appends,
-                          const std::vector<uint64_t>& heads);
+                          const std::vector<uint64_t>& heads, bool durable = true);
   Status OpenFiles(bool create);
   Status Recover(bool force_rebuild);
   Status Replay(int file, uint64_t from, bool rebuild, std::vector<uint64_t>* positions);
@@ -435,6 +437,18 @@ class FlatTable {
   std::unique_ptr<FileState[]> files_;
   std::mutex header_mu_;                 // orders header writes (dirty mark, checkpoint, close)
   std::atomic<bool> dirty_marked_{false};
+  // Creating a table or a data file syncs nothing (each fsync of a file or
+  // directory cost a new segment milliseconds): the names and META become
+  // durable in SyncLayout(), which runs before any data file's fdatasync,
+  // so a durable record always has its table around it after an OS crash.
+  // layout_changes_ counts creations (bumped once the file exists),
+  // layout_synced_ the ones SyncLayout has covered.
+  Status SyncLayout();
+  std::mutex layout_mu_;                 // a leaf: one SyncLayout at a time
+  std::atomic<uint64_t> layout_changes_{0};
+  std::atomic<uint64_t> layout_synced_{0};
+  bool layout_created_ = false;          // GUARDED_BY(layout_mu_): META and the
+                                         // directory's own name still to sync
   std::atomic<uint64_t> dead_bytes_{0};
   std::atomic<uint64_t> copied_bytes_{0};
   std::atomic<FlatTable*> successor_{nullptr};  // set under every file mutex
