@@ -1057,7 +1057,8 @@ uint64_t FlatTable::ChargedBytes() const {
     const uint64_t end = log->end();
     const uint64_t bytes = end - std::min(end, log->begin());
     const uint64_t ahead = log->allocated() - std::min(log->allocated(), end);
-    total += bytes + std::min(ahead, static_cast<uint64_t>(kChargedReserve * static_cast<double>(bytes)));
+    const auto charged_ahead = static_cast<uint64_t>(kChargedReserve * static_cast<double>(bytes));
+    total += bytes + std::min(ahead, charged_ahead);
   }
   return total;
 }

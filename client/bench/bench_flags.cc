@@ -116,7 +116,8 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxNum, &f->sparse_first));
   } else if (name == "snowflake-rate") {
     // Up to 2^22 IDs a millisecond: the sequence's 22 bits.
-    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, (uint64_t{1} << 22) * 1000, &f->snowflake_rate));
+    FLATKV_RETURN_IF_ERROR(
+        ParseUint(name, value, 1, (uint64_t{1} << 22) * 1000, &f->snowflake_rate));
   } else if (name == "string-slots") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxNum, &f->string_slots));
   } else if (name == "compaction-mb-per-sec") {

@@ -199,10 +199,12 @@ void RunThread(BenchEngine* engine, Workload w, const WorkloadConfig& c,
       break;
     case Workload::kFillRandom:
     case Workload::kDeleteRandom:
-      RunSlice<kKind>(engine, op, PermutedKeys{&permutation}, begin, end, values, value_pos, c, r);
+      RunSlice<kKind>(engine, op, PermutedKeys{&permutation}, begin, end, values, value_pos, c,
+                      r);
       break;
     case Workload::kReadMissing:
-      RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, c.num}, begin, end, values, value_pos, c, r);
+      RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, c.num}, begin, end, values, value_pos, c,
+                      r);
       break;
     case Workload::kZipfOverwrite:
     case Workload::kZipfRead:

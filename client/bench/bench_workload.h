@@ -171,8 +171,8 @@ struct KeySpace {
       case KeyDist::kRandom: {
         const uint64_t span = static_cast<uint64_t>(key_max) - static_cast<uint64_t>(key_min);
         const uint64_t x = SplitMix64(index ^ seed);
-        return static_cast<int64_t>(static_cast<uint64_t>(key_min) +
-                                    static_cast<uint64_t>((static_cast<Rng::Uint128>(x) * span) >> 64));
+        const auto offset = static_cast<uint64_t>((static_cast<Rng::Uint128>(x) * span) >> 64);
+        return static_cast<int64_t>(static_cast<uint64_t>(key_min) + offset);
       }
       case KeyDist::kSnowflake:
         break;
