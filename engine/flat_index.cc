@@ -103,15 +103,17 @@ Status FlatIndex::Open(const std::string& path, const IndexParams& params, bool 
   }
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT && create) {
-    // Build the file under a temporary name so a crash never leaves a
-    // half-written header behind the real name.
+    // Build the file under a temporary name so a killed process never
+    // leaves a half-written header behind the real name. Nothing is synced:
+    // after an OS crash a header that did not reach the disk is damaged,
+    // and a damaged index is rebuilt from the data files (FlatTable::Open).
     const std::string tmp = path + ".tmp";
     fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return Status::FromErrno("creating " + tmp, errno);
     char hdr[kHeaderBytes];
     EncodeHeader(hdr, params, true, std::vector<uint64_t>(params.data_files, 0), 0);
     if (pwrite(fd, hdr, sizeof(hdr), 0) != static_cast<ssize_t>(sizeof(hdr)) ||
-        ftruncate(fd, static_cast<off_t>(FileBytes(params))) != 0 || fdatasync(fd) != 0 ||
+        ftruncate(fd, static_cast<off_t>(FileBytes(params))) != 0 ||
         rename(tmp.c_str(), path.c_str()) != 0) {
       int err = errno;
       ::close(fd);

@@ -116,6 +116,36 @@ uint64_t FlatTable::CurrentSlotLocked(const FileState& fs, uint64_t slot) const 
   return index_->Load(slot);
 }
 
+Status FlatTable::SyncLayout() {
+  if (layout_synced_.load(std::memory_order_acquire) >=
+      layout_changes_.load(std::memory_order_acquire)) {
+    return Status::OK();
+  }
+  std::lock_guard<std::mutex> lock(layout_mu_);
+  // Creations counted here happened before the syncs below, which cover them.
+  const uint64_t changes = layout_changes_.load(std::memory_order_acquire);
+  if (layout_synced_.load(std::memory_order_relaxed) >= changes) return Status::OK();
+  if (layout_created_) {
+    const std::string meta = params_.dir + "/META";
+    const int fd = ::open(meta.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno("opening " + meta, errno);
+    const int rc = fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) return Status::FromErrno("syncing " + meta, err);
+  }
+  // Without this, an OS crash could drop a new name and with it records
+  // that fdatasync had made durable.
+  FLATKV_RETURN_IF_ERROR(SyncDirectory(params_.dir));
+  if (layout_created_) {
+    const std::string parent = params_.dir.substr(0, params_.dir.find_last_of('/'));
+    if (!parent.empty() && parent != params_.dir) FLATKV_RETURN_IF_ERROR(SyncDirectory(parent));
+    layout_created_ = false;
+  }
+  layout_synced_.store(changes, std::memory_order_release);
+  return Status::OK();
+}
+
 Status FlatTable::EnsureWritable() {
   if (dirty_marked_.load(std::memory_order_acquire)) return Status::OK();
   std::lock_guard<std::mutex> lock(header_mu_);
@@ -132,9 +162,8 @@ Status FlatTable::LogForWrite(FileState& fs, int file, LogFile** log) {
   if (fs.owner == nullptr) {
     std::unique_ptr<LogFile> created;
     FLATKV_RETURN_IF_ERROR(LogFile::Open(DataPath(file), true, &created));
-    // Without this, an OS crash could drop the new name and with it records
-    // that fdatasync had made durable.
-    FLATKV_RETURN_IF_ERROR(SyncDirectory(params_.dir));
+    // Its name becomes durable in SyncLayout, before any of its records do.
+    layout_changes_.fetch_add(1, std::memory_order_release);
     fs.log.store(created.get(), std::memory_order_release);
     fs.owner = std::move(created);
     counters_->data_files_open.fetch_add(1, std::memory_order_relaxed);
@@ -228,7 +257,8 @@ Status FlatTable::WaitDurable(FileState& fs, std::unique_lock<std::mutex>& lk, u
     const size_t batch = fs.pending.size();
     lk.unlock();
     const auto start = std::chrono::steady_clock::now();
-    Status st = log->Sync();
+    Status st = SyncLayout();  // a new table's or file's names first
+    if (st.ok()) st = log->Sync();
     const auto took = std::chrono::steady_clock::now() - start;
     counters_->fdatasyncs.fetch_add(1, std::memory_order_relaxed);
     lk.lock();
@@ -933,6 +963,7 @@ Status FlatTable::Sync() {
   // so writes acknowledged between the compaction's own sync and the switch
   // could miss that Store::Sync).
   if (FlatTable* next = successor()) FLATKV_RETURN_IF_ERROR(next->Sync());
+  FLATKV_RETURN_IF_ERROR(SyncLayout());
   for (int f = 0; f < params_.index.data_files; ++f) {
     FileState& fs = files_[f];
     if (!fs.dirty.exchange(false, std::memory_order_relaxed)) continue;
@@ -989,7 +1020,7 @@ Status FlatTable::Close() {
   closed_ = true;
   const int n = params_.index.data_files;
   std::vector<uint64_t> ends(n, 0);
-  Status result;
+  Status result = SyncLayout();  // before the files' fdatasync
   for (int f = 0; f < n; ++f) {
     FileState& fs = files_[f];
     std::unique_lock<std::mutex> lk(fs.mu);
@@ -1014,6 +1045,20 @@ uint64_t FlatTable::TotalBytes() const {
   for (int f = 0; f < params_.index.data_files; ++f) {
     const LogFile* log = files_[f].log.load(std::memory_order_acquire);
     if (log != nullptr) total += log->end() - std::min(log->end(), log->begin());
+  }
+  return total;
+}
+
+uint64_t FlatTable::ChargedBytes() const {
+  uint64_t total = 0;
+  for (int f = 0; f < params_.index.data_files; ++f) {
+    const LogFile* log = files_[f].log.load(std::memory_order_acquire);
+    if (log == nullptr) continue;
+    const uint64_t end = log->end();
+    const uint64_t bytes = end - std::min(end, log->begin());
+    const uint64_t ahead = log->allocated() - std::min(log->allocated(), end);
+    const auto charged_ahead = static_cast<uint64_t>(kChargedReserve * static_cast<double>(bytes));
+    total += bytes + std::min(ahead, charged_ahead);
   }
   return total;
 }

@@ -183,6 +183,15 @@ class FlatTable {
   // What the data files hold on disk: TotalBytes() plus the space each
   // reserved ahead of its end (LogFile::Reserve).
   uint64_t AllocatedBytes() const;
+  // What the store's disk bound charges the table (Store::PickAutomatic):
+  // TotalBytes() plus each data file's space reserved ahead up to
+  // kChargedReserve of its bytes, the share the reservation keeps to once a
+  // file grows. Beyond that a reservation is a fixed cost of an open file
+  // (a new file's first page, a large record's step) that no compaction
+  // gives back, so a table without garbage is charged at most 1 +
+  // kChargedReserve times its live bytes.
+  uint64_t ChargedBytes() const;
+  static constexpr double kChargedReserve = 1.0 / 8;
   uint64_t DeadBytes() const { return dead_bytes_.load(std::memory_order_relaxed); }
   // Live keys in the whole table, and (an estimate, for progress reports)
   // in [from, stop] clamped to the table: counted from the index alone (no
@@ -314,8 +323,10 @@ class FlatTable {
 
   FlatTable(const TableParams& params, EngineCounters* counters);
 
+  // Writes META via a temporary file and a rename; "durable" also fsyncs
+  // the file and the directory (a new table leaves that to SyncLayout).
   static Status WriteMeta(const std::string& dir, const IndexParams& p, bool appends,
-                          const std::vector<uint64_t>& heads);
+                          const std::vector<uint64_t>& heads, bool durable = true);
   Status OpenFiles(bool create);
   Status Recover(bool force_rebuild);
   Status Replay(int file, uint64_t from, bool rebuild, std::vector<uint64_t>* positions);
@@ -426,6 +437,18 @@ class FlatTable {
   std::unique_ptr<FileState[]> files_;
   std::mutex header_mu_;                 // orders header writes (dirty mark, checkpoint, close)
   std::atomic<bool> dirty_marked_{false};
+  // Creating a table or a data file syncs nothing (each fsync of a file or
+  // directory cost a new segment milliseconds): the names and META become
+  // durable in SyncLayout(), which runs before any data file's fdatasync,
+  // so a durable record always has its table around it after an OS crash.
+  // layout_changes_ counts creations (bumped once the file exists),
+  // layout_synced_ the ones SyncLayout has covered.
+  Status SyncLayout();
+  std::mutex layout_mu_;                 // a leaf: one SyncLayout at a time
+  std::atomic<uint64_t> layout_changes_{0};
+  std::atomic<uint64_t> layout_synced_{0};
+  bool layout_created_ = false;          // GUARDED_BY(layout_mu_): META and the
+                                         // directory's own name still to sync
   std::atomic<uint64_t> dead_bytes_{0};
   std::atomic<uint64_t> copied_bytes_{0};
   std::atomic<FlatTable*> successor_{nullptr};  // set under every file mutex

@@ -28,7 +28,7 @@ namespace flatkv::engine {
 // META's text: the range and layout, then (since 2026-11-25) whether an
 // appended value was ever written here and each data file's head.
 Status FlatTable::WriteMeta(const std::string& dir, const IndexParams& p, bool appends,
-                            const std::vector<uint64_t>& heads) {
+                            const std::vector<uint64_t>& heads, bool durable) {
   const std::string path = dir + "/META";
   const std::string tmp = path + ".tmp";
   std::string text = "flatkv-table 1\nkmin ";
@@ -46,14 +46,14 @@ Status FlatTable::WriteMeta(const std::string& dir, const IndexParams& p, bool a
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno("creating " + tmp, errno);
   const ssize_t n = ::write(fd, text.data(), text.size());
-  if (n != static_cast<ssize_t>(text.size()) || fsync(fd) != 0) {
+  if (n != static_cast<ssize_t>(text.size()) || (durable && fsync(fd) != 0)) {
     const int err = n >= 0 && n != static_cast<ssize_t>(text.size()) ? ENOSPC : errno;
     ::close(fd);
     return Status::FromErrno("writing " + tmp, err);
   }
   ::close(fd);
   if (rename(tmp.c_str(), path.c_str()) != 0) return Status::FromErrno("renaming " + tmp, errno);
-  return SyncDirectory(dir);
+  return durable ? SyncDirectory(dir) : Status::OK();
 }
 
 namespace {
@@ -66,6 +66,12 @@ Status ReadMeta(const std::string& dir, IndexParams* p, bool* appends,
   const std::string path = dir + "/META";
   std::ifstream in(path);
   if (!in) return Status::NotFound(path + " does not exist");
+  // A new table's META is made durable only with its first durable record
+  // (SyncLayout): after an OS crash before that, it may be empty, and the
+  // table held nothing durable. It is written again, as for a missing one.
+  if (in.peek() == std::ifstream::traits_type::eof()) {
+    return Status::NotFound(path + " is empty (a table created just before a crash)");
+  }
   std::string magic, k;
   int version = 0;
   in >> magic >> version;
@@ -102,6 +108,7 @@ Status FlatTable::Open(const TableParams& requested, bool create, EngineCounters
                        std::unique_ptr<FlatTable>* result) {
   TableParams params = requested;
   IndexParams meta;
+  bool created = false;  // META written by this call: the table is new
   bool appends = false;
   std::vector<uint64_t> heads(static_cast<size_t>(params.index.data_files), 0);
   Status st = ReadMeta(params.dir, &meta, &appends, &heads);
@@ -116,16 +123,22 @@ Status FlatTable::Open(const TableParams& requested, bool create, EngineCounters
     if (mkdir(params.dir.c_str(), 0755) != 0 && errno != EEXIST) {
       return Status::FromErrno("creating " + params.dir, errno);
     }
-    FLATKV_RETURN_IF_ERROR(WriteMeta(params.dir, params.index, false, heads));
+    FLATKV_RETURN_IF_ERROR(WriteMeta(params.dir, params.index, false, heads, /*durable=*/false));
+    created = true;
   } else {
     return st;
   }
   std::unique_ptr<FlatTable> table(new FlatTable(params, counters));
+  if (created) {
+    table->layout_created_ = true;
+    table->layout_changes_.store(1, std::memory_order_relaxed);
+  }
   table->may_have_appends_.store(appends, std::memory_order_relaxed);
   table->heads_ = heads;
   bool rebuild = false;
   const std::string index_path = params.dir + "/index";
-  if (access(index_path.c_str(), F_OK) != 0) {
+  const bool index_missing = access(index_path.c_str(), F_OK) != 0;
+  if (index_missing) {
     for (int f = 0; f < params.index.data_files && !rebuild; ++f) {
       rebuild = access(table->DataPath(f).c_str(), F_OK) == 0;
     }
@@ -141,6 +154,12 @@ Status FlatTable::Open(const TableParams& requested, bool create, EngineCounters
   FLATKV_RETURN_IF_ERROR(st);
   FLATKV_RETURN_IF_ERROR(table->OpenFiles(create));
   FLATKV_RETURN_IF_ERROR(table->Recover(rebuild));
+  if (index_missing && !rebuild) {
+    // A new index says clean with every checkpoint 0, which vouches only for
+    // an empty table (Recover treats one with a live slot as dirty), so its
+    // first write need not mark it dirty (a synchronous header write).
+    table->dirty_marked_.store(true, std::memory_order_relaxed);
+  }
   *result = std::move(table);
   return Status::OK();
 }
@@ -172,6 +191,13 @@ Status FlatTable::Recover(bool force_rebuild) {
     const uint64_t size = log != nullptr ? log->end() : 0;
     if (size != checkpoints[f]) needed = true;
     if (size < checkpoints[f]) rebuild = true;  // the log lost bytes the index saw
+  }
+  // Clean with every checkpoint 0 is a new table's header, never marked
+  // dirty (FlatTable::Open): after an OS crash its slots may have reached
+  // the disk without the records they point at.
+  if (!needed && index_->LiveSlots() > 0 &&
+      std::all_of(checkpoints.begin(), checkpoints.end(), [](uint64_t c) { return c == 0; })) {
+    needed = true;
   }
   dead_bytes_.store(index_->dead_bytes(), std::memory_order_relaxed);
   if (!needed) {

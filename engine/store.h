@@ -484,9 +484,14 @@ class Store {
   // Writers call this before their Guard with the log bytes they are about
   // to add. They take them from allowance_, the bytes the log may still
   // grow by before it passes (compaction_disk_ratio + kStallMargin) times
-  // the live bytes; once it is spent they wait for the compactor to renew
-  // it (at most kMaxStall, then they go on).
+  // the live bytes; once it is spent a writer renews it (RenewForWriter),
+  // and only if that leaves none (garbage past the bound, or a compaction
+  // running) it waits for the compactor (at most kMaxStall, then it goes
+  // on).
   void WaitForCompactor(uint64_t bytes);
+  // A writer's renewal of a spent allowance (PickAutomatic), unless a
+  // compaction is running: then the compactor renews it.
+  void RenewForWriter();
   // Sets the allowance to "bytes"; a writer that takes it below
   // "wake_below" wakes the compactor (-1: none does).
   void SetAllowance(int64_t bytes, int64_t wake_below = -1);
@@ -502,7 +507,8 @@ class Store {
   std::atomic<bool> renew_asked_{false};
   mutable std::mutex stall_mu_;
   mutable std::condition_variable stall_cv_;
-  std::chrono::steady_clock::time_point renewed_at_;  // compactor thread only
+  std::chrono::steady_clock::time_point renewed_at_;  // GUARDED_BY(stall_mu_)
+  std::mutex renew_mu_;  // one writer at a time renews a spent allowance
 
   std::map<uint64_t, std::unique_ptr<FlatTable>> pending_;  // GUARDED_BY(tables_mu_)
   std::map<uint64_t, uint64_t> generation_;                 // GUARDED_BY(tables_mu_)

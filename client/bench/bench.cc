@@ -64,6 +64,13 @@ struct Report {
   // async mode, where the workload ends with a flush).
   BenchCacheStats cache;
   double engine_writes_per_put = 0;
+  // With --key-dist given: each put's latency, and (flat) the segments the
+  // workload created and the writes that waited for the compactor.
+  bool put_latency = false;
+  uint64_t put_p50_ns = 0, put_p99_ns = 0, put_max_ns = 0;
+  bool engine_counters = false;
+  uint64_t segments_created = 0;
+  uint64_t write_stalls = 0;
 };
 
 // b - a for counters that restart at 0 when the engine reopens (reopen, the
@@ -130,6 +137,12 @@ Report MakeReport(const BenchFlags& f, Workload w, const WorkloadResult& r,
   if (IsWriteWorkload(w) && user_bytes > 0) rep.write_amp = write_bytes / user_bytes;
   rep.rss_bytes = ReadRssBytes();
   rep.disk_bytes = DiskBytes(f.dir);
+  if (r.put_latency.count() > 0) {
+    rep.put_latency = true;
+    rep.put_p50_ns = r.put_latency.Percentile(0.5);
+    rep.put_p99_ns = r.put_latency.Percentile(0.99);
+    rep.put_max_ns = r.put_latency.max();
+  }
   if (IsCompactionWorkload(w)) {
     const CompactionResult& c = r.compaction;
     rep.compaction = c;
@@ -178,6 +191,21 @@ void PrintText(const BenchFlags& f, Workload w, const Report& rep) {
   }
   if (IsCompactionWorkload(w) && f.compaction_mb_per_sec > 0) {
     extra += ", limit " + std::to_string(f.compaction_mb_per_sec) + " MB/s";
+  }
+  if (f.key_dist_given) {
+    char buf[200];
+    std::snprintf(buf, sizeof(buf), ", %s keys", KeyDistName(f.key_dist));
+    extra += buf;
+    if (rep.put_latency) {
+      std::snprintf(buf, sizeof(buf), ", put p50 %.1f p99 %.1f max %.1f us",
+                    rep.put_p50_ns / 1e3, rep.put_p99_ns / 1e3, rep.put_max_ns / 1e3);
+      extra += buf;
+    }
+    if (rep.engine_counters) {
+      std::snprintf(buf, sizeof(buf), ", %" PRIu64 " new segments, %" PRIu64 " stalls",
+                    rep.segments_created, rep.write_stalls);
+      extra += buf;
+    }
   }
   const char* keys = f.keys == KeyKind::kString ? ", str keys" : "";
   const CompactionResult& c = rep.compaction;
@@ -238,6 +266,17 @@ void PrintJson(const BenchFlags& f, Workload w, const Report& rep) {
       rep.mb_per_sec, rep.rss_bytes, rep.write_bytes, rep.disk_bytes, rep.found,
       rep.write_amp, rep.errors, KeyKindName(f.keys));
   if (IsCompactionWorkload(w)) PrintCompactionJson(f, w, rep);
+  if (f.key_dist_given) {
+    std::printf(",\"key_dist\":\"%s\"", KeyDistName(f.key_dist));
+    if (rep.put_latency) {
+      std::printf(",\"put_p50_us\":%.3f,\"put_p99_us\":%.3f,\"put_max_us\":%.3f",
+                  rep.put_p50_ns / 1e3, rep.put_p99_ns / 1e3, rep.put_max_ns / 1e3);
+    }
+    if (rep.engine_counters) {
+      std::printf(",\"segments_created\":%" PRIu64 ",\"write_stalls\":%" PRIu64,
+                  rep.segments_created, rep.write_stalls);
+    }
+  }
   if (CacheEnabled(f)) {
     std::printf(",\"cache\":\"%s\",\"write_mode\":\"%s\",\"cache_hits\":%" PRIu64
                 ",\"cache_misses\":%" PRIu64 ",\"cache_flushes\":%" PRIu64
@@ -257,6 +296,8 @@ WorkloadConfig MakeConfig(const BenchFlags& f, const BenchEngineOptions& open_op
   c.seed = f.seed;
   c.position = position;
   c.keys = f.keys;
+  c.space = KeySpaceFor(f);
+  c.time_puts = f.key_dist_given;
   c.values = values;
   c.open_options = open_options;
   return c;
@@ -278,6 +319,39 @@ bool PreFill(BenchEngine* engine, const BenchFlags& f, Workload first,
   return false;
 }
 
+// --sparse-first: puts f.sparse_first keys uniform over [key_min, key_max)
+// (a distinct seed from the workloads'), then notes on stderr how fast they
+// went and what the engine did meanwhile. false if a put failed.
+bool SparseFirst(BenchEngine* engine, const BenchFlags& f, const BenchEngineOptions& open_options,
+                 const ValueBuffer* values) {
+  WorkloadConfig c = MakeConfig(f, open_options, values, -2);
+  c.num = f.sparse_first;
+  c.threads = 1;
+  c.space.dist = KeyDist::kRandom;
+  c.space.seed = SplitMix64(c.space.seed ^ 0x737061727365ULL);  // "sparse"
+  c.time_puts = true;
+  BenchEngineCounters before, after;
+  const bool counted = engine->GetEngineCounters(&before);
+  WorkloadResult r;
+  Status s = RunWorkload(engine, Workload::kFillRandom, c, &r);
+  if (counted) engine->GetEngineCounters(&after);
+  std::fprintf(stderr,
+               "flatkv-bench: sparse-first: %" PRIu64 " random keys in %.3f s (%.0f puts/s), put "
+               "p99 %.1f us",
+               c.num, r.seconds, r.seconds > 0 ? static_cast<double>(c.num) / r.seconds : 0.0,
+               r.put_latency.Percentile(0.99) / 1e3);
+  if (counted) {
+    std::fprintf(stderr, ", %" PRIu64 " new segments, %" PRIu64 " stalls",
+                 CounterDelta(before.segments, after.segments),
+                 CounterDelta(before.write_stalls, after.write_stalls));
+  }
+  std::fprintf(stderr, "\n");
+  if (s.ok() && r.errors == 0) return true;
+  std::fprintf(stderr, "flatkv-bench: sparse-first failed: %s\n",
+               s.ok() ? r.first_error.c_str() : s.ToString().c_str());
+  return false;
+}
+
 // Runs the workload list on one open database and returns the exit code.
 // Sets *open to false if a failed reopen left the database closed.
 int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
@@ -295,6 +369,7 @@ int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
       break;
     }
   }
+  if (f.sparse_first > 0 && !SparseFirst(engine, f, open_options, &values)) return kExitFailure;
   // The pre-fill uses position -1 so its permutation differs from a later
   // fillrandom's, as two separate runs would.
   if (dir_was_empty && first != nullptr && NeedsData(*first) &&
@@ -315,10 +390,13 @@ int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
     WorkloadResult r;
     BenchCacheStats cache_before, cache_after;
     engine->GetCacheStats(&cache_before);
+    BenchEngineCounters counters_before, counters_after;
+    const bool counted = engine->GetEngineCounters(&counters_before);
     uint64_t before = ReadIoWriteBytes();
     Status s = RunWorkload(engine, w, MakeConfig(f, open_options, &values, static_cast<int>(i)), &r);
     uint64_t after = ReadIoWriteBytes();
     engine->GetCacheStats(&cache_after);
+    if (counted && s.ok()) engine->GetEngineCounters(&counters_after);
     if (!s.ok()) {
       // Only a failed reopen gets here; the database is closed now.
       *open = false;
@@ -331,6 +409,11 @@ int RunWorkloads(BenchEngine* engine, const BenchFlags& f,
                            : after >= before      ? after - before
                                                   : 0;
     Report rep = MakeReport(f, w, r, write_bytes);
+    if (counted) {
+      rep.engine_counters = true;
+      rep.segments_created = CounterDelta(counters_before.segments, counters_after.segments);
+      rep.write_stalls = CounterDelta(counters_before.write_stalls, counters_after.write_stalls);
+    }
     if (CacheEnabled(f)) {
       rep.cache = CacheDelta(cache_before, cache_after);
       // Safe mode writes through: each put is one engine write. Async mode

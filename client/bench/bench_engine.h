@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -67,6 +68,16 @@ struct BenchEngineOptions {
   uint64_t cache_bytes = 0;             // CacheOptions::capacity_bytes
   bool write_async = false;             // WriteMode::kAsync instead of kSafe
   uint32_t flush_interval_ms = 100;     // CacheOptions::flush_interval_ms
+  // flat only: EngineOptions::key_min / key_max (the peers take any key).
+  int64_t key_min = 0;
+  int64_t key_max = std::numeric_limits<int64_t>::max();
+};
+
+// Counters of flat's Store (EngineStats) the bench reports per workload.
+struct BenchEngineCounters {
+  uint64_t segments = 0;      // tables created so far (EngineStats::segments)
+  uint64_t write_stalls = 0;  // writes that waited for the compactor
+  uint64_t write_stall_us = 0;
 };
 
 // Counters of flat's WriteBackCache since it was opened (CacheStats).
@@ -138,6 +149,8 @@ class BenchEngine {
   virtual Status FlushCache() { return Status::OK(); }
   // Fills *stats and returns true if the engine has a cache open.
   virtual bool GetCacheStats(BenchCacheStats* /*stats*/) const { return false; }
+  // flat only: fills *counters and returns true.
+  virtual bool GetEngineCounters(BenchEngineCounters* /*counters*/) const { return false; }
 };
 
 // Engine names flatkv-bench knows, compiled in or not, in usage order.

@@ -98,6 +98,26 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
       return Status::InvalidArgument("--keys: expected int|string, got '" + std::string(value) +
                                      "'");
     }
+  } else if (name == "key-dist") {
+    if (!ParseKeyDist(value, &f->key_dist)) {
+      return Status::InvalidArgument("--key-dist: expected dense|random|snowflake, got '" +
+                                     std::string(value) + "'");
+    }
+    f->key_dist_given = true;
+  } else if (name == "key-min" || name == "key-max") {
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size()) {
+      return Status::InvalidArgument("--" + std::string(name) + ": '" + std::string(value) +
+                                     "' is not a 64-bit integer");
+    }
+    (name == "key-min" ? f->key_min : f->key_max) = v;
+  } else if (name == "sparse-first") {
+    FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxNum, &f->sparse_first));
+  } else if (name == "snowflake-rate") {
+    // Up to 2^22 IDs a millisecond: the sequence's 22 bits.
+    FLATKV_RETURN_IF_ERROR(
+        ParseUint(name, value, 1, (uint64_t{1} << 22) * 1000, &f->snowflake_rate));
   } else if (name == "string-slots") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxNum, &f->string_slots));
   } else if (name == "compaction-mb-per-sec") {
@@ -265,6 +285,34 @@ Status Validate(const BenchFlags& f) {
     return Status::InvalidArgument(
         "--cache-bytes, --write-mode async and --flush-interval-ms need --cache lru|arc");
   }
+  if (f.key_dist != KeyDist::kDense && f.keys != KeyKind::kInt) {
+    return Status::InvalidArgument("--key-dist random|snowflake applies only to --keys int");
+  }
+  if (f.mode == BenchMode::kGrowth &&
+      (f.key_dist_given || f.sparse_first > 0 || f.key_min != 0 ||
+       f.key_max != std::numeric_limits<int64_t>::max())) {
+    return Status::InvalidArgument(
+        "--key-dist, --key-min, --key-max and --sparse-first apply only to 'engine'");
+  }
+  if (f.sparse_first > 0 && f.keys != KeyKind::kInt) {
+    return Status::InvalidArgument("--sparse-first applies only to --keys int");
+  }
+  if (f.key_min >= f.key_max) {
+    return Status::InvalidArgument("--key-min must be below --key-max");
+  }
+  {
+    // Every key a run may touch (readmissing goes up to index 2*num - 1)
+    // must be one the store accepts.
+    const KeySpace space = KeySpaceFor(f);
+    for (uint64_t i : {uint64_t{0}, 2 * f.num - 1}) {
+      const int64_t k = space.Key(i);
+      if (k < f.key_min || k >= f.key_max) {
+        return Status::InvalidArgument(std::string("--key-dist ") + KeyDistName(f.key_dist) +
+                                       ": key " + std::to_string(k) + " of index " +
+                                       std::to_string(i) + " lies outside [--key-min, --key-max)");
+      }
+    }
+  }
   if (f.string_slots != 0 && (f.engine != "flat" || f.keys != KeyKind::kString)) {
     return Status::InvalidArgument("--string-slots applies only to --engine flat --keys string");
   }
@@ -327,6 +375,8 @@ BenchEngineOptions EngineOptionsFor(const BenchFlags& f) {
   options.compaction_mb_per_sec = f.compaction_mb_per_sec;
   options.compaction_disk_ratio = f.compaction_disk_ratio;
   options.compaction_in_place = f.compaction_in_place;
+  options.key_min = f.key_min;
+  options.key_max = f.key_max;
   if (CacheEnabled(f)) {
     options.cache_policy = f.cache;
     options.cache_bytes = f.cache_bytes;
@@ -337,6 +387,16 @@ BenchEngineOptions EngineOptionsFor(const BenchFlags& f) {
     if (f.mode == BenchMode::kEngine && IsCompactionWorkload(w)) options.auto_compaction = false;
   }
   return options;
+}
+
+KeySpace KeySpaceFor(const BenchFlags& flags) {
+  KeySpace space;
+  space.dist = flags.key_dist;
+  space.key_min = flags.key_min;
+  space.key_max = flags.key_max;
+  space.snowflake_rate = flags.snowflake_rate;
+  space.seed = SplitMix64(flags.seed ^ 0x6b65792d64697374ULL);  // "key-dist"
+  return space;
 }
 
 uint64_t StringSlotsFor(const BenchFlags& flags) {
@@ -420,6 +480,20 @@ void PrintBenchUsage(std::FILE* out) {
       "  --fresh             remove everything inside --dir first\n"
       "  --json              one JSON object per line instead of text\n"
       "  --seed S            seed for keys and values (default 301)\n"
+      "  --key-dist D        dense|random|snowflake: integer key index i is sent as\n"
+      "                      i (dense, the default), a uniform key in\n"
+      "                      [--key-min, --key-max) (random), or the Twitter\n"
+      "                      ID (ms << 22) | seq issued at --snowflake-rate IDs\n"
+      "                      a second (snowflake); given, each line also shows\n"
+      "                      put latency p50/p99/max and (flat) the segments\n"
+      "                      created and the writes that stalled\n"
+      "  --key-min K, --key-max K\n"
+      "                      random's range, and flat's storage.key_min/key_max\n"
+      "                      (default 0 and 2^63-1)\n"
+      "  --snowflake-rate R  snowflake IDs a second (default 10000)\n"
+      "  --sparse-first N    int keys: first put N keys uniform over [--key-min,\n"
+      "                      --key-max) in the same process (untimed; rate,\n"
+      "                      new segments and stalls on stderr)\n"
       "  --keys int|string   int: the key index as an integer (default); string:\n"
       "                      16 random bytes per index (flat: SPut/SGet/SRemove)\n"
       "  --index-item-bytes  flat only: index slot width 4..8\n"

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,18 @@ struct BenchFlags {
   int index_item_bytes = 0;               // --index-item-bytes (flat), 0 = default
   int data_files = 0;                     // --data-files (flat), 0 = default
   KeyKind keys = KeyKind::kInt;           // --keys int|string
+  // --key-dist dense|random|snowflake: where integer key indexes land
+  // (KeySpace in bench_workload.h); given explicitly, each put's latency is
+  // reported too (p50/p99/max), with flat's new segments and write stalls.
+  KeyDist key_dist = KeyDist::kDense;
+  bool key_dist_given = false;
+  int64_t key_min = 0;                    // --key-min: random's range, and flat's
+  int64_t key_max = std::numeric_limits<int64_t>::max();  // --key-max (storage.key_*)
+  uint64_t snowflake_rate = 10000;        // --snowflake-rate: IDs a second
+  // --sparse-first N: before the workloads, in the same process (untimed,
+  // summed up on stderr), put N keys uniform over [--key-min, --key-max):
+  // a store holding a few sparse segments, as a server would after them.
+  uint64_t sparse_first = 0;
   uint64_t string_slots = 0;              // --string-slots (flat, string keys), 0 = auto
   uint32_t compaction_mb_per_sec = 0;     // --compaction-mb-per-sec (flat), 0 = unlimited
   double compaction_disk_ratio = -1;      // --compaction-disk-ratio (flat), -1 = default
@@ -76,6 +89,10 @@ uint64_t StringSlotsFor(const BenchFlags& flags);
 
 // The options the engine adapters open with, from the engine/growth flags.
 BenchEngineOptions EngineOptionsFor(const BenchFlags& flags);
+
+// The integer key space of --key-dist, --key-min, --key-max, --snowflake-rate
+// and --seed.
+KeySpace KeySpaceFor(const BenchFlags& flags);
 
 // Parses argv (argv[0] is the program). On success fills *flags; on a bad
 // command line returns InvalidArgument with a one-line reason.

@@ -39,6 +39,8 @@ class FlatBenchEngine : public BenchEngine {
     eo.compaction_mb_per_sec = options.compaction_mb_per_sec;
     if (options.compaction_disk_ratio >= 0) eo.compaction_disk_ratio = options.compaction_disk_ratio;
     eo.compaction_in_place = options.compaction_in_place;
+    eo.key_min = options.key_min;
+    eo.key_max = options.key_max;
     FLATKV_RETURN_IF_ERROR(engine::Store::Open(eo, &store_));
     if (options.cache_policy.empty()) return Status::OK();
     engine::cache::CacheOptions co;
@@ -108,6 +110,14 @@ class FlatBenchEngine : public BenchEngine {
     stats->misses = cs.misses;
     stats->flushes = cs.flushes;
     stats->coalesced = cs.coalesced;
+    return true;
+  }
+
+  bool GetEngineCounters(BenchEngineCounters* counters) const override {
+    const engine::EngineStats es = store_->GetStats();
+    counters->segments = es.segments;
+    counters->write_stalls = es.write_stalls;
+    counters->write_stall_us = es.write_stall_us;
     return true;
   }
 

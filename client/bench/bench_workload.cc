@@ -68,6 +68,7 @@ struct ThreadResult {
   uint64_t errors = 0;
   std::string first_error;
   Clock::time_point end;
+  LatencyHistogram put_latency;  // with WorkloadConfig::time_puts
 };
 
 // Kept out of line so the hot loops stay small. "key" is the index; with
@@ -128,15 +129,25 @@ Op OpOf(Workload w) {
   }
 }
 
-// Runs ops [begin, end) of one thread.
+// Runs ops [begin, end) of one thread. Integer key indexes go through
+// "space" (--key-dist); string keys are hashed from the index anyway.
 template <KeyKind kKind, class Keys>
 void RunSlice(BenchEngine* engine, Op op, Keys keys, uint64_t begin, uint64_t end,
-              const ValueBuffer& values, size_t value_pos, ThreadResult* r) {
+              const ValueBuffer& values, size_t value_pos, const WorkloadConfig& c,
+              ThreadResult* r) {
+  auto key_of = [&c](int64_t index) {
+    return kKind == KeyKind::kInt ? c.space.Key(static_cast<uint64_t>(index)) : index;
+  };
   switch (op) {
     case Op::kPut:
       for (uint64_t i = begin; i < end; ++i) {
-        int64_t key = keys(i);
+        int64_t key = key_of(keys(i));
+        const Clock::time_point t0 = c.time_puts ? Clock::now() : Clock::time_point();
         Status s = PutKey<kKind>(engine, key, values.Next(&value_pos));
+        if (c.time_puts) {
+          r->put_latency.Record(static_cast<uint64_t>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+        }
         if (!s.ok()) RecordFailure(s, kKind, key, r);
       }
       break;
@@ -144,7 +155,7 @@ void RunSlice(BenchEngine* engine, Op op, Keys keys, uint64_t begin, uint64_t en
       std::string value;
       value.reserve(values.value_size());
       for (uint64_t i = begin; i < end; ++i) {
-        int64_t key = keys(i);
+        int64_t key = key_of(keys(i));
         Status s = GetKey<kKind>(engine, key, &value);
         if (s.ok()) {
           ++r->found;
@@ -156,7 +167,7 @@ void RunSlice(BenchEngine* engine, Op op, Keys keys, uint64_t begin, uint64_t en
     }
     case Op::kDelete:
       for (uint64_t i = begin; i < end; ++i) {
-        int64_t key = keys(i);
+        int64_t key = key_of(keys(i));
         Status s = DeleteKey<kKind>(engine, key);
         if (!s.ok()) RecordFailure(s, kKind, key, r);
       }
@@ -184,21 +195,23 @@ void RunThread(BenchEngine* engine, Workload w, const WorkloadConfig& c,
   const ValueBuffer& values = *c.values;
   switch (w) {
     case Workload::kFillSeq:
-      RunSlice<kKind>(engine, op, SeqKeys{}, begin, end, values, value_pos, r);
+      RunSlice<kKind>(engine, op, SeqKeys{}, begin, end, values, value_pos, c, r);
       break;
     case Workload::kFillRandom:
     case Workload::kDeleteRandom:
-      RunSlice<kKind>(engine, op, PermutedKeys{&permutation}, begin, end, values, value_pos, r);
+      RunSlice<kKind>(engine, op, PermutedKeys{&permutation}, begin, end, values, value_pos, c,
+                      r);
       break;
     case Workload::kReadMissing:
-      RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, c.num}, begin, end, values, value_pos, r);
+      RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, c.num}, begin, end, values, value_pos, c,
+                      r);
       break;
     case Workload::kZipfOverwrite:
     case Workload::kZipfRead:
-      RunSlice<kKind>(engine, op, ZipfKeys{rng, zipf}, begin, end, values, value_pos, r);
+      RunSlice<kKind>(engine, op, ZipfKeys{rng, zipf}, begin, end, values, value_pos, c, r);
       break;
     default:  // overwrite, readrandom
-      RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, 0}, begin, end, values, value_pos, r);
+      RunSlice<kKind>(engine, op, RandomKeys{rng, c.num, 0}, begin, end, values, value_pos, c, r);
       break;
   }
   r->end = Clock::now();
@@ -216,6 +229,7 @@ void RunReadsUntil(BenchEngine* engine, const WorkloadConfig& c, int t, uint64_t
   uint64_t i = 0;
   for (; i < quota || !stop.load(std::memory_order_relaxed); ++i) {
     int64_t key = keys(i);
+    if (kKind == KeyKind::kInt) key = c.space.Key(static_cast<uint64_t>(key));
     Status s = GetKey<kKind>(engine, key, &value);
     if (s.ok()) {
       ++r->found;
@@ -234,6 +248,7 @@ void Summarize(const std::vector<ThreadResult>& per_thread, Clock::time_point st
   Clock::time_point last = start;
   for (const ThreadResult& r : per_thread) {
     last = std::max(last, r.end);
+    result->put_latency.Merge(r.put_latency);
     result->found += r.found;
     result->errors += r.errors;
     if (result->first_error.empty()) result->first_error = r.first_error;
@@ -416,6 +431,30 @@ bool ParseKeyKind(std::string_view name, KeyKind* kind) {
 }
 
 const char* KeyKindName(KeyKind kind) { return kind == KeyKind::kString ? "string" : "int"; }
+
+bool ParseKeyDist(std::string_view name, KeyDist* dist) {
+  if (name == "dense") {
+    *dist = KeyDist::kDense;
+  } else if (name == "random") {
+    *dist = KeyDist::kRandom;
+  } else if (name == "snowflake") {
+    *dist = KeyDist::kSnowflake;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* KeyDistName(KeyDist dist) {
+  switch (dist) {
+    case KeyDist::kRandom:
+      return "random";
+    case KeyDist::kSnowflake:
+      return "snowflake";
+    default:
+      return "dense";
+  }
+}
 
 uint64_t KeyBytes(KeyKind kind) { return kind == KeyKind::kString ? kStringKeyBytes : 8; }
 

@@ -1,9 +1,13 @@
 // The workloads of flatkv-bench and the machinery that times them: which keys
 // each one touches, the value bytes it writes, and the threads that run it.
 //
-// Keys live in [0, num). Every key sequence is a pure function of (--seed,
-// workload position, thread), so two runs with the same flags issue the same
-// operations in the same order against every engine.
+// Key indexes live in [0, num). Every key sequence is a pure function of
+// (--seed, workload position, thread), so two runs with the same flags issue
+// the same operations in the same order against every engine. --key-dist
+// maps an index to the integer key sent (KeySpace below): dense sends the
+// index itself, random and snowflake spread the same indexes over a sparse
+// key space, so a workload touches the same number of distinct keys either
+// way.
 //
 // With --keys string, key index i is sent as the 16 bytes StringKey(i) instead
 // of the integer i; the sequences below pick the same indexes either way, so
@@ -51,12 +55,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <latch>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "client/bench/bench_engine.h"
+#include "client/bench/bench_histogram.h"
 #include "engine/status.h"
 
 namespace flatkv::client {
@@ -133,6 +139,58 @@ class Rng {
 // splitmix64 as a pure function of its input (one Rng step from state x). A
 // bijection of uint64.
 inline uint64_t SplitMix64(uint64_t x) { return Rng(x).Next(); }
+
+// Where integer key index i lands (--key-dist), as shared/DESIGN.md names it:
+//   dense      i itself: keys in [0, num)
+//   random     uniform over [key_min, key_max): SplitMix64 of (i, seed),
+//              scaled by multiply-shift; distinct indexes collide only as
+//              two uniform draws over that span do
+//   snowflake  Twitter's IDs, (milliseconds << 22) | sequence, issued at
+//              snowflake_rate IDs a second from a fixed start
+//              (kSnowflakeStartMs), so a run's keys do not depend on the clock
+enum class KeyDist { kDense, kRandom, kSnowflake };
+
+// Parses "dense" | "random" | "snowflake"; false on anything else.
+bool ParseKeyDist(std::string_view name, KeyDist* dist);
+const char* KeyDistName(KeyDist dist);
+
+// 2026-01-01T00:00:00Z in milliseconds since Twitter's epoch (1288834974657).
+inline constexpr uint64_t kSnowflakeStartMs = 1767225600000ULL - 1288834974657ULL;
+
+struct KeySpace {
+  KeyDist dist = KeyDist::kDense;
+  int64_t key_min = 0;                                  // random only
+  int64_t key_max = std::numeric_limits<int64_t>::max();
+  uint64_t snowflake_rate = 10000;                      // IDs a second
+  uint64_t seed = 0;                                    // random only
+
+  int64_t Key(uint64_t index) const {
+    switch (dist) {
+      case KeyDist::kDense:
+        return static_cast<int64_t>(index);
+      case KeyDist::kRandom: {
+        const uint64_t span = static_cast<uint64_t>(key_max) - static_cast<uint64_t>(key_min);
+        const uint64_t x = SplitMix64(index ^ seed);
+        const auto offset = static_cast<uint64_t>((static_cast<Rng::Uint128>(x) * span) >> 64);
+        return static_cast<int64_t>(static_cast<uint64_t>(key_min) + offset);
+      }
+      case KeyDist::kSnowflake:
+        break;
+    }
+    // Within a millisecond the sequence counts up; past 1000 IDs a second
+    // several share one, below it the milliseconds skip.
+    uint64_t ms, seq;
+    if (snowflake_rate >= 1000) {
+      const uint64_t per_ms = snowflake_rate / 1000;
+      ms = index / per_ms;
+      seq = index % per_ms;
+    } else {
+      ms = index * (1000 / snowflake_rate);
+      seq = 0;
+    }
+    return static_cast<int64_t>(((kSnowflakeStartMs + ms) << 22) | seq);
+  }
+};
 
 inline constexpr size_t kStringKeyBytes = 16;
 
@@ -323,6 +381,7 @@ struct WorkloadResult {
   uint64_t errors = 0;  // ops that failed with anything but NotFound
   std::string first_error;  // the first such failure, for stderr
   CompactionResult compaction;  // compact and readwhilecompacting only
+  LatencyHistogram put_latency;  // each put's, with config.time_puts
 };
 
 struct WorkloadConfig {
@@ -331,6 +390,8 @@ struct WorkloadConfig {
   uint64_t seed = 301;      // mixed with "position" and the thread index
   int position = 0;         // index of the workload in --workload, so repeats differ
   KeyKind keys = KeyKind::kInt;
+  KeySpace space;           // integer keys: index -> key (--key-dist)
+  bool time_puts = false;   // record each put's latency in put_latency
   const ValueBuffer* values = nullptr;
   BenchEngineOptions open_options;  // for reopen
 };

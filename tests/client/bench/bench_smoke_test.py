@@ -132,6 +132,7 @@ def main():
         # storage.compaction_mode in_place: every workload still finds
         # exactly what it wrote.
         check_full_run(args, base + ["--compaction-mode", "in_place"])
+        check_key_dists(args, base)
 
     p = run([args.bench, "engine", "--engine", args.engine, "--dir", args.dir,
              "--num", "12x"])
@@ -270,6 +271,42 @@ def check_compaction_skipped(args, base):
     if p.returncode != 2 or "--compaction-mode" not in p.stderr:
         fail("--compaction-mode on %s: expected exit 2 naming the flag, got %d: %r" %
              (args.engine, p.returncode, p.stderr))
+
+
+def check_key_dists(args, base):
+    # Sparse keys: each read finds what its fill wrote, the keys land in
+    # many segments, and a store without garbage never stalls a write.
+    for dist, num, extra, least in (("random", 300, ["--key-max", str(1 << 40)], 250),
+                                    ("snowflake", 2000, [], 20)):
+        workloads = ["fillrandom", "readrandom", "readmissing"]
+        p = run(base + ["--fresh", "--num", str(num), "--key-dist", dist,
+                        "--workload", ",".join(workloads)] + extra)
+        if p.returncode != 0:
+            fail("--key-dist %s: exit status %d" % (dist, p.returncode))
+        rows = parse_lines(p.stdout, workloads, "int")
+        fill = rows["fillrandom"]
+        for field in ("key_dist", "put_p50_us", "put_p99_us", "put_max_us",
+                      "segments_created", "write_stalls"):
+            if field not in fill:
+                fail("--key-dist %s: fillrandom lacks %s" % (dist, field))
+        if fill["key_dist"] != dist:
+            fail("--key-dist %s: echoed %r" % (dist, fill["key_dist"]))
+        if fill["segments_created"] < least:
+            fail("--key-dist %s: %d segments for %d keys" %
+                 (dist, fill["segments_created"], num))
+        if fill["write_stalls"] != 0:
+            fail("--key-dist %s: %d writes stalled" % (dist, fill["write_stalls"]))
+        if rows["readrandom"]["found"] != num:
+            fail("--key-dist %s: readrandom found %d of %d" %
+                 (dist, rows["readrandom"]["found"], num))
+        if rows["readmissing"]["found"] != 0:
+            fail("--key-dist %s: readmissing found %d" % (dist, rows["readmissing"]["found"]))
+    p = run(base + ["--key-dist", "zipf"])
+    if p.returncode != 2 or "dense|random|snowflake" not in p.stderr:
+        fail("bad --key-dist: expected exit 2 naming the choices, got %d" % p.returncode)
+    p = run(base + ["--key-dist", "random", "--key-min", "5", "--key-max", "5"])
+    if p.returncode != 2:
+        fail("empty key range: expected exit 2, got %d" % p.returncode)
 
 
 def check_full_run(args, base):
