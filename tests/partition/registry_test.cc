@@ -1031,7 +1031,12 @@ TEST_CASE("Evict removes a member's node only while it is the registration named
           "[partition][registry]") {
   ZooKeeperServer zk;
   std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
-  std::unique_ptr<Registry> b = StartRegistered(zk, 100, 9002);
+  // A chain member's registry: it does not register again by itself once
+  // its node is gone (the member must catch up first).
+  RegistryOptions ob = Options(zk, 100, 9002);
+  ob.reregister_after_expiry = false;
+  std::unique_ptr<Registry> b = StartRegistry(std::move(ob));
+  REQUIRE(b->WaitRegistered(5000).ok());
   REQUIRE(AllSee({a.get()}, "100=[127.0.0.1:9001,127.0.0.1:9002]", 1s));
   const int64_t czxid = b->registration_czxid();
   REQUIRE(czxid != 0);
