@@ -97,6 +97,13 @@ struct EngineOptions {
   SyncMode sync = SyncMode::kNone;
   uint32_t sync_interval_ms = 1000;
 
+  // Where a write to a segment that has no flat table goes (storage.
+  // sparse_tier): false ("off") creates the segment's flat table; true
+  // ("on") puts the key in the sparse tier (sparse_tier.h), and the segment
+  // becomes a flat table only once its keys are dense enough (Store, "The
+  // sparse tier"). Segments that are flat tables already stay so.
+  bool sparse_tier = false;
+
   // Descriptors the store may keep open for its tables: each open table
   // holds its index (one descriptor and one mapping) and its data files (one
   // each). Tables beyond the budget that no operation used recently are

@@ -1,6 +1,8 @@
 #include "engine/store.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -18,6 +20,8 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/flat_table.h"
+#include "engine/sparse_tier.h"
+#include "engine/log_file.h"
 #include "engine/string_keys.h"
 
 namespace flatkv::engine {
@@ -47,6 +51,9 @@ const char* SyncModeName(SyncMode mode) {
 namespace {
 
 constexpr uint8_t kCursorVersion = 1;
+// A log-scan cursor inside the sparse tier: this byte, then the next key.
+constexpr uint8_t kSparseCursorVersion = 2;
+constexpr size_t kSparseCursorBytes = 1 + 8;
 constexpr size_t kCursorBytes = 1 + 8 + 4 + 8 + 8;  // version, segment, file, offset, generation
 
 Status ValidateOptions(const EngineOptions& o) {
@@ -92,6 +99,20 @@ Status MakeDirs(const std::string& path) {
 }
 
 void PutU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }
+
+// Creates "path" holding "text", durable with its name once this returns.
+Status WriteFileDurably(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno("creating " + path, errno);
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  if (n != static_cast<ssize_t>(text.size()) || fsync(fd) != 0) {
+    const int err = n >= 0 && n != static_cast<ssize_t>(text.size()) ? ENOSPC : errno;
+    ::close(fd);
+    return Status::FromErrno("writing " + path, err);
+  }
+  ::close(fd);
+  return SyncDirectory(path.substr(0, path.rfind('/')));
+}
 
 }  // namespace
 
@@ -157,6 +178,7 @@ Status Store::Open(const EngineOptions& options, std::unique_ptr<Store>* result)
       store->open_tables_.fetch_add(1);
     }
   }
+  FLATKV_RETURN_IF_ERROR(store->OpenSparseTier());
   if (options.sync == SyncMode::kInterval || options.checkpoint_interval_ms > 0) {
     store->bg_thread_ = std::thread([s = store.get()] { s->BackgroundLoop(); });
   }
@@ -410,10 +432,34 @@ Status Store::Put(int64_t key, std::string_view value) {
     Guard guard(this);
     FLATKV_RETURN_IF_ERROR(CheckKey(key));
     FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
-    FlatTable* table;
-    FLATKV_RETURN_IF_ERROR(GetOrCreateTable(key, &table));
-    return table->Put(key, value);
+    return RouteWrite(
+        key, true, [&](FlatTable* table) { return table->Put(key, value); },
+        [&] { return sparse_->Put(key, value); });
   }());
+}
+
+Status Store::RouteWrite(int64_t key, bool create, const std::function<Status(FlatTable*)>& flat,
+                         const std::function<Status()>& sparse) {
+  FlatTable* table;
+  if (sparse_ == nullptr) {
+    if (create) {
+      FLATKV_RETURN_IF_ERROR(GetOrCreateTable(key, &table));
+    } else {
+      FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
+    }
+    return table == nullptr ? sparse() : flat(table);
+  }
+  FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
+  if (table != nullptr) return flat(table);
+  {
+    std::shared_lock<std::shared_mutex> segment(SegmentMutex(SegmentId(key)));
+    FLATKV_RETURN_IF_ERROR(FindTable(key, &table));  // promoted meanwhile?
+    if (table != nullptr) return flat(table);
+    std::lock_guard<std::mutex> one_key(SparseKeyMutex(key));
+    FLATKV_RETURN_IF_ERROR(sparse());
+  }
+  if (create) MaybePromote(key);
+  return Status::OK();
 }
 
 Status Store::PutBatch(const std::vector<KeyValueRef>& pairs) {
@@ -433,6 +479,51 @@ Status Store::PutBatch(const std::vector<KeyValueRef>& pairs) {
                              [&](const auto& g) { return g.first == seg; });
       if (it == groups.end()) it = groups.insert(groups.end(), {seg, {}});
       it->second.push_back(i);
+    }
+    if (sparse_ != nullptr) {
+      // Every segment of the batch stays where it is (flat table or tier)
+      // while the batch writes: its stripe is held shared throughout.
+      std::vector<size_t> stripes;
+      for (const auto& g : groups) {
+        stripes.push_back(static_cast<size_t>(&SegmentMutex(g.first) - segment_mu_));
+      }
+      std::sort(stripes.begin(), stripes.end());
+      stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+      std::vector<std::shared_lock<std::shared_mutex>> held;
+      for (size_t i : stripes) held.emplace_back(segment_mu_[i]);
+      std::vector<uint32_t> sparse_items;
+      std::vector<int64_t> sparse_keys;
+      {
+        CloseIdleAfter close_idle(this);
+        Guard guard(this);
+        for (const auto& g : groups) {
+          FlatTable* table;
+          FLATKV_RETURN_IF_ERROR(FindTable(pairs[g.second[0]].key, &table));
+          if (table != nullptr) {
+            FLATKV_RETURN_IF_ERROR(table->PutBatch(pairs, g.second));
+          } else {
+            sparse_items.insert(sparse_items.end(), g.second.begin(), g.second.end());
+            sparse_keys.push_back(pairs[g.second[0]].key);
+          }
+        }
+        if (!sparse_items.empty()) {
+          std::vector<size_t> key_stripes;
+          for (uint32_t i : sparse_items) {
+            key_stripes.push_back(static_cast<size_t>(&SparseKeyMutex(pairs[i].key) - sparse_key_mu_));
+          }
+          std::sort(key_stripes.begin(), key_stripes.end());
+          key_stripes.erase(std::unique(key_stripes.begin(), key_stripes.end()), key_stripes.end());
+          std::vector<std::unique_lock<std::mutex>> keys_held;
+          for (size_t i : key_stripes) keys_held.emplace_back(sparse_key_mu_[i]);
+          // In request order: a key given twice keeps its last value.
+          std::sort(sparse_items.begin(), sparse_items.end());
+          FLATKV_RETURN_IF_ERROR(sparse_->PutBatch(pairs, sparse_items));
+        }
+      }
+      held.clear();
+      Guard guard(this);
+      for (int64_t key : sparse_keys) MaybePromote(key);
+      return Status::OK();
     }
     // A batch over more segments than the open-table budget goes in rounds of
     // at most half the budget, closing idle tables between rounds, so a batch
@@ -460,8 +551,12 @@ Status Store::Get(int64_t key, std::string* value) const {
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
   FlatTable* table;
   FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
-  if (table == nullptr) return Status::NotFound("key " + std::to_string(key));
-  return table->Get(key, value);
+  if (table != nullptr) return table->Get(key, value);
+  if (sparse_ == nullptr) return Status::NotFound("key " + std::to_string(key));
+  std::shared_lock<std::shared_mutex> segment(SegmentMutex(SegmentId(key)));
+  FLATKV_RETURN_IF_ERROR(FindTable(key, &table));  // promoted meanwhile?
+  if (table != nullptr) return table->Get(key, value);
+  return sparse_->Get(key, value);
 }
 
 Status Store::Exists(int64_t key) const {
@@ -470,6 +565,14 @@ Status Store::Exists(int64_t key) const {
   FLATKV_RETURN_IF_ERROR(CheckKey(key));
   FlatTable* table;
   FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
+  if (table == nullptr && sparse_ != nullptr) {
+    std::shared_lock<std::shared_mutex> segment(SegmentMutex(SegmentId(key)));
+    FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
+    if (table == nullptr) {
+      std::string value;
+      return sparse_->Get(key, &value);
+    }
+  }
   if (table == nullptr || !table->Contains(key)) {
     return Status::NotFound("key " + std::to_string(key));
   }
@@ -481,13 +584,19 @@ Status Store::Remove(int64_t key, bool* existed) {
     CloseIdleAfter close_idle(this);  // after the Guard has ended
     Guard guard(this);
     FLATKV_RETURN_IF_ERROR(CheckKey(key));
-    FlatTable* table;
-    FLATKV_RETURN_IF_ERROR(FindTable(key, &table));
-    if (table == nullptr) {
-      if (existed != nullptr) *existed = false;
-      return Status::OK();
-    }
-    return table->Remove(key, existed);
+    return RouteWrite(
+        key, false, [&](FlatTable* table) { return table->Remove(key, existed); },
+        [&]() -> Status {
+          if (existed != nullptr) *existed = false;
+          if (sparse_ == nullptr) return Status::OK();  // no such segment
+          std::string old;
+          Status st = sparse_->Get(key, &old);
+          if (st.IsNotFound()) return Status::OK();
+          FLATKV_RETURN_IF_ERROR(st);
+          FLATKV_RETURN_IF_ERROR(sparse_->Delete(key));
+          if (existed != nullptr) *existed = true;
+          return Status::OK();
+        });
   }());
 }
 
@@ -498,9 +607,20 @@ Status Store::Append(int64_t key, std::string_view value) {
     Guard guard(this);
     FLATKV_RETURN_IF_ERROR(CheckKey(key));
     FLATKV_RETURN_IF_ERROR(CheckValue(value.size()));
-    FlatTable* table;
-    FLATKV_RETURN_IF_ERROR(GetOrCreateTable(key, &table));
-    return table->Append(key, value);
+    return RouteWrite(
+        key, true, [&](FlatTable* table) { return table->Append(key, value); },
+        [&]() -> Status {
+          // The tier rewrites the value whole: its keys are few per segment.
+          std::string whole;
+          Status st = sparse_->Get(key, &whole);
+          if (!st.ok() && !st.IsNotFound()) return st;
+          if (whole.size() + value.size() > options_.max_value_bytes) {
+            return Status::ValueTooLarge("appending to key " + std::to_string(key) +
+                                         " would exceed max_value_bytes");
+          }
+          whole.append(value);
+          return sparse_->Put(key, whole);
+        });
   }());
 }
 
@@ -513,6 +633,102 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValu
 Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
                    std::vector<KeyValue>* out, int64_t* next, bool* done,
                    std::vector<int64_t>* corrupt) const {
+  if (sparse_ == nullptr) return FlatScan(from, reverse, limit, lo, hi, out, next, done, corrupt);
+  out->clear();
+  *done = true;
+  *next = from;
+  if (limit == 0) return Status::InvalidArgument("scan limit must be positive");
+  if (lo > hi) return Status::InvalidArgument("scan bounds: lo must not exceed hi");
+  if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+  lo = std::max(lo, options_.key_min);
+  hi = std::min(hi, options_.key_max - 1);
+  if (lo > hi) return Status::OK();
+  if (!reverse) {
+    if (from > hi) return Status::OK();
+    from = std::max(from, lo);
+  } else {
+    if (from < lo) return Status::OK();
+    from = std::min(from, hi);
+  }
+  // Both sides are read with no promotion between them; each side is
+  // complete up to its own bound, and the merge up to the nearer one.
+  auto segments = LockAllSegments();
+  Guard guard(this);
+  std::vector<KeyValue> sparse;
+  bool sparse_more = false;
+  FLATKV_RETURN_IF_ERROR(
+      sparse_->Collect(from, reverse ? lo : hi, reverse, limit, &sparse, &sparse_more));
+  std::vector<KeyValue> flat;
+  int64_t flat_next = from;
+  bool flat_done = true;
+  FLATKV_RETURN_IF_ERROR(
+      FlatScan(from, reverse, limit, lo, hi, &flat, &flat_next, &flat_done, corrupt));
+  // Forward: keys at or past "bound" were not looked at by one side;
+  // reverse: keys at or below it.
+  bool bounded = !flat_done;
+  int64_t bound = flat_next;
+  if (sparse_more) {
+    const int64_t b = reverse ? sparse.back().key - 1 : sparse.back().key + 1;
+    if (!bounded || (reverse ? b > bound : b < bound)) bound = b;
+    bounded = true;
+  }
+  auto before = [&](int64_t a, int64_t b) { return reverse ? a > b : a < b; };
+  auto inside = [&](int64_t k) { return !bounded || before(k, bound); };
+  // A key of the tier inside a segment with a flat table is a stale copy
+  // (its promotion could not drop it yet): the table is the truth.
+  size_t i = 0;
+  size_t j = 0;
+  auto skip_stale = [&] {
+    while (j < sparse.size() && HasFlatTable(SegmentId(sparse[j].key))) ++j;
+  };
+  skip_stale();
+  bool more = false;
+  for (;;) {
+    const bool has_flat = i < flat.size() && inside(flat[i].key);
+    const bool has_sparse = j < sparse.size() && inside(sparse[j].key);
+    if (!has_flat && !has_sparse) break;
+    if (out->size() == limit) {
+      more = true;
+      break;
+    }
+    if (has_flat && (!has_sparse || !before(sparse[j].key, flat[i].key))) {
+      if (has_sparse && sparse[j].key == flat[i].key) {
+        ++j;
+        skip_stale();
+      }
+      out->push_back(std::move(flat[i++]));
+    } else {
+      out->push_back(std::move(sparse[j++]));
+      skip_stale();
+    }
+  }
+  if (more) {
+    *next = reverse ? out->back().key - 1 : out->back().key + 1;
+    *done = false;
+  } else if (bounded) {
+    *next = bound;
+    *done = false;
+  }
+  return Status::OK();
+}
+
+std::vector<std::shared_lock<std::shared_mutex>> Store::LockAllSegments() const {
+  std::vector<std::shared_lock<std::shared_mutex>> held;
+  held.reserve(kSegmentStripes);
+  for (auto& mu : segment_mu_) held.emplace_back(mu);
+  return held;
+}
+
+bool Store::HasFlatTable(uint64_t seg) const {
+  const TableArray& tables = Tables();
+  auto it = std::lower_bound(tables.begin(), tables.end(), seg,
+                             [](const TableRef& r, uint64_t s) { return r.segment < s; });
+  return it != tables.end() && it->segment == seg;
+}
+
+Status Store::FlatScan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
+                       std::vector<KeyValue>* out, int64_t* next, bool* done,
+                       std::vector<int64_t>* corrupt) const {
   out->clear();
   *done = true;
   *next = from;
@@ -644,6 +860,10 @@ Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValu
   *done = true;
   if (limit == 0) return Status::InvalidArgument("scan limit must be positive");
   if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+  if (sparse_ != nullptr &&
+      (cursor.empty() || static_cast<uint8_t>(cursor[0]) == kSparseCursorVersion)) {
+    return SparseLogScan(cursor, limit, out, next_cursor, done);
+  }
   uint64_t seg = 0;
   uint32_t file = 0;
   uint64_t offset = 0;
@@ -701,6 +921,200 @@ Status Store::ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValu
   }
   next_cursor->clear();
   return Status::OK();
+}
+
+
+// The tier comes first in a log scan: a key promoted while the scan runs
+// was either read from the tier already or lands in a table the flat
+// phase, which starts at the first segment after it, still reaches.
+Status Store::SparseLogScan(std::string_view cursor, size_t limit, std::vector<KeyValue>* out,
+                            std::string* next_cursor, bool* done) const {
+  int64_t from = options_.key_min;
+  if (!cursor.empty()) {
+    if (cursor.size() != kSparseCursorBytes) {
+      return Status::InvalidArgument("malformed log scan cursor (" +
+                                     std::to_string(cursor.size()) + " bytes)");
+    }
+    std::memcpy(&from, cursor.data() + 1, 8);
+  }
+  auto segments = LockAllSegments();
+  Guard guard(this);
+  std::vector<KeyValue> page;
+  bool more = false;
+  FLATKV_RETURN_IF_ERROR(sparse_->Collect(from, options_.key_max - 1, false, limit, &page, &more));
+  const int64_t last = page.empty() ? from : page.back().key;
+  for (KeyValue& kv : page) {
+    if (!HasFlatTable(SegmentId(kv.key))) out->push_back(std::move(kv));
+  }
+  next_cursor->clear();
+  if (more) {
+    next_cursor->push_back(static_cast<char>(kSparseCursorVersion));
+    const int64_t resume = last + 1;
+    next_cursor->append(reinterpret_cast<const char*>(&resume), 8);
+    *done = false;
+  } else if (!Tables().empty()) {
+    // The flat phase, from its first segment.
+    next_cursor->push_back(static_cast<char>(kCursorVersion));
+    PutU64(next_cursor, 0);
+    const uint32_t file = 0;
+    next_cursor->append(reinterpret_cast<const char*>(&file), 4);
+    PutU64(next_cursor, 0);
+    PutU64(next_cursor, ~uint64_t{0});
+    *done = false;
+  }
+  return Status::OK();
+}
+
+Status Store::OpenSparseTier() {
+  const std::string dir = options_.path + "/sparse";
+  if (!options_.sparse_tier && access(dir.c_str(), F_OK) != 0) return Status::OK();
+  const int files = static_cast<int>(std::max<uint32_t>(64, options_.max_open_files / 4));
+  FLATKV_RETURN_IF_ERROR(SparseTier::Open(dir, options_, files, &sparse_));
+  if (options_.sparse_tier) {
+    // A flat table with keys of its range in the tier: a promotion cut
+    // short (the tier's keys are the truth) or one that could not drop
+    // them (stale copies): PromoteLocked tells them apart by the mark.
+    std::vector<uint64_t> segs;
+    {
+      std::lock_guard<std::mutex> lock(tables_mu_);
+      for (const auto& [seg, table] : tables_) segs.push_back(seg);
+    }
+    for (uint64_t seg : segs) {
+      uint64_t n = 0;
+      FLATKV_RETURN_IF_ERROR(sparse_->Count(SegmentFirstKey(seg), SegmentLastKey(seg), 1, &n));
+      if (n == 0) continue;
+      std::unique_lock<std::shared_mutex> lock(SegmentMutex(seg));
+      Guard guard(this);
+      FlatTable* table;
+      FLATKV_RETURN_IF_ERROR(OpenSegment(seg, &table));
+      FLATKV_RETURN_IF_ERROR(PromoteLocked(seg, table));
+    }
+    return Status::OK();
+  }
+  // The tier is off: every key it holds moves to a flat table, then it goes.
+  for (;;) {
+    std::vector<KeyValue> first;
+    bool more = false;
+    FLATKV_RETURN_IF_ERROR(
+        sparse_->Collect(options_.key_min, options_.key_max - 1, false, 1, &first, &more));
+    if (first.empty()) break;
+    const uint64_t seg = SegmentId(first[0].key);
+    std::unique_lock<std::shared_mutex> lock(SegmentMutex(seg));
+    Guard guard(this);
+    FlatTable* table;
+    FLATKV_RETURN_IF_ERROR(OpenSegment(seg, &table));
+    FLATKV_RETURN_IF_ERROR(PromoteLocked(seg, table));
+  }
+  FLATKV_RETURN_IF_ERROR(sparse_->Close());
+  sparse_.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (ec) return Status::IOError("removing the emptied sparse tier " + dir + ": " + ec.message());
+  spdlog::info("storage.sparse_tier is off: its keys moved to flat tables, {} removed", dir);
+  return Status::OK();
+}
+
+void Store::MaybePromote(int64_t key) {
+  if (sparse_writes_.fetch_add(1, std::memory_order_relaxed) % kPromoteSample != 0) return;
+  const uint64_t seg = SegmentId(key);
+  const int64_t first = SegmentFirstKey(seg);
+  const int64_t last = SegmentLastKey(seg);
+  const uint64_t half = kDenseWindow / 2;
+  const int64_t lo = static_cast<uint64_t>(key) - static_cast<uint64_t>(first) > half
+                         ? key - static_cast<int64_t>(half)
+                         : first;
+  const int64_t hi = static_cast<uint64_t>(last) - static_cast<uint64_t>(key) > half - 1
+                         ? key + static_cast<int64_t>(half - 1)
+                         : last;
+  uint64_t n = 0;
+  if (!sparse_->Count(lo, hi, kDenseKeys, &n).ok() || n < kDenseKeys) return;
+  std::unique_lock<std::shared_mutex> lock(SegmentMutex(seg));
+  FlatTable* table = nullptr;
+  if (!FindTable(key, &table).ok() || table != nullptr) return;  // promoted meanwhile
+  Status st = PromoteLocked(seg, nullptr);
+  if (!st.ok()) {
+    spdlog::warn("promoting segment {} from the sparse tier: {} (its keys stay there)", seg,
+                 st.ToString());
+  }
+}
+
+Status Store::CopySparseKeys(uint64_t seg, FlatTable* table) {
+  constexpr size_t kPage = 1024;
+  const int64_t last = SegmentLastKey(seg);
+  int64_t from = SegmentFirstKey(seg);
+  for (;;) {
+    std::vector<KeyValue> page;
+    bool more = false;
+    FLATKV_RETURN_IF_ERROR(sparse_->Collect(from, last, false, kPage, &page, &more));
+    if (page.empty()) break;
+    std::vector<KeyValueRef> refs;
+    std::vector<uint32_t> items;
+    refs.reserve(page.size());
+    items.reserve(page.size());
+    for (uint32_t i = 0; i < page.size(); ++i) {
+      refs.push_back(KeyValueRef{page[i].key, page[i].value});
+      items.push_back(i);
+    }
+    FLATKV_RETURN_IF_ERROR(table->PutBatch(refs, items));
+    if (!more) break;
+    from = page.back().key + 1;
+  }
+  return table->Sync();
+}
+
+Status Store::PromoteLocked(uint64_t seg, FlatTable* table) {
+  const int64_t first = SegmentFirstKey(seg);
+  const int64_t last = SegmentLastKey(seg);
+  const std::string mark = HomeDir(seg) + "/" + kMovedMark;
+  if (table != nullptr && access(mark.c_str(), F_OK) == 0) {
+    return sparse_->DeleteRange(first, last);  // stale copies of a finished move
+  }
+  std::unique_ptr<FlatTable> created;
+  if (table == nullptr) {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+    Status st = OpenTable(seg, true, &created);
+    if (!st.ok()) {
+      std::error_code ec;
+      std::filesystem::remove_all(SegmentDir(seg), ec);
+      return st;
+    }
+    table = created.get();
+  }
+  Status st = CopySparseKeys(seg, table);
+  MaybeKillAt(1);
+  if (st.ok()) {
+    // The mark is durable before the table takes a write of its own: from
+    // then on the tier's copies of the segment are stale.
+    st = WriteFileDurably(mark, "moved from the sparse tier\n");
+  }
+  if (!st.ok()) {
+    if (created != nullptr) {
+      (void)created->Close();
+      created.reset();
+      std::error_code ec;
+      std::filesystem::remove_all(SegmentDir(seg), ec);
+    }
+    return st;
+  }
+  MaybeKillAt(2);
+  if (created != nullptr) {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    tables_.emplace(seg, std::move(created));
+    open_tables_.fetch_add(1);
+    PublishTablesLocked();
+  }
+  MaybeKillAt(3);
+  promotions_.fetch_add(1, std::memory_order_relaxed);
+  if (test_kill_stage_.load(std::memory_order_relaxed) == 4) {
+    return Status::IOError("the sparse tier's copies of segment " + std::to_string(seg) +
+                           " were kept (test)");
+  }
+  return sparse_->DeleteRange(first, last);
+}
+
+void Store::MaybeKillAt(int stage) const {
+  if (test_kill_stage_.load(std::memory_order_relaxed) == stage) raise(SIGKILL);
 }
 
 // ---------------------------------------------------------------------------
@@ -1115,6 +1529,7 @@ Status Store::Sync() {
     if (t.table != nullptr) FLATKV_RETURN_IF_ERROR(t.table->Sync());
   }
   if (FlatTable* s = strings_.load(std::memory_order_acquire)) FLATKV_RETURN_IF_ERROR(s->Sync());
+  if (sparse_ != nullptr) FLATKV_RETURN_IF_ERROR(sparse_->Sync());
   return Status::OK();
 }
 
@@ -1189,6 +1604,10 @@ Status Store::Close() {
     Status st = table->Close();
     if (!st.ok() && result.ok()) result = st;
   }
+  if (sparse_ != nullptr) {
+    Status st = sparse_->Close();
+    if (!st.ok() && result.ok()) result = st;
+  }
   return result;
 }
 
@@ -1206,6 +1625,7 @@ uint64_t Store::LiveBytesEstimate() const {
   }
   live += closed_live_total_.load();
   if (const FlatTable* strings = strings_.load(std::memory_order_acquire)) add(strings);
+  if (sparse_ != nullptr && !closed_.load()) live += sparse_->LiveBytes();
   return live;
 }
 
@@ -1241,6 +1661,7 @@ uint64_t Store::LiveBytesEstimate(int64_t lo, int64_t hi, double string_share) c
   if (const FlatTable* strings = strings_.load(std::memory_order_acquire)) {
     live += std::clamp(static_cast<long double>(string_share), 0.0L, 1.0L) * live_of(strings);
   }
+  if (sparse_ != nullptr && !closed_.load()) live += sparse_->LiveBytes(lo, hi);
   return static_cast<uint64_t>(live);
 }
 
@@ -1303,6 +1724,8 @@ EngineStats Store::GetStats() const {
   s.scan_regions_skipped = counters_->scan_regions_skipped.load();
   s.write_stalls = counters_->write_stalls.load();
   s.write_stall_us = counters_->write_stall_us.load();
+  if (sparse_ != nullptr && !closed_.load()) s.sparse_keys = sparse_->KeysEstimate();
+  s.sparse_promotions = promotions_.load();
   return s;
 }
 

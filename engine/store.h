@@ -16,6 +16,20 @@
 // reopened on its next use, which reads only its index header (it was closed
 // cleanly). A table being compacted and the string-key table stay open.
 //
+// The sparse tier (EngineOptions::sparse_tier, sparse_tier.h): with it on, a
+// write to a segment that has no flat table puts its key in the tier. Once
+// a window of kDenseWindow keys around a written key holds kDenseKeys keys
+// of the tier (a density the flat index spends at most ~400 bytes a key
+// on), the segment is promoted: its keys are copied into a new flat table,
+// made durable, the table is marked moved (kMovedMark in its home) and
+// published, and the keys leave the tier. The segment's stripe of
+// segment_mu_ is held exclusively meanwhile; every operation on a key of a
+// segment without a flat table holds it shared, so it sees the segment
+// whole in one place. On open, a table without the mark takes the tier's
+// keys of its range (a promotion cut short), one with it drops them (they
+// are stale copies). With the tier off, open moves every key it still
+// holds into flat tables and removes it.
+//
 // Thread safety: every method may be called concurrently from any number of
 // threads. Gets never block on each other and run in parallel with writes;
 // writes to keys of different data files proceed in parallel; writes to one
@@ -43,6 +57,7 @@ namespace flatkv::engine {
 
 class FlatTable;
 class Room;
+class SparseTier;
 struct CopyTransform;
 struct EngineCounters;
 struct TableParams;
@@ -101,6 +116,8 @@ struct EngineStats {
   uint64_t write_stall_us = 0;      // and the microseconds they waited
   uint64_t string_filter_skips = 0;  // string-key gets and removes answered
                                      // "absent" by the bucket filter, no read
+  uint64_t sparse_keys = 0;         // keys in the sparse tier, estimated (current)
+  uint64_t sparse_promotions = 0;   // segments moved from the sparse tier to a flat table
 };
 
 class Store {
@@ -201,6 +218,11 @@ class Store {
   // Makes every compaction fail with NoSpace once it has read "bytes" of
   // the old table (0: never), as a disk filling up midway would.
   void TEST_FailCompactionAfter(uint64_t bytes) { test_fail_after_.store(bytes); }
+  // Makes the process kill itself (SIGKILL) in the next promotion from the
+  // sparse tier: 1 once the keys are copied, 2 once the table is marked
+  // moved, 3 once it is published (before the tier drops the keys). 4
+  // does not kill: the tier's drop of the keys fails, as on a full disk.
+  void TEST_KillInPromotion(int stage) { test_kill_stage_.store(stage); }
 
   // Insertion-order scan: each segment in key order, each of its data files in
   // write order, live records only. An empty cursor starts; *next_cursor
@@ -316,6 +338,52 @@ class Store {
   explicit Store(const EngineOptions& options);
 
   uint64_t SegmentId(int64_t key) const;
+
+  // ---- The sparse tier (see the top of this file) ----
+  static constexpr uint64_t kDenseKeys = 256;
+  static constexpr int64_t kDenseWindow = 16384;
+  // One sparse write in this many checks its key's window for promotion.
+  static constexpr uint64_t kPromoteSample = 32;
+  static constexpr const char* kMovedMark = "SPARSE-MOVED";
+  static constexpr size_t kSegmentStripes = 16;
+  static constexpr size_t kSparseKeyStripes = 32;
+  std::shared_mutex& SegmentMutex(uint64_t seg) const {
+    return segment_mu_[(seg * 0x9E3779B97F4A7C15ull) >> 60];
+  }
+  std::mutex& SparseKeyMutex(int64_t key) const {
+    return sparse_key_mu_[(static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> 59];
+  }
+  mutable std::shared_mutex segment_mu_[kSegmentStripes];
+  mutable std::mutex sparse_key_mu_[kSparseKeyStripes];
+  std::unique_ptr<SparseTier> sparse_;
+  std::atomic<uint64_t> sparse_writes_{0};
+  std::atomic<uint64_t> promotions_{0};
+  // Opens the tier (on) or moves what it holds into flat tables (off).
+  Status OpenSparseTier();
+  // After a sparse write of "key" (no lock held, inside a Guard): one in
+  // kPromoteSample checks the density and promotes the segment.
+  void MaybePromote(int64_t key);
+  // Moves segment "seg" from the tier into a flat table (the exclusive
+  // stripe held by the caller). "table": its table if it exists already
+  // (an open that found it), else one is created.
+  Status PromoteLocked(uint64_t seg, FlatTable* table);
+  // Copies the tier's keys of "seg" into "table" and makes them durable.
+  Status CopySparseKeys(uint64_t seg, FlatTable* table);
+  // The integer-key scan over the flat tables alone (Scan merges the tier).
+  Status FlatScan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
+                  std::vector<KeyValue>* out, int64_t* next, bool* done,
+                  std::vector<int64_t>* corrupt) const;
+  // Takes every stripe of segment_mu_ shared: no promotion runs meanwhile.
+  std::vector<std::shared_lock<std::shared_mutex>> LockAllSegments() const;
+  // Whether segment "seg" has a flat table (inside a Guard).
+  bool HasFlatTable(uint64_t seg) const;
+  // Runs a write of "key": "flat" on its flat table (created if "create"
+  // and the tier is off), else "sparse" under the key's stripes, and then
+  // (if "create") the promotion check.
+  Status RouteWrite(int64_t key, bool create, const std::function<Status(FlatTable*)>& flat,
+                    const std::function<Status()>& sparse);
+  Status SparseLogScan(std::string_view cursor, size_t limit, std::vector<KeyValue>* out,
+                       std::string* next_cursor, bool* done) const;
   int64_t SegmentFirstKey(uint64_t segment) const;
   int64_t SegmentLastKey(uint64_t segment) const;
   // Declared before an operation's Guard, so it runs after the Guard ends.
@@ -539,6 +607,8 @@ class Store {
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> scan_work_{kScanWork};
   std::atomic<uint64_t> test_fail_after_{0};
+  std::atomic<int> test_kill_stage_{0};
+  void MaybeKillAt(int stage) const;
 };
 
 }  // namespace flatkv::engine

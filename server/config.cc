@@ -221,6 +221,15 @@ const std::vector<Key>& Schema() {
          c->storage.compaction_in_place = text == "in_place";
          return Status::OK();
        }},
+      {"storage.sparse_tier", "off",
+       "on: keys of a segment without a flat table go to the sparse tier (RocksDB) until they are dense enough for one; off: every segment is a flat table",
+       [](const std::string& text, Config* c) -> Status {
+         if (text != "on" && text != "off") {
+           return Bad("storage.sparse_tier", "must be one of on|off, not '" + text + "'");
+         }
+         c->storage.sparse_tier = text == "on";
+         return Status::OK();
+       }},
       {"cache.policy", "arc", "lru | arc",
        Str([](Config* c) { return &c->cache.policy; }, {"lru", "arc"}, "cache.policy")},
       {"cache.capacity_bytes", "256Mi", "bytes of clean cached values",

@@ -467,6 +467,8 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
   result["engine.buckets_damaged"] = static_cast<int64_t>(e.buckets_damaged);
   result["engine.string_filter_skips"] = static_cast<int64_t>(e.string_filter_skips);
+  result["engine.sparse_keys"] = static_cast<int64_t>(e.sparse_keys);
+  result["engine.sparse_promotions"] = static_cast<int64_t>(e.sparse_promotions);
   result["engine.live_bytes"] = static_cast<int64_t>(store_->LiveBytesEstimate());
   // Compaction progress, as compactionStatus() gives it (percent in
   // hundredths: stats are integers).

@@ -73,6 +73,10 @@ constexpr KnownStat kKnownStats[] = {
      "Records skipped because their checksum did not match."},
     {"engine.buckets_damaged", "engine_buckets_damaged_total", "counter",
      "String-key buckets written anew with a damaged mark after a write met a bad record."},
+    {"engine.sparse_keys", "engine_sparse_keys", "gauge",
+     "Keys in the sparse tier (RocksDB's estimate); 0 with storage.sparse_tier off."},
+    {"engine.sparse_promotions", "engine_sparse_promotions_total", "counter",
+     "Segments moved from the sparse tier to a flat table."},
     {"engine.string_filter_skips", "engine_string_filter_skips_total", "counter",
      "String-key gets and removes of absent keys answered by the in-memory bucket filter, "
      "without reading the bucket."},

@@ -58,6 +58,8 @@ struct BenchEngineOptions {
   double compaction_disk_ratio = -1;
   // flat only: EngineOptions::compaction_in_place (storage.compaction_mode).
   bool compaction_in_place = false;
+  // flat only: EngineOptions::sparse_tier (storage.sparse_tier).
+  bool sparse_tier = false;
   // flat only: automatic compaction at the default garbage ratio, as users
   // run it (peers' numbers include their compactions too). Off only when
   // the run measures compaction itself.

@@ -139,6 +139,13 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
     }
     f->compaction_in_place = value == "in_place";
     f->compaction_mode_given = true;
+  } else if (name == "sparse-tier") {
+    if (value != "on" && value != "off") {
+      return Status::InvalidArgument("--sparse-tier: expected on|off, got '" + std::string(value) +
+                                     "'");
+    }
+    f->sparse_tier = value == "on";
+    f->sparse_tier_given = true;
   } else if (name == "cache") {
     if (value != "lru" && value != "arc" && value != "none") {
       return Status::InvalidArgument("--cache: expected lru|arc|none, got '" +
@@ -270,10 +277,10 @@ Status Validate(const BenchFlags& f) {
   if (f.dir.empty()) return Status::InvalidArgument("--dir is required");
   if (f.engine != "flat" &&
       (f.index_item_bytes != 0 || f.data_files != 0 || f.compaction_mb_per_sec != 0 ||
-       f.compaction_disk_ratio >= 0 || f.compaction_mode_given)) {
+       f.compaction_disk_ratio >= 0 || f.compaction_mode_given || f.sparse_tier_given)) {
     return Status::InvalidArgument(
         "--index-item-bytes, --data-files, --compaction-mb-per-sec, "
-        "--compaction-disk-ratio and --compaction-mode apply only to --engine flat");
+        "--compaction-disk-ratio, --compaction-mode and --sparse-tier apply only to --engine flat");
   }
   if (f.engine != "flat" && f.cache_flags_given) {
     return Status::InvalidArgument(
@@ -375,6 +382,7 @@ BenchEngineOptions EngineOptionsFor(const BenchFlags& f) {
   options.compaction_mb_per_sec = f.compaction_mb_per_sec;
   options.compaction_disk_ratio = f.compaction_disk_ratio;
   options.compaction_in_place = f.compaction_in_place;
+  options.sparse_tier = f.sparse_tier;
   options.key_min = f.key_min;
   options.key_max = f.key_max;
   if (CacheEnabled(f)) {
@@ -516,6 +524,9 @@ void PrintBenchUsage(std::FILE* out) {
       "                      trades disk for less compaction\n"
       "  --compaction-mode whole|in_place\n"
       "                      flat only: storage.compaction_mode (default whole)\n"
+      "  --sparse-tier on|off\n"
+      "                      flat only: storage.sparse_tier (default: the\n"
+      "                      engine's, off)\n"
       "  --cache lru|arc|none\n"
       "                      flat only: put a WriteBackCache with this policy in\n"
       "                      front of the Store, for integer and string keys\n"

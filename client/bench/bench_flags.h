@@ -65,6 +65,8 @@ struct BenchFlags {
   double compaction_disk_ratio = -1;      // --compaction-disk-ratio (flat), -1 = default
   bool compaction_in_place = false;       // --compaction-mode in_place (flat)
   bool compaction_mode_given = false;     // --compaction-mode was on the command line
+  bool sparse_tier = false;               // --sparse-tier on|off (flat)
+  bool sparse_tier_given = false;
   // flat only: the WriteBackCache in front of the Store (engine/cache/).
   std::string cache = "none";             // --cache lru|arc|none
   uint64_t cache_bytes = uint64_t{64} << 20;  // --cache-bytes: clean-entry capacity

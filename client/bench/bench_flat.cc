@@ -39,6 +39,7 @@ class FlatBenchEngine : public BenchEngine {
     eo.compaction_mb_per_sec = options.compaction_mb_per_sec;
     if (options.compaction_disk_ratio >= 0) eo.compaction_disk_ratio = options.compaction_disk_ratio;
     eo.compaction_in_place = options.compaction_in_place;
+    eo.sparse_tier = options.sparse_tier;
     eo.key_min = options.key_min;
     eo.key_max = options.key_max;
     FLATKV_RETURN_IF_ERROR(engine::Store::Open(eo, &store_));

@@ -1,0 +1,458 @@
+// The sparse tier (storage.sparse_tier): integer keys spread too thinly for
+// a flat table live in it, dense segments are promoted to flat tables, and
+// every operation, scans in both directions and reopening included, sees
+// one store whatever the key shape.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "engine/store.h"
+#include "tests/engine/test_util.h"
+
+using flatkv::Status;
+using flatkv::engine::EngineOptions;
+using flatkv::engine::KeyValue;
+using flatkv::engine::KeyValueRef;
+using flatkv::engine::Store;
+
+namespace {
+
+EngineOptions SparseOptions(const std::string& path) {
+  EngineOptions o;
+  o.path = path;
+  o.sparse_tier = true;
+  o.key_min = std::numeric_limits<int64_t>::min();
+  o.segment_keys = uint64_t{1} << 20;
+  o.data_files = 4;
+  return o;
+}
+
+std::string ValueFor(int64_t key, int version) {
+  return "v" + std::to_string(key) + "/" + std::to_string(version);
+}
+
+// Every key of "model" in [lo, hi] through Scan pages of "limit", forward
+// or reverse, compared with the model.
+void CheckScan(const Store& store, const std::map<int64_t, std::string>& model, int64_t lo,
+               int64_t hi, bool reverse, size_t limit) {
+  std::vector<KeyValue> got;
+  int64_t from = reverse ? hi : lo;
+  for (int calls = 0;; ++calls) {
+    REQUIRE(calls < 1000000);
+    std::vector<KeyValue> page;
+    int64_t next = 0;
+    bool done = false;
+    REQUIRE(store.Scan(from, reverse, limit, lo, hi, &page, &next, &done).ok());
+    REQUIRE(page.size() <= limit);
+    got.insert(got.end(), page.begin(), page.end());
+    if (done) break;
+    from = next;
+  }
+  std::vector<KeyValue> want;
+  for (auto it = model.lower_bound(lo); it != model.end() && it->first <= hi; ++it) {
+    want.push_back(KeyValue{it->first, it->second});
+  }
+  if (reverse) std::reverse(want.begin(), want.end());
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("scan position " << i << (reverse ? " (reverse)" : ""));
+    REQUIRE(got[i].key == want[i].key);
+    REQUIRE(got[i].value == want[i].value);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Random 64-bit keys live in the sparse tier: no segment each, every operation works",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  const EngineOptions o = SparseOptions(dir / "s");
+  std::map<int64_t, std::string> model;
+  std::mt19937_64 rng(7);
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(o, &store).ok());
+    for (int i = 0; i < 3000; ++i) {
+      const int64_t k = static_cast<int64_t>(rng());
+      REQUIRE(store->Put(k, ValueFor(k, 1)).ok());
+      model[k] = ValueFor(k, 1);
+    }
+    // Removes say whether the key was there; appends grow a value.
+    int n = 0;
+    for (auto it = model.begin(); it != model.end() && n < 300; ++n) {
+      bool existed = false;
+      REQUIRE(store->Remove(it->first, &existed).ok());
+      REQUIRE(existed);
+      REQUIRE(store->Remove(it->first, &existed).ok());
+      REQUIRE_FALSE(existed);
+      it = model.erase(it);
+      ++it;
+    }
+    for (auto it = model.begin(); it != model.end(); std::advance(it, 7)) {
+      REQUIRE(store->Append(it->first, "+tail").ok());
+      it->second += "+tail";
+      if (std::distance(it, model.end()) < 8) break;
+    }
+    const int64_t absent = 12345;
+    REQUIRE(model.count(absent) == 0);
+    REQUIRE(store->Append(absent, "fresh").ok());
+    model[absent] = "fresh";
+    const auto stats = store->GetStats();
+    CHECK(stats.segments == 0);
+    CHECK(stats.sparse_promotions == 0);
+    for (const auto& [k, v] : model) {
+      std::string got;
+      REQUIRE(store->Get(k, &got).ok());
+      REQUIRE(got == v);
+      REQUIRE(store->Exists(k).ok());
+    }
+    std::string got = "unchanged";
+    REQUIRE(store->Get(42, &got).IsNotFound());
+    REQUIRE(got == "unchanged");
+    REQUIRE(store->Exists(42).IsNotFound());
+    CheckScan(*store, model, INT64_MIN, INT64_MAX, false, 100);
+    CheckScan(*store, model, INT64_MIN, INT64_MAX, true, 77);
+  }
+  // Reopened, nothing is missing.
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  for (const auto& [k, v] : model) {
+    std::string got;
+    REQUIRE(store->Get(k, &got).ok());
+    REQUIRE(got == v);
+  }
+  CheckScan(*store, model, -(int64_t{1} << 62), int64_t{1} << 62, false, 1000);
+}
+
+TEST_CASE("A dense segment is promoted to a flat table; scans merge both tiers in either direction",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o = SparseOptions(dir / "s");
+  std::map<int64_t, std::string> model;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  // Dense keys from 0 up, and sparse ones around and between them.
+  const int64_t dense = 20000;
+  for (int64_t k = 0; k < dense; ++k) {
+    REQUIRE(store->Put(k, ValueFor(k, 1)).ok());
+    model[k] = ValueFor(k, 1);
+  }
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 500; ++i) {
+    int64_t k = static_cast<int64_t>(rng() >> 1) - (int64_t{1} << 61);
+    if (i % 5 == 0) k = static_cast<int64_t>(rng() % (uint64_t{1} << 40)) + (int64_t{1} << 21);
+    REQUIRE(store->Put(k, ValueFor(k, 2)).ok());
+    model[k] = ValueFor(k, 2);
+  }
+  auto stats = store->GetStats();
+  REQUIRE(stats.sparse_promotions == 1);
+  REQUIRE(stats.segments == 1);  // the dense one alone
+  // Writes to the promoted segment go to its table, wherever in it.
+  REQUIRE(store->Put(int64_t{1} << 19, "far in segment 0").ok());
+  model[int64_t{1} << 19] = "far in segment 0";
+  REQUIRE(store->GetStats().segments == 1);
+  for (size_t limit : {size_t{1}, size_t{3}, size_t{64}, size_t{5000}}) {
+    CheckScan(*store, model, INT64_MIN, INT64_MAX, false, limit);
+    CheckScan(*store, model, INT64_MIN, INT64_MAX, true, limit);
+  }
+  // Bounds inside and across the dense segment; few work units per call,
+  // so the flat side stops early and the merge must stop with it.
+  store->TEST_SetScanWork(5);
+  CheckScan(*store, model, -5, 700, false, 50);
+  CheckScan(*store, model, 19990, int64_t{1} << 40, true, 9);
+  CheckScan(*store, model, INT64_MIN, 100, true, 13);
+  store->TEST_SetScanWork(Store::kScanWork);
+  // Verify reads every record of both tiers.
+  Store::VerifyReport report;
+  REQUIRE(store->Verify(&report).ok());
+  REQUIRE(report.records == model.size());
+  store.reset();
+  REQUIRE(Store::Open(o, &store).ok());
+  REQUIRE(store->GetStats().segments == 1);
+  CheckScan(*store, model, INT64_MIN, INT64_MAX, false, 333);
+  for (const auto& [k, v] : model) {
+    std::string got;
+    REQUIRE(store->Get(k, &got).ok());
+    REQUIRE(got == v);
+  }
+}
+
+TEST_CASE("Batches split between a flat table and the sparse tier keep the last value of a key",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(SparseOptions(dir / "s"), &store).ok());
+  for (int64_t k = 0; k < 2000; ++k) REQUIRE(store->Put(k, "d").ok());
+  REQUIRE(store->GetStats().segments == 1);
+  const int64_t far = int64_t{1} << 50;
+  std::vector<KeyValueRef> batch = {{5, "flat-1"}, {far, "sparse-1"}, {far, "sparse-2"},
+                                    {5, "flat-2"}, {far + 1, "sparse-3"}};
+  REQUIRE(store->PutBatch(batch).ok());
+  std::string v;
+  REQUIRE(store->Get(5, &v).ok());
+  CHECK(v == "flat-2");
+  REQUIRE(store->Get(far, &v).ok());
+  CHECK(v == "sparse-2");
+  REQUIRE(store->Get(far + 1, &v).ok());
+  CHECK(v == "sparse-3");
+  REQUIRE(store->GetStats().segments == 1);
+}
+
+TEST_CASE("Opening decides a promotion cut short by the moved mark: without it the tier's keys win",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  const EngineOptions sparse = SparseOptions(dir / "s");
+  EngineOptions flat = sparse;
+  flat.sparse_tier = false;
+  flat.path = dir / "flat";
+  // A flat table of segment 0 holding old values (as a promotion cut short
+  // after some copies leaves it), and the tier holding the newer ones.
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(flat, &store).ok());
+    REQUIRE(store->Put(1, "old-1").ok());
+    REQUIRE(store->Put(2, "old-2").ok());
+  }
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(sparse, &store).ok());
+    REQUIRE(store->Put(1, "new-1").ok());
+    REQUIRE(store->Put(3, "new-3").ok());
+    REQUIRE(store->GetStats().segments == 0);
+  }
+  const std::string seg0 = "/seg-0000080000000000";
+  std::filesystem::copy(flat.path + seg0, sparse.path + seg0,
+                        std::filesystem::copy_options::recursive);
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(sparse, &store).ok());
+    std::string v;
+    REQUIRE(store->Get(1, &v).ok());
+    CHECK(v == "new-1");
+    REQUIRE(store->Get(3, &v).ok());
+    CHECK(v == "new-3");
+    REQUIRE(store->Get(2, &v).ok());  // the table's own record stays
+    REQUIRE(std::filesystem::exists(sparse.path + seg0 + "/" + "SPARSE-MOVED"));
+    // The tier holds none of the segment now: a scan returns each key once.
+    std::vector<KeyValue> out;
+    int64_t next;
+    bool done;
+    REQUIRE(store->Scan(INT64_MIN, false, 100, &out, &next, &done).ok());
+    CHECK(out.size() == 3);
+  }
+  // With the mark, copies left in the tier are stale: the table wins.
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(flat, &store).ok());
+    REQUIRE(store->Put(7, "table-7").ok());
+  }
+  {
+    EngineOptions other = sparse;
+    other.path = dir / "t";
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(other, &store).ok());
+    REQUIRE(store->Put(7, "stale-7").ok());
+    REQUIRE(store->Put(8, "stale-8").ok());
+  }
+  std::filesystem::copy(flat.path + seg0, (dir / "t") + seg0,
+                        std::filesystem::copy_options::recursive);
+  { std::ofstream((dir / "t") + seg0 + "/" + "SPARSE-MOVED") << "moved\n"; }
+  EngineOptions other = sparse;
+  other.path = dir / "t";
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(other, &store).ok());
+  std::string v;
+  REQUIRE(store->Get(7, &v).ok());
+  CHECK(v == "table-7");
+  CHECK(store->Get(8, &v).IsNotFound());
+  std::vector<KeyValue> out;
+  int64_t next;
+  bool done;
+  REQUIRE(store->Scan(INT64_MIN, false, 100, &out, &next, &done).ok());
+  CHECK(done);
+  CHECK(out.size() == 3);  // 1, 2 and 7 of the table
+}
+
+TEST_CASE("Turning the sparse tier off moves its keys into flat tables and removes it",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o = SparseOptions(dir / "s");
+  std::map<int64_t, std::string> model;
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(o, &store).ok());
+    for (int64_t k : {int64_t{-5}, int64_t{3}, int64_t{1} << 40, (int64_t{1} << 40) + 9}) {
+      REQUIRE(store->Put(k, ValueFor(k, 1)).ok());
+      model[k] = ValueFor(k, 1);
+    }
+    REQUIRE(store->GetStats().segments == 0);
+  }
+  o.sparse_tier = false;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  CHECK_FALSE(std::filesystem::exists(o.path + "/sparse"));
+  CHECK(store->GetStats().segments == 3);
+  CheckScan(*store, model, INT64_MIN, INT64_MAX, false, 2);
+}
+
+TEST_CASE("Readers and scanners never miss an acknowledged key while its segment is promoted",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(SparseOptions(dir / "s"), &store).ok());
+  constexpr int kWriters = 2;
+  constexpr int64_t kPerWriter = 6000;
+  std::atomic<int64_t> acked[kWriters];
+  for (auto& a : acked) a.store(-1);
+  std::atomic<bool> stop{false};
+  flatkv::test::ThreadFailures failures;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    // Writer w fills keys w, w + kWriters, ... of segments 0..2 in turn.
+    threads.emplace_back([&, w] {
+      for (int64_t i = 0; i < kPerWriter; ++i) {
+        const int64_t k = (i % 3) * (int64_t{1} << 20) + (i / 3) * kWriters + w;
+        Status st = store->Put(k, ValueFor(k, 1));
+        if (!st.ok()) failures.Add("put " + std::to_string(k) + ": " + st.ToString());
+        acked[w].store(i);
+      }
+    });
+  }
+  threads.emplace_back([&] {  // point reads of acknowledged keys
+    std::mt19937_64 rng(3);
+    while (!stop.load()) {
+      const int w = static_cast<int>(rng() % kWriters);
+      const int64_t upto = acked[w].load();
+      if (upto < 0) continue;
+      const int64_t i = static_cast<int64_t>(rng() % static_cast<uint64_t>(upto + 1));
+      const int64_t k = (i % 3) * (int64_t{1} << 20) + (i / 3) * kWriters + w;
+      std::string v;
+      Status st = store->Get(k, &v);
+      if (!st.ok() || v != ValueFor(k, 1)) failures.Add("get " + std::to_string(k) + ": " + st.ToString());
+    }
+  });
+  threads.emplace_back([&] {  // whole scans: every key acknowledged before one starts is in it
+    while (!stop.load()) {
+      int64_t before[kWriters];
+      for (int w = 0; w < kWriters; ++w) before[w] = acked[w].load();
+      std::map<int64_t, bool> seen;
+      int64_t from = INT64_MIN;
+      for (bool done = false; !done;) {
+        std::vector<KeyValue> page;
+        int64_t next;
+        Status st = store->Scan(from, false, 500, &page, &next, &done);
+        if (!st.ok()) {
+          failures.Add("scan: " + st.ToString());
+          return;
+        }
+        for (const KeyValue& kv : page) seen[kv.key] = true;
+        from = next;
+      }
+      for (int w = 0; w < kWriters; ++w) {
+        for (int64_t i = 0; i <= before[w]; ++i) {
+          const int64_t k = (i % 3) * (int64_t{1} << 20) + (i / 3) * kWriters + w;
+          if (seen.count(k) == 0) {
+            failures.Add("scan missed acknowledged key " + std::to_string(k));
+            return;
+          }
+        }
+      }
+    }
+  });
+  for (int w = 0; w < kWriters; ++w) threads[w].join();
+  stop.store(true);
+  for (size_t t = kWriters; t < threads.size(); ++t) threads[t].join();
+  INFO(failures.first());
+  REQUIRE(failures.count() == 0);
+  CHECK(store->GetStats().sparse_promotions == 3);
+  CHECK(store->GetStats().segments == 3);
+}
+
+TEST_CASE("The insertion-order scan covers the sparse tier and the flat tables, each key once",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(SparseOptions(dir / "s"), &store).ok());
+  std::map<int64_t, std::string> model;
+  for (int64_t k = 0; k < 3000; ++k) {
+    REQUIRE(store->Put(k, ValueFor(k, 1)).ok());
+    model[k] = ValueFor(k, 1);
+  }
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 700; ++i) {
+    const auto k = static_cast<int64_t>(rng());
+    REQUIRE(store->Put(k, ValueFor(k, 3)).ok());
+    model[k] = ValueFor(k, 3);
+  }
+  REQUIRE(store->GetStats().sparse_promotions == 1);
+  std::map<int64_t, std::string> seen;
+  std::string cursor;
+  for (int calls = 0;; ++calls) {
+    REQUIRE(calls < 100000);
+    std::vector<KeyValue> page;
+    std::string next;
+    bool done = false;
+    REQUIRE(store->ScanLog(cursor, 64, &page, &next, &done).ok());
+    for (KeyValue& kv : page) {
+      INFO("key " << kv.key);
+      REQUIRE(seen.count(kv.key) == 0);
+      seen[kv.key] = kv.value;
+    }
+    if (done) break;
+    cursor = next;
+  }
+  REQUIRE(seen == model);
+  std::vector<KeyValue> page;
+  std::string next;
+  bool done;
+  REQUIRE(store->ScanLog(std::string(5, '\x02'), 10, &page, &next, &done).IsInvalidArgument());
+}
+
+TEST_CASE("Copies a promotion could not drop from the tier never come back: not in reads, scans or after a reopen",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o = SparseOptions(dir / "s");
+  std::map<int64_t, std::string> model;
+  {
+    std::unique_ptr<Store> store;
+    REQUIRE(Store::Open(o, &store).ok());
+    store->TEST_KillInPromotion(4);  // the tier keeps its copies
+    for (int64_t k = 0; k < 1000; ++k) {
+      REQUIRE(store->Put(k, ValueFor(k, 1)).ok());
+      model[k] = ValueFor(k, 1);
+    }
+    REQUIRE(store->GetStats().segments == 1);
+    for (int64_t k = 0; k < 1000; k += 3) {
+      REQUIRE(store->Remove(k).ok());
+      model.erase(k);
+    }
+    for (int64_t k = 1; k < 1000; k += 3) {
+      REQUIRE(store->Put(k, ValueFor(k, 2)).ok());
+      model[k] = ValueFor(k, 2);
+    }
+    CheckScan(*store, model, INT64_MIN, INT64_MAX, false, 100);
+    CheckScan(*store, model, INT64_MIN, INT64_MAX, true, 100);
+    std::map<int64_t, std::string> logged;
+    std::string cursor;
+    for (bool done = false; !done;) {
+      std::vector<KeyValue> page;
+      REQUIRE(store->ScanLog(cursor, 100, &page, &cursor, &done).ok());
+      for (KeyValue& kv : page) logged[kv.key] = kv.value;
+    }
+    REQUIRE(logged == model);
+  }
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  CheckScan(*store, model, INT64_MIN, INT64_MAX, false, 100);
+  for (int64_t k = 0; k < 1000; k += 3) {
+    std::string v;
+    REQUIRE(store->Get(k, &v).IsNotFound());
+  }
+}
