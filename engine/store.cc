@@ -589,6 +589,7 @@ Status Store::Remove(int64_t key, bool* existed) {
         [&]() -> Status {
           if (existed != nullptr) *existed = false;
           if (sparse_ == nullptr) return Status::OK();  // no such segment
+          if (existed == nullptr) return sparse_->Delete(key);  // no need to look first
           std::string old;
           Status st = sparse_->Get(key, &old);
           if (st.IsNotFound()) return Status::OK();

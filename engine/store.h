@@ -139,7 +139,9 @@ class Store {
   Status Put(int64_t key, std::string_view value);
 
   // On a hit stores the value in *value and returns OK. If there is no entry
-  // for "key", leaves *value unchanged and returns NotFound without any I/O.
+  // for "key", leaves *value unchanged and returns NotFound without any I/O
+  // (a key of the sparse tier: after its Bloom filter, which sends about 1 %
+  // of absent keys to one block read).
   // Returns Corruption (never a wrong value) if the record fails its checksum.
   Status Get(int64_t key, std::string* value) const;
   // The checks every write makes before it touches anything, for callers
@@ -157,7 +159,8 @@ class Store {
   // nothing. An I/O error stops the batch: pairs before it may be written.
   Status PutBatch(const std::vector<KeyValueRef>& pairs);
 
-  // OK if the key is present, NotFound otherwise. Never does I/O.
+  // OK if the key is present, NotFound otherwise. Never does I/O for a key
+  // of a flat table; one of the sparse tier costs what Get does.
   Status Exists(int64_t key) const;
 
   // Removes "key". Sets *existed (if non-null) to whether it was present. A
@@ -165,7 +168,8 @@ class Store {
   Status Remove(int64_t key, bool* existed = nullptr);
 
   // Appends "value" to the key's current value (creating it if absent). Costs
-  // O(|value|) bytes written, amortized, whatever the current value's size.
+  // O(|value|) bytes written, amortized, whatever the current value's size;
+  // a key of the sparse tier has its value rewritten whole.
   Status Append(int64_t key, std::string_view value);
 
   // Key-order scan. Forward: keys >= from in ascending order; reverse: keys <=

@@ -246,6 +246,22 @@ Status ApplyServerFlag(std::string_view name, std::string_view value, ServerBenc
   } else if (name == "timeout-ms") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxTimeoutMs, &n));
     f->timeout_ms = static_cast<int>(n);
+  } else if (name == "key-dist") {
+    if (!ParseKeyDist(value, &f->space.dist)) {
+      return Status::InvalidArgument("--key-dist: expected dense|random|snowflake, got '" +
+                                     std::string(value) + "'");
+    }
+  } else if (name == "key-min" || name == "key-max") {
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size()) {
+      return Status::InvalidArgument("--" + std::string(name) + ": '" + std::string(value) +
+                                     "' is not a 64-bit integer");
+    }
+    (name == "key-min" ? f->space.key_min : f->space.key_max) = v;
+  } else if (name == "snowflake-rate") {
+    FLATKV_RETURN_IF_ERROR(
+        ParseUint(name, value, 1, (uint64_t{1} << 22) * 1000, &f->space.snowflake_rate));
   } else {
     return Status::InvalidArgument("unknown flag --" + std::string(name) + " for 'server'");
   }
@@ -253,6 +269,13 @@ Status ApplyServerFlag(std::string_view name, std::string_view value, ServerBenc
 }
 
 Status ValidateServer(const ServerBenchFlags& f) {
+  if (f.space.key_min >= f.space.key_max) {
+    return Status::InvalidArgument("--key-min must be below --key-max");
+  }
+  if (f.space.dist == KeyDist::kSnowflake &&
+      f.space.Key(2 * ServerKeySpace(f) - 1) < f.space.Key(0)) {
+    return Status::InvalidArgument("--key-dist snowflake: the keys of --num overflow 64 bits");
+  }
   if (f.threads > f.clients) {
     return Status::InvalidArgument("--threads " + std::to_string(f.threads) + " exceeds --clients " +
                                    std::to_string(f.clients) +
@@ -295,11 +318,8 @@ Status Validate(const BenchFlags& f) {
   if (f.key_dist != KeyDist::kDense && f.keys != KeyKind::kInt) {
     return Status::InvalidArgument("--key-dist random|snowflake applies only to --keys int");
   }
-  if (f.mode == BenchMode::kGrowth &&
-      (f.key_dist_given || f.sparse_first > 0 || f.key_min != 0 ||
-       f.key_max != std::numeric_limits<int64_t>::max())) {
-    return Status::InvalidArgument(
-        "--key-dist, --key-min, --key-max and --sparse-first apply only to 'engine'");
+  if (f.mode == BenchMode::kGrowth && f.sparse_first > 0) {
+    return Status::InvalidArgument("--sparse-first applies only to 'engine'");
   }
   if (f.sparse_first > 0 && f.keys != KeyKind::kInt) {
     return Status::InvalidArgument("--sparse-first applies only to --keys int");
@@ -594,6 +614,10 @@ void PrintBenchUsage(std::FILE* out) {
       "  --batch K           keys per call: K > 1 sends multiGet/multiPut\n"
       "                      (default 1: get/put)\n"
       "  --keys uniform|zipf key distribution (default uniform; zipf: 0.99)\n"
+      "  --key-dist dense|random|snowflake\n"
+      "                      the integer key each index of [0, num) is sent as,\n"
+      "                      as in engine mode (--key-min, --key-max,\n"
+      "                      --snowflake-rate too; default dense)\n"
       "  --seed S            seed for keys and values (default 301)\n"
       "  --timeout-ms N      connect timeout, and longest wait for an answer\n"
       "                      (default 30000)\n"

@@ -58,6 +58,7 @@ struct StepPlan {
   int read_percent = 0;
   uint64_t seed = 0;   // the step's; each thread mixes in its index
   const KeyPermutation* permutation = nullptr;
+  KeySpace space;      // record index -> integer key (--key-dist)
   const ValueBuffer* values = nullptr;
 };
 
@@ -94,7 +95,7 @@ void RunStepThread(BenchEngine* engine, const StepPlan& p, int t, StepThread* r)
     if (read_percent > 0 && present > 0 && rng.Uniform(100) < read_percent) {
       uint64_t u = rng.Uniform(present);
       uint64_t index = u < p.begin ? u : first + (u - p.begin) * stride;
-      int64_t key = static_cast<int64_t>((*p.permutation)(index));
+      int64_t key = p.space.Key((*p.permutation)(index));
       Status s = GetKey<kKind>(engine, key, &value);
       ++r->reads;
       if (s.ok()) {
@@ -103,7 +104,7 @@ void RunStepThread(BenchEngine* engine, const StepPlan& p, int t, StepThread* r)
         RecordFailure("get", key, s, r);
       }
     } else {
-      int64_t key = static_cast<int64_t>((*p.permutation)(next));
+      int64_t key = p.space.Key((*p.permutation)(next));
       Status s = PutKey<kKind>(engine, key, p.values->Next(&value_pos));
       if (!s.ok()) RecordFailure("put", key, s, r);
       ++r->inserts;
@@ -187,6 +188,7 @@ std::vector<Field> PointFields(const BenchFlags& f, const GrowthPoint& p) {
       {"mix", mix.name, true},
       {"read_percent", std::to_string(mix.read_percent), false},
       {"keys", KeyKindName(f.keys), true},
+      {"key_dist", KeyDistName(f.key_dist), true},
       {"value_size", Num(f.value_size), false},
       {"threads", std::to_string(f.threads), false},
       {"sync", f.sync ? "always" : "none", true},
@@ -257,6 +259,7 @@ int RunSteps(BenchEngine* engine, const BenchFlags& f) {
   plan.threads = f.threads;
   plan.read_percent = InfoOf(f.mix).read_percent;
   plan.permutation = &permutation;
+  plan.space = KeySpaceFor(f);
   plan.values = &values;
   double elapsed = 0;
   int exit_code = kExitOk;

@@ -33,7 +33,7 @@ ENGINE_LABELS = {"flat": "FlatKV", "rocksdb": "RocksDB", "leveldb": "LevelDB",
                  "kyotocabinet": "Kyoto Cabinet"}
 ENGINE_ORDER = ["flat"] + PEERS
 # Fields of a growth --csv row that are numbers (everything else is text).
-TEXT_FIELDS = {"engine", "mode", "mix", "keys", "sync"}
+TEXT_FIELDS = {"engine", "mode", "mix", "keys", "key_dist", "sync"}
 
 
 def human(x):
@@ -86,22 +86,28 @@ def read_records(paths):
 
 
 def matrix_table(records):
-    ops = defaultdict(dict)  # (threads, size, workload) -> engine -> ops/s
+    ops = defaultdict(dict)  # (keys, threads, size, workload) -> engine -> ops/s
     wamp = {}
+    disk = defaultdict(dict)  # (keys, threads, size) -> engine -> disk bytes after the fill
     for d in records:
         if d.get("mode") == "growth" or "workload" not in d:
             continue
-        key = (d["threads"], d["value_size"], d["workload"])
+        dist = d.get("key_dist", "dense")
+        key = (dist, d["threads"], d["value_size"], d["workload"])
         ops[key][d["engine"]] = d["ops_per_sec"]
         if d["workload"] in ("fillseq", "fillrandom") and d.get("write_amp"):
-            wamp[(d["engine"], d["threads"], d["value_size"], d["workload"])] = d["write_amp"]
+            wamp[(d["engine"], dist, d["threads"], d["value_size"], d["workload"])] = d["write_amp"]
+        if d["workload"] == "fillrandom" and d.get("disk_bytes") and d.get("num"):
+            disk[(dist, d["threads"], d["value_size"])][d["engine"]] = d["disk_bytes"] / d["num"]
     if not ops:
         return
-    print("| threads | value | workload | flat | " + " | ".join(PEERS) +
+    print("| keys | threads | value | workload | flat | " + " | ".join(PEERS) +
           " | flat/" + " | flat/".join(PEERS) + " |")
-    print("|" + " --- |" * (4 + 2 * len(PEERS)))
+    print("|" + " --- |" * (5 + 2 * len(PEERS)))
     worst = None
-    for key in sorted(ops, key=lambda k: (k[0], k[1], ORDER.index(k[2]) if k[2] in ORDER else 99)):
+    dists = ["dense", "random", "snowflake"]
+    for key in sorted(ops, key=lambda k: (dists.index(k[0]) if k[0] in dists else 9, k[1], k[2],
+                                          ORDER.index(k[3]) if k[3] in ORDER else 99)):
         row = ops[key]
         if "flat" not in row:
             continue
@@ -114,16 +120,21 @@ def matrix_table(records):
                     worst = (r, p, key)
             else:
                 ratios.append("-")
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {human(row['flat'])} | " +
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {human(row['flat'])} | " +
               " | ".join(human(row[p]) if p in row else "-" for p in PEERS) + " | " +
               " | ".join(ratios) + " |")
     if worst:
         print(f"\nlowest flat/peer ratio: {worst[0]:.2f} vs {worst[1]} at {worst[2]}")
+    if disk:
+        print("\ndisk bytes per key after fillrandom:")
+        for (dist, t, vs), row in sorted(disk.items()):
+            print(f"  {dist} {vs} B, {t} thr: " +
+                  ", ".join(f"{e} {row[e]:.0f}" for e in ENGINE_ORDER if e in row))
     if wamp:
         print("\nwrite bytes per user byte during fill (flat):")
-        for (e, t, vs, w), v in sorted(wamp.items()):
+        for (e, dist, t, vs, w), v in sorted(wamp.items()):
             if e == "flat":
-                print(f"  {w} {vs} B, {t} thr: {v:.3f}")
+                print(f"  {dist} {w} {vs} B, {t} thr: {v:.3f}")
 
 
 def growth_runs(records):

@@ -148,6 +148,7 @@ struct Plan {
   uint64_t seed = 0;                  // this workload's
   const ValueBuffer* values = nullptr;
   const ZipfTable* zipf = nullptr;    // --keys zipf only
+  KeySpace space;                     // index -> the key sent (--key-dist)
   WrittenKeys* written = nullptr;
   std::atomic<bool>* stop = nullptr;  // set by the first thread that fails
   int timeout_ms = 0;
@@ -496,19 +497,21 @@ class Driver {
     }
     const bool write = !IsGet(c->kind);
     for (uint32_t i = 0; i < c->keys.size(); ++i) {
+      // Connections count in indexes of [0, num); the call carries the key.
+      const int64_t key = plan_->space.Key(static_cast<uint64_t>(c->keys[i]));
       Link* l = c->links[0].get();
       if (ends_.ring) {
-        size_t p = ends_.ring->OwnerIndex(partition::Ring::HashKey(c->keys[i]));
+        size_t p = ends_.ring->OwnerIndex(partition::Ring::HashKey(key));
         l = c->links[write ? c->write_link[p] : c->read_link[p]].get();
       }
-      l->keys.push_back(c->keys[i]);
+      l->keys.push_back(key);
       l->positions.push_back(i);
       if (c->kind == CallKind::kPut) {
         l->value.assign(plan_->values->Next(&c->value_pos));
       } else if (c->kind == CallKind::kMultiPut) {
         if (l->pairs.size() == l->npairs) l->pairs.emplace_back();
         rpc::KvPair& pair = l->pairs[l->npairs++];
-        pair.key = c->keys[i];
+        pair.key = key;
         pair.value.assign(plan_->values->Next(&c->value_pos));
       }
     }
@@ -667,7 +670,7 @@ class Driver {
     switch (c.kind) {
       case CallKind::kPut:
       case CallKind::kMultiPut:
-        for (int64_t key : l->keys) plan_->written->Mark(static_cast<uint64_t>(key));
+        for (uint32_t pos : l->positions) plan_->written->Mark(static_cast<uint64_t>(c.keys[pos]));
         break;
       case CallKind::kGet:
         Check(c, l->positions[0], l->get_result, r);
@@ -798,12 +801,13 @@ void PrintJson(const ServerBenchFlags& f, const Report& r) {
       "\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,\"max_us\":%.1f,\"errors\":%" PRIu64
       ",\"value_size\":%u,\"host\":\"%s\",\"port\":%d,\"num\":%" PRIu64 ",\"gets\":%" PRIu64
       ",\"puts\":%" PRIu64 ",\"found\":%" PRIu64
-      ",\"min_us\":%.1f,\"mean_us\":%.1f,\"zk\":\"%s\",\"path\":\"%s\",\"members\":%zu}\n",
+      ",\"min_us\":%.1f,\"mean_us\":%.1f,\"zk\":\"%s\",\"path\":\"%s\",\"members\":%zu,"
+      "\"key_dist\":\"%s\"}\n",
       r.workload, KeyDistributionName(f.keys), f.clients, f.threads, f.batch, r.ops, r.calls,
       r.seconds, r.ops_per_sec, r.calls_per_sec, r.mb_per_sec, r.p50_us, r.p99_us, r.p999_us,
       r.max_us, r.errors, f.value_size, JsonEscape(f.host).c_str(), f.port, ServerKeySpace(f),
       r.gets, r.puts, r.found, r.min_us, r.mean_us, JsonEscape(f.zk).c_str(),
-      JsonEscape(f.zk_path).c_str(), r.members);
+      JsonEscape(f.zk_path).c_str(), r.members, KeyDistName(f.space.dist));
 }
 
 // get        :   52341 ops/sec   5.6 MB/s  p50 901.1 p99 2210.3 p999 4000.2 max 9000.1 us
@@ -820,9 +824,10 @@ void PrintText(const ServerBenchFlags& f, const Report& r) {
   std::string where = f.host + ":" + std::to_string(f.port);
   if (!f.zk.empty()) where = "ring of " + std::to_string(r.members) + " at " + f.zk + f.zk_path;
   std::printf("%-10s : %8.0f ops/sec %6.1f MB/s  p50 %.1f p99 %.1f p999 %.1f max %.1f us"
-              "  (%s, %u B, %s, %d clients, %d thr%s)\n",
+              "  (%s, %u B, %s, %s keys, %d clients, %d thr%s)\n",
               r.workload, r.ops_per_sec, r.mb_per_sec, r.p50_us, r.p99_us, r.p999_us, r.max_us,
-              where.c_str(), f.value_size, KeyDistributionName(f.keys), f.clients,
+              where.c_str(), f.value_size, KeyDistributionName(f.keys), KeyDistName(f.space.dist),
+              f.clients,
               f.threads, extra.c_str());
 }
 
@@ -836,6 +841,8 @@ Status RunOne(const ServerBenchFlags& f, ServerWorkload w, int position,
   plan.workload = w;
   plan.get_percent = ServerWorkloadGetPercent(w);
   plan.num = num;
+  plan.space = f.space;
+  plan.space.seed = SplitMix64(f.seed ^ 0x6b65792d64697374ULL);  // as engine mode's
   plan.batch = f.batch;
   plan.value_size = f.value_size;
   plan.seed = SplitMix64(f.seed + static_cast<uint64_t>(position) * 0x9e3779b97f4a7c15ULL);

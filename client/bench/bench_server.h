@@ -52,6 +52,8 @@
 #include <string_view>
 #include <vector>
 
+#include "client/bench/bench_workload.h"
+
 namespace flatkv::client {
 
 enum class ServerWorkload { kFill, kPut, kGet, kReadHeavy, kWriteHeavy };
@@ -84,6 +86,10 @@ struct ServerBenchFlags {
   uint32_t value_size = 100;                      // --value-size in bytes
   uint32_t batch = 1;                             // --batch: keys per call
   KeyDistribution keys = KeyDistribution::kUniform;  // --keys uniform|zipf
+  // --key-dist dense|random|snowflake, --key-min, --key-max,
+  // --snowflake-rate: the integer key each index of [0, num) is sent as
+  // (KeySpace in bench_workload.h; its seed is --seed).
+  KeySpace space;
   std::vector<ServerWorkload> workloads;          // --workload, run in order
   uint64_t seed = 301;                            // --seed for keys and values
   bool json = false;                              // --json: one JSON object per line

@@ -131,7 +131,7 @@ TEST_CASE("Random 64-bit keys live in the sparse tier: no segment each, every op
   CheckScan(*store, model, -(int64_t{1} << 62), int64_t{1} << 62, false, 1000);
 }
 
-TEST_CASE("A dense segment is promoted to a flat table; scans merge both tiers in either direction",
+TEST_CASE("A dense segment is promoted to a flat table and scans merge both tiers in either direction",
           "[engine][sparse]") {
   flatkv::test::TempDir dir;
   EngineOptions o = SparseOptions(dir / "s");
@@ -415,7 +415,7 @@ TEST_CASE("The insertion-order scan covers the sparse tier and the flat tables, 
   REQUIRE(store->ScanLog(std::string(5, '\x02'), 10, &page, &next, &done).IsInvalidArgument());
 }
 
-TEST_CASE("Copies a promotion could not drop from the tier never come back: not in reads, scans or after a reopen",
+TEST_CASE("Copies a promotion could not drop from the tier never come back, even after a reopen",
           "[engine][sparse]") {
   flatkv::test::TempDir dir;
   EngineOptions o = SparseOptions(dir / "s");

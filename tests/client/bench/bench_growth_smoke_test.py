@@ -23,7 +23,7 @@ import sys
 NUM = 3000
 POINTS = 6
 MIXES = {"writeonly": 0, "readheavy": 90, "writeheavy": 10}
-FIELDS = ["engine", "mode", "mix", "read_percent", "keys", "value_size", "threads", "sync",
+FIELDS = ["engine", "mode", "mix", "read_percent", "keys", "key_dist", "value_size", "threads", "sync",
           "num", "points", "point", "records", "ops", "inserts", "reads", "found", "errors",
           "seconds", "ops_per_sec", "micros_per_op", "elapsed_seconds", "disk_bytes",
           "rss_bytes", "write_bytes"]
@@ -44,7 +44,7 @@ def run(cmd, expect=0):
     return p.stdout
 
 
-def check_points(rows, engine, mix, keys, threads, value_size):
+def check_points(rows, engine, mix, keys, threads, value_size, key_dist="dense"):
     """The contract of one run's points (JSON or CSV, already typed)."""
     if len(rows) != POINTS:
         fail("%s: expected %d points, got %d" % (mix, POINTS, len(rows)))
@@ -55,7 +55,8 @@ def check_points(rows, engine, mix, keys, threads, value_size):
         if list(row) != FIELDS:
             fail("%s: fields %s, expected %s" % (where, list(row), FIELDS))
         want = {"engine": engine, "mode": "growth", "mix": mix, "read_percent": MIXES[mix],
-                "keys": keys, "value_size": value_size, "threads": threads, "sync": "none",
+                "keys": keys, "key_dist": key_dist, "value_size": value_size,
+                "threads": threads, "sync": "none",
                 "num": NUM, "points": POINTS, "point": p, "errors": 0}
         for k, v in want.items():
             if row[k] != v:
@@ -122,7 +123,7 @@ def csv_rows(out):
         fail("CSV header %r, expected %r" % (lines[0] if lines else "", ",".join(FIELDS)))
     rows = []
     for r in csv.DictReader(io.StringIO(out)):
-        rows.append({k: v if k in ("engine", "mode", "mix", "keys", "sync")
+        rows.append({k: v if k in ("engine", "mode", "mix", "keys", "key_dist", "sync")
                      else float(v) if "." in v else int(v) for k, v in r.items()})
     return rows
 
@@ -153,6 +154,13 @@ def main():
     text = [l for l in run(growth_cmd(a, "writeonly", "--fresh")).splitlines() if l.strip()]
     if len(text) != POINTS or not all(l.startswith("growth writeonly") for l in text):
         fail("text output: %r" % text)
+
+    # Random 64-bit keys (a flat store with the sparse tier, as a user with
+    # such keys runs it): every inserted record is found again.
+    extra = ["--key-dist", "random"] + (["--sparse-tier", "on"] if a.engine == "flat" else [])
+    check_points(json_rows(run(growth_cmd(a, "readheavy", "--json", extra=extra))), a.engine,
+                 "readheavy", "int", 1, 1024, key_dist="random")
+    print("ok: %s --key-dist random" % a.engine)
 
     if a.engine == "flat":
         check_points(json_rows(run(growth_cmd(a, "writeheavy", "--json", keys="string"))),

@@ -212,6 +212,36 @@ def check_zipf(args, port):
         fail("zipf get: found %d of %d" % (rows["get"]["found"], OPS))
 
 
+def check_key_dists(args, work):
+    """--key-dist sends each index as a random or Snowflake key: a server
+    with the sparse tier keeps them there (no segment directory) and every
+    get of a written key finds it."""
+    for dist in ("random", "snowflake"):
+        data = os.path.join(work, "data-" + dist)
+        port = free_port()
+        proc = start_server(args.server, port, data, "--set", "storage.sparse_tier=on")
+        try:
+            p = run([args.bench, "server", "--port", str(port), "--workload", "fill,get",
+                     "--key-dist", dist, "--clients", str(CLIENTS), "--ops", str(OPS),
+                     "--value-size", str(VALUE_SIZE), "--json"])
+            if p.returncode != 0:
+                fail("--key-dist %s: exit status %d" % (dist, p.returncode))
+            rows = parse(p.stdout, ["fill", "get"])
+            for row in rows.values():
+                if (row["key_dist"], row["errors"], row["ops"]) != (dist, 0, OPS):
+                    fail("--key-dist %s: %r" % (dist, row))
+            if rows["get"]["found"] != OPS:
+                fail("--key-dist %s get: found %d of %d" % (dist, rows["get"]["found"], OPS))
+        finally:
+            if stop_server(proc) != 0:
+                fail("flatkv-server did not exit 0 on SIGTERM")
+        segments = [n for n in os.listdir(data) if n.startswith("seg-")]
+        if segments or not os.path.isdir(os.path.join(data, "sparse")):
+            fail("--key-dist %s: %d segment directories, sparse tier %s" %
+                 (dist, len(segments), os.listdir(data)))
+        print("ok: flatkv-bench server --key-dist %s" % dist)
+
+
 def check_failures(args, port, work):
     base = [args.bench, "server", "--port", str(port), "--clients", "2",
             "--ops", "10"]
@@ -271,6 +301,7 @@ def main():
             if stop_server(proc) != 0:
                 fail("flatkv-server did not exit 0 on SIGTERM")
         check_failures(args, port, work)
+        check_key_dists(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("ok: flatkv-bench server")
