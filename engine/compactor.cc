@@ -36,6 +36,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/flat_table.h"
+#include "engine/sparse_tier.h"
 #include "engine/store.h"
 #include "engine/string_keys.h"
 
@@ -829,6 +830,15 @@ void Store::CompactorLoop() {
         // A full disk ends the round: the next tables would only be refused
         // (or read for nothing), and its error is the one to report.
         if (stopping_.load() || st.IsNoSpace()) break;
+      }
+    }
+    // A round on request compacts the sparse tier too (RocksDB compacts it
+    // by itself otherwise).
+    if (requested && sparse_ != nullptr && !stopping_.load() && !result.IsNoSpace()) {
+      Status st = sparse_->Compact();
+      if (!st.ok()) {
+        spdlog::error("compacting the sparse tier: {}", st.ToString());
+        result = st;
       }
     }
     lock.lock();

@@ -634,13 +634,14 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, std::vector<KeyValu
 Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
                    std::vector<KeyValue>* out, int64_t* next, bool* done,
                    std::vector<int64_t>* corrupt) const {
-  if (sparse_ == nullptr) return FlatScan(from, reverse, limit, lo, hi, out, next, done, corrupt);
   out->clear();
   *done = true;
   *next = from;
   if (limit == 0) return Status::InvalidArgument("scan limit must be positive");
   if (lo > hi) return Status::InvalidArgument("scan bounds: lo must not exceed hi");
   if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
+  // The keys that can exist: [key_min, key_max - 1] (key_max > key_min, so
+  // neither bound overflows), intersected with [lo, hi].
   lo = std::max(lo, options_.key_min);
   hi = std::min(hi, options_.key_max - 1);
   if (lo > hi) return Status::OK();
@@ -651,6 +652,7 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
     if (from < lo) return Status::OK();
     from = std::min(from, hi);
   }
+  if (sparse_ == nullptr) return FlatScan(from, reverse, limit, lo, hi, out, next, done, corrupt);
   // Both sides are read with no promotion between them; each side is
   // complete up to its own bound, and the merge up to the nearer one.
   auto segments = LockAllSegments();
@@ -733,21 +735,6 @@ Status Store::FlatScan(int64_t from, bool reverse, size_t limit, int64_t lo, int
   out->clear();
   *done = true;
   *next = from;
-  if (limit == 0) return Status::InvalidArgument("scan limit must be positive");
-  if (lo > hi) return Status::InvalidArgument("scan bounds: lo must not exceed hi");
-  if (closed_.load()) return Status::IOError("store " + options_.path + " is closed");
-  // The keys that can exist: [key_min, key_max - 1] (key_max > key_min, so
-  // neither bound overflows), intersected with [lo, hi].
-  lo = std::max(lo, options_.key_min);
-  hi = std::min(hi, options_.key_max - 1);
-  if (lo > hi) return Status::OK();
-  if (!reverse) {
-    if (from > hi) return Status::OK();
-    from = std::max(from, lo);
-  } else {
-    if (from < lo) return Status::OK();
-    from = std::min(from, hi);
-  }
   CloseIdleAfter close_idle(this);  // after the Guard has ended
   Guard guard(this);
   const TableArray& tables = Tables();

@@ -228,9 +228,11 @@ class Store {
   // does not kill: the tier's drop of the keys fails, as on a full disk.
   void TEST_KillInPromotion(int stage) { test_kill_stage_.store(stage); }
 
-  // Insertion-order scan: each segment in key order, each of its data files in
-  // write order, live records only. An empty cursor starts; *next_cursor
-  // resumes. Keys written after the scan started may or may not appear.
+  // Insertion-order scan: the sparse tier's keys first (in key order: the
+  // tier keeps no write order), then each segment in key order, each of its
+  // data files in write order, live records only. An empty cursor starts;
+  // *next_cursor resumes. Keys written after the scan started may or may
+  // not appear; a key whose segment is promoted meanwhile may come twice.
   Status ScanLog(std::string_view cursor, size_t limit, std::vector<KeyValue>* out,
                  std::string* next_cursor, bool* done) const;
 
@@ -373,7 +375,8 @@ class Store {
   Status PromoteLocked(uint64_t seg, FlatTable* table);
   // Copies the tier's keys of "seg" into "table" and makes them durable.
   Status CopySparseKeys(uint64_t seg, FlatTable* table);
-  // The integer-key scan over the flat tables alone (Scan merges the tier).
+  // The integer-key scan over the flat tables alone (Scan merges the tier),
+  // with arguments Scan has checked and clamped: lo <= from <= hi.
   Status FlatScan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t hi,
                   std::vector<KeyValue>* out, int64_t* next, bool* done,
                   std::vector<int64_t>* corrupt) const;

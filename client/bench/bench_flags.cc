@@ -26,6 +26,19 @@ constexpr uint64_t kMaxBatch = 100000;
 constexpr uint64_t kMaxServerNum = uint64_t{1} << 34;
 constexpr uint64_t kMaxTimeoutMs = 3600000;
 
+// Parses a whole decimal 64-bit integer (a sign allowed); anything else is
+// an error naming the flag.
+Status ParseI64(std::string_view flag, std::string_view text, int64_t* out) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    return Status::InvalidArgument("--" + std::string(flag) + ": '" + std::string(text) +
+                                   "' is not a 64-bit integer");
+  }
+  *out = v;
+  return Status::OK();
+}
+
 // Parses a whole decimal string into [lo, hi]; anything else (sign, suffix,
 // empty, overflow) is an error naming the flag.
 Status ParseUint(std::string_view flag, std::string_view text, uint64_t lo, uint64_t hi,
@@ -105,13 +118,7 @@ Status ApplyFlag(std::string_view name, std::string_view value, BenchFlags* f) {
     }
     f->key_dist_given = true;
   } else if (name == "key-min" || name == "key-max") {
-    int64_t v = 0;
-    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-    if (value.empty() || ec != std::errc() || end != value.data() + value.size()) {
-      return Status::InvalidArgument("--" + std::string(name) + ": '" + std::string(value) +
-                                     "' is not a 64-bit integer");
-    }
-    (name == "key-min" ? f->key_min : f->key_max) = v;
+    FLATKV_RETURN_IF_ERROR(ParseI64(name, value, name == "key-min" ? &f->key_min : &f->key_max));
   } else if (name == "sparse-first") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxNum, &f->sparse_first));
   } else if (name == "snowflake-rate") {
@@ -252,13 +259,8 @@ Status ApplyServerFlag(std::string_view name, std::string_view value, ServerBenc
                                      std::string(value) + "'");
     }
   } else if (name == "key-min" || name == "key-max") {
-    int64_t v = 0;
-    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-    if (value.empty() || ec != std::errc() || end != value.data() + value.size()) {
-      return Status::InvalidArgument("--" + std::string(name) + ": '" + std::string(value) +
-                                     "' is not a 64-bit integer");
-    }
-    (name == "key-min" ? f->space.key_min : f->space.key_max) = v;
+    FLATKV_RETURN_IF_ERROR(
+        ParseI64(name, value, name == "key-min" ? &f->space.key_min : &f->space.key_max));
   } else if (name == "snowflake-rate") {
     FLATKV_RETURN_IF_ERROR(
         ParseUint(name, value, 1, (uint64_t{1} << 22) * 1000, &f->space.snowflake_rate));
