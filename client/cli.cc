@@ -99,11 +99,14 @@ constexpr const char* kUsage =
     "                              flatkv-server --set storage.path=DIR opens it\n"
     "  admin abort-change          roll back the ring change in progress while it\n"
     "                              still copies (stop its importer first)\n"
-    "  admin secure-ring --zk-auth-file F\n"
+    "  admin secure-ring --zk-auth-file F [--transitional]\n"
     "                              (with --zk) give every node under the ring's\n"
     "                              service path, ephemeral members included, the\n"
     "                              ACL of cluster.zookeeper_auth_file F (that\n"
-    "                              identity: all; anyone: read); safe to repeat\n"
+    "                              identity: all; anyone: read); safe to repeat;\n"
+    "                              --transitional: anyone keeps all too, so\n"
+    "                              instances without F keep writing while the\n"
+    "                              others restart with it (then run it again)\n"
     "  admin verify [--no-repair]  read back every record of the instance and\n"
     "                              check it; in a ring each bad integer key is\n"
     "                              rewritten from its chain (unless --no-repair);\n"
@@ -149,6 +152,7 @@ struct Flags {
   bool reverse = false;
   bool wait = false;
   bool no_repair = false;
+  bool transitional = false;  // admin secure-ring --transitional
   std::optional<int> mb_per_sec;
   std::string zookeeper;                 // --zk: route through the ring
   std::string service_path = "/flatkv";  // --path
@@ -228,6 +232,8 @@ Status ApplyFlag(const std::string& name, Flags* f) {
     f->wait = true;
   } else if (name == "no-repair") {
     f->no_repair = true;
+  } else if (name == "transitional") {
+    f->transitional = true;
   } else if (name == "help") {
     f->help = true;
   } else {
@@ -552,8 +558,8 @@ Status Cli::CheckOptions(const std::string& command) const {
     return Status::InvalidArgument("--raw applies to get and sget only");
   }
   if (flags_.raw && flags_.hex) return Status::InvalidArgument("--raw and --hex exclude each other");
-  if (!flags_.zk_auth_file.empty() && command != "admin secure-ring") {
-    return Status::InvalidArgument("--zk-auth-file applies to admin secure-ring only");
+  if ((!flags_.zk_auth_file.empty() || flags_.transitional) && command != "admin secure-ring") {
+    return Status::InvalidArgument("--zk-auth-file and --transitional apply to admin secure-ring only");
   }
   if (command == "admin secure-ring" && (flags_.zookeeper.empty() || flags_.zk_auth_file.empty())) {
     return Status::InvalidArgument("admin secure-ring needs --zk and --zk-auth-file");
@@ -888,14 +894,17 @@ int Cli::SecureRing(const Operands&) {
   // A large tree takes one round trip per node; the timeout is the connect's.
   const int timeout_ms = std::max(flags_.client.connect_timeout_ms, 10000);
   int nodes = 0;
-  st = partition::SecureRing(flags_.zookeeper, flags_.service_path, credentials, timeout_ms, &nodes);
+  st = partition::SecureRing(flags_.zookeeper, flags_.service_path, credentials,
+                             flags_.transitional, timeout_ms, &nodes);
   if (!st.ok()) {
     std::fprintf(stderr, "flatkv: secure-ring: %s (%d nodes secured before)\n",
                  st.ToString().c_str(), nodes);
     return st.IsUnavailable() ? kExitNetwork : kExitServer;
   }
-  std::printf("secured %d nodes under %s: digest %s all, anyone read\n", nodes,
-              flags_.service_path.c_str(), credentials.user.c_str());
+  std::printf("secured %d nodes under %s: digest %s all, anyone %s\n", nodes,
+              flags_.service_path.c_str(), credentials.user.c_str(),
+              flags_.transitional ? "all (transitional: run it again without --transitional)"
+                                  : "read");
   return kExitOk;
 }
 

@@ -670,16 +670,26 @@ int Registry::Impl::Create(const std::string& path, const std::string& data, int
 
 // With credentials, a node of the ring the world may still write (a ring
 // made without them) would let anyone change the ring: refuse to run on it
-// until `flatkv admin secure-ring` has protected it.
+// until `flatkv admin secure-ring` has protected it. A node left writable
+// on purpose by `secure-ring --transitional` (its ACL gives our identity
+// all) is run on, with a warning: the ring is being moved to credentials.
 Status Registry::Impl::CheckAcls() {
   if (opt_.observer || !opt_.credentials.set()) return Status::OK();
-  std::string open;
-  FLATKV_RETURN_IF_ERROR(FindOpenNode(zh_, opt_.service_path, &open));
-  if (open.empty()) return Status::OK();
-  return Status::InvalidArgument(
-      "zookeeper node " + open + " is writable by anyone (world:anyone has more than read); "
-      "protect the ring first: flatkv --zk " + opt_.zookeeper + " --path " + opt_.service_path +
-      " admin secure-ring --zk-auth-file <cluster.zookeeper_auth_file>");
+  OpenNodes found;
+  FLATKV_RETURN_IF_ERROR(FindOpenNode(zh_, opt_.service_path, opt_.credentials, &found));
+  const std::string secure = "flatkv --zk " + opt_.zookeeper + " --path " + opt_.service_path +
+                             " admin secure-ring --zk-auth-file <cluster.zookeeper_auth_file>";
+  if (!found.open.empty()) {
+    return Status::InvalidArgument("zookeeper node " + found.open +
+                                   " is writable by anyone (world:anyone has more than read); "
+                                   "protect the ring first: " + secure);
+  }
+  if (!found.transitional.empty()) {
+    spdlog::warn("registry: zookeeper node {} and maybe others are still writable by anyone "
+                 "(secure-ring --transitional); once every instance runs with credentials, "
+                 "finish with: {}", found.transitional, secure);
+  }
+  return Status::OK();
 }
 
 // ---- registry thread: settings ------------------------------------------

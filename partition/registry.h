@@ -68,8 +68,9 @@ struct RegistryOptions {
   // creates gets the ACL "this identity: all; anyone: read", and the first
   // settings check refuses a ring with a node the world may write
   // (on_fatal, InvalidArgument naming the node and `flatkv admin
-  // secure-ring`). Unset: nodes are open to the world. Not used by an
-  // observer, which only reads.
+  // secure-ring`) unless its ACL gives this identity all too (the
+  // transitional ACL of zk_auth.h: a warning). Unset: nodes are open to
+  // the world. Not used by an observer, which only reads.
   ZkCredentials credentials;
   // A client's view (client/ring_client.h): only reads and watches the ring
   // (settings from .cluster when present); never creates, writes or checks

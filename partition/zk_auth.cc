@@ -41,6 +41,20 @@ bool WorldWritable(const ACL_vector& acl) {
   return false;
 }
 
+// The ACL gives the digest identity "id" every permission. (ZooKeeper shows
+// the digest in full to a client that may change the ACL, which a node the
+// world may write lets anyone do.)
+bool GivesAll(const ACL_vector& acl, const std::string& id) {
+  for (int i = 0; i < acl.count; ++i) {
+    const ACL& a = acl.data[i];
+    if (std::strcmp(a.id.scheme, "digest") == 0 && a.id.id == id &&
+        (a.perms & ZOO_PERM_ALL) == ZOO_PERM_ALL) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // The children of "path"; ZNONODE if it went meanwhile.
 int Children(zhandle_t* zh, const std::string& path, std::vector<std::string>* out) {
   String_vector children{};
@@ -110,12 +124,13 @@ struct NodeAcl::Rep {
   ACL_vector vector{};
 };
 
-NodeAcl::NodeAcl(const ZkCredentials& credentials) {
+NodeAcl::NodeAcl(const ZkCredentials& credentials, bool transitional) {
   if (!credentials.set()) return;
   rep_ = std::make_unique<Rep>();
   rep_->id = credentials.DigestId();
   rep_->entries[0] = ACL{ZOO_PERM_ALL, Id{rep_->digest.data(), rep_->id.data()}};
-  rep_->entries[1] = ACL{ZOO_PERM_READ, Id{rep_->world.data(), rep_->anyone.data()}};
+  rep_->entries[1] = ACL{transitional ? ZOO_PERM_ALL : ZOO_PERM_READ,
+                         Id{rep_->world.data(), rep_->anyone.data()}};
   rep_->vector = ACL_vector{2, rep_->entries};
 }
 
@@ -141,26 +156,28 @@ Status AddAuth(zhandle_t* zh, const ZkCredentials& credentials) {
   return Status::OK();
 }
 
-Status FindOpenNode(zhandle_t* zh, const std::string& root, std::string* node) {
-  node->clear();
+Status FindOpenNode(zhandle_t* zh, const std::string& root, const ZkCredentials& credentials,
+                    OpenNodes* found) {
   ACL_vector acl{};
   Stat stat{};
   int rc = zoo_get_acl(zh, root.c_str(), &acl, &stat);
   if (rc == ZNONODE) return Status::OK();
   if (rc != ZOK) return ZkFailure("get ACL of", root, rc);
-  const bool open = WorldWritable(acl);
+  const bool writable = WorldWritable(acl);
+  const bool ours = credentials.set() && GivesAll(acl, credentials.DigestId());
   deallocate_ACL_vector(&acl);
-  if (open) {
-    *node = root;
+  if (writable && !ours) {
+    found->open = root;
     return Status::OK();
   }
+  if (writable && found->transitional.empty()) found->transitional = root;
   std::vector<std::string> children;
   rc = Children(zh, root, &children);
   if (rc == ZNONODE) return Status::OK();
   if (rc != ZOK) return ZkFailure("list", root, rc);
   for (const std::string& child : children) {
-    Status s = FindOpenNode(zh, Child(root, child), node);
-    if (!s.ok() || !node->empty()) return s;
+    FLATKV_RETURN_IF_ERROR(FindOpenNode(zh, Child(root, child), credentials, found));
+    if (!found->open.empty()) return Status::OK();
   }
   return Status::OK();
 }
@@ -209,7 +226,8 @@ struct Connect {
 }  // namespace
 
 Status SecureRing(const std::string& hosts, const std::string& service_path,
-                  const ZkCredentials& credentials, int timeout_ms, int* nodes) {
+                  const ZkCredentials& credentials, bool transitional, int timeout_ms,
+                  int* nodes) {
   *nodes = 0;
   if (!credentials.set()) return Status::InvalidArgument("secure-ring needs credentials");
   Connect connect;
@@ -237,7 +255,7 @@ Status SecureRing(const std::string& hosts, const std::string& service_path,
     }
   }
   if (s.ok()) {
-    const NodeAcl acl(credentials);
+    const NodeAcl acl(credentials, transitional);
     s = SecureTree(zh, service_path, acl, nodes);
   }
   zookeeper_close(zh);

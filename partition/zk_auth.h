@@ -12,6 +12,12 @@
 // a node. A ring made before that (every node open to the world) is
 // protected in place by SecureRing() (`flatkv admin secure-ring`).
 //
+// Between the two, a transitional ACL ("that identity: all; anyone: all",
+// `admin secure-ring --transitional`) lets instances that run without
+// credentials keep writing the ring while the others restart with them: an
+// instance with credentials runs on such a node (and warns) but refuses a
+// node the world may write whose ACL does not name its identity.
+//
 // The digest scheme sends "user:password" in clear to ZooKeeper: protect
 // the link itself (its own network, or a TLS tunnel). Nothing here logs the
 // password.
@@ -56,10 +62,11 @@ Status ReadZkCredentials(const std::string& key, const std::string& path, ZkCred
                          bool* open_to_others);
 
 // The ACL FlatKV creates its nodes with: the one above with credentials,
-// ZooKeeper's OPEN_ACL_UNSAFE without.
+// ZooKeeper's OPEN_ACL_UNSAFE without. "transitional": the identity all
+// and anyone all (credentials required).
 class NodeAcl {
  public:
-  explicit NodeAcl(const ZkCredentials& credentials);
+  explicit NodeAcl(const ZkCredentials& credentials, bool transitional = false);
   ~NodeAcl();
   NodeAcl(const NodeAcl&) = delete;
   NodeAcl& operator=(const NodeAcl&) = delete;
@@ -78,12 +85,19 @@ class NodeAcl {
 // refused to queue it.
 Status AddAuth(zhandle_t* zh, const ZkCredentials& credentials);
 
-// Walks "root" and everything under it, parents before children. Sets
-// *node to the first node whose ACL lets world:anyone do more than read
-// (write, create, delete or change the ACL), or to "" if there is none.
-// A node deleted during the walk is skipped. Unavailable on a ZooKeeper
-// failure, InvalidArgument if ZooKeeper refuses to show an ACL (NOAUTH).
-Status FindOpenNode(zhandle_t* zh, const std::string& root, std::string* node);
+// Nodes the world may write (world:anyone has more than read: write,
+// create, delete or change the ACL), as FindOpenNode reports them.
+struct OpenNodes {
+  std::string open;          // the first whose ACL does not give "credentials" all; "" if none
+  std::string transitional;  // the first whose ACL does; "" if none
+};
+
+// Walks "root" and everything under it, parents before children, and
+// fills *found (the walk stops at the first open node). A node deleted
+// during the walk is skipped. Unavailable on a ZooKeeper failure,
+// InvalidArgument if ZooKeeper refuses to show an ACL (NOAUTH).
+Status FindOpenNode(zhandle_t* zh, const std::string& root, const ZkCredentials& credentials,
+                    OpenNodes* found);
 
 // Sets "acl" on "root" and on every node under it, ephemeral ones
 // included: each node before its children are listed, so a child created
@@ -94,11 +108,12 @@ Status FindOpenNode(zhandle_t* zh, const std::string& root, std::string* node);
 // other ZooKeeper failures (running it again is safe).
 Status SecureTree(zhandle_t* zh, const std::string& root, const NodeAcl& acl, int* nodes);
 
-// `flatkv admin secure-ring`: connects to "hosts" (within "timeout_ms"),
-// authenticates with "credentials" and runs SecureTree on "service_path".
-// NotFound if the service path does not exist; otherwise as SecureTree.
-// Idempotent.
+// `flatkv admin secure-ring [--transitional]`: connects to "hosts" (within
+// "timeout_ms"), authenticates with "credentials" and runs SecureTree on
+// "service_path" with NodeAcl(credentials, transitional). NotFound if the
+// service path does not exist; otherwise as SecureTree. Idempotent.
 Status SecureRing(const std::string& hosts, const std::string& service_path,
-                  const ZkCredentials& credentials, int timeout_ms, int* nodes);
+                  const ZkCredentials& credentials, bool transitional, int timeout_ms,
+                  int* nodes);
 
 }  // namespace flatkv::partition

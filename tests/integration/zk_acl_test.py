@@ -82,9 +82,10 @@ def all_nodes(c, path=ROOT):
     return out
 
 
-def open_nodes():
-    """Nodes under ROOT whose ACL is not exactly digest(USER): all, world: read
-    (read with the credentials, so ZooKeeper shows the digest itself)."""
+def open_nodes(world=1):
+    """Nodes under ROOT whose ACL is not exactly digest(USER): all, world:
+    "world" (1: read; 31: all, the transitional ACL), read with the
+    credentials."""
     c = kazoo([("digest", "%s:%s" % (USER, PASSWORD))])
     try:
         bad = []
@@ -97,7 +98,7 @@ def open_nodes():
             # not administer the node.
             got = sorted((a.id.scheme, USER if a.id.id in (DIGEST_ID, USER + ":x") else a.id.id,
                           a.perms) for a in acl)
-            if got != sorted([("digest", USER, 31), ("world", "anyone", 1)]):
+            if got != sorted([("digest", USER, 31), ("world", "anyone", world)]):
                 bad.append("%s %r" % (n, got))
         return bad
     finally:
@@ -170,12 +171,13 @@ def refused_start(name, mark, *words):
           "tail: %s)" % (name, ", ".join(words), rc, text[-300:].strip()))
 
 
-def secure_ring(what):
+def secure_ring(what, *extra):
     r = subprocess.run([cli_bin, "--zk", zk.hosts, "--path", ROOT, "admin", "secure-ring",
-                        "--zk-auth-file", AUTH], capture_output=True, text=True, timeout=60)
+                        "--zk-auth-file", AUTH, *extra], capture_output=True, text=True,
+                       timeout=60)
     check(r.returncode == 0 and r.stdout.startswith("secured "),
-          "%s: flatkv admin secure-ring exits 0 (%d: %s%s)" % (what, r.returncode, r.stdout.strip(),
-                                                             r.stderr.strip()))
+          "%s: flatkv admin secure-ring %s exits 0 (%d: %s%s)"
+          % (what, " ".join(extra), r.returncode, r.stdout.strip(), r.stderr.strip()))
 
 
 # --- 1. Bad credentials files are configuration errors ----------------------
@@ -223,29 +225,34 @@ check(c.exists(ROOT + "/.cluster/marks/%d" % B) is not None and
 c.stop()
 c.close()
 
-secure_ring("open ring")
+# README, "Securing the ring": the transitional ACL first, so the members
+# still without credentials keep writing the ring (a chain's head records
+# its new membership) while the others restart with them.
+secure_ring("open ring", "--transitional")
+bad = open_nodes(world=31)
+check(not bad, "transitional: every node under %s, ephemeral members included, has digest:all, "
+      "world:all (%s)" % (ROOT, "; ".join(bad[:3])))
+serving(ring, WHOLE, "transitional, not yet restarted")
+
+WRITE_KEYS = [10, 1510]  # one of mark A, one of mark B
+for i in ring:
+    check(harness.stop(i.proc) == 0, "rolling restart: %s stops cleanly" % i.name)
+    i.start(secure=True)
+    serving(ring, WHOLE, "rolling restart of " + i.name)
+    # Writable again before the next restart: the chain recorded its new
+    # membership, whichever of its members still runs without credentials.
+    wait("rolling restart of %s: writes to both marks succeed" % i.name,
+         lambda: harness.call(a2.port, lambda c: [c.put(k, value(k)) for k in WRITE_KEYS])
+         is not None)
+check(all("authenticating as 'flatkv'" in open(i.log, errors="replace").read() for i in ring),
+      "every restarted instance logs that it authenticates as the digest user")
+check("secure-ring --transitional" in open(a1.log, errors="replace").read(),
+      "an instance on the transitional ACL warns that the ring is still writable by anyone")
+secure_ring("every instance restarted")
 bad = open_nodes()
 check(not bad, "secured: every node under %s, ephemeral members included, has digest:all, "
       "world:read (%s)" % (ROOT, "; ".join(bad[:3])))
-serving(ring, WHOLE, "secured, not yet restarted")
-
-# Mark A's chain: its members back to back (README: until its head runs
-# with credentials, the chain cannot record a new membership); mark B keeps
-# serving meanwhile.
-B_KEYS = [k for k in KEYS if A <= k < B]
-for i in (a1, a2):
-    check(harness.stop(i.proc) == 0, "rolling restart: %s stops cleanly" % i.name)
-    i.start(secure=True)
-    check(harness.call(b1.port, lambda c: all(c.get(k).value == value(k) for k in B_KEYS)),
-          "rolling restart of %s: mark B's keys read back meanwhile" % i.name)
-serving(ring, WHOLE, "rolling restart of mark A's chain")
-check(harness.stop(b1.proc) == 0, "rolling restart: b1 stops cleanly")
-b1.start(secure=True)
-serving(ring, WHOLE, "rolling restart of b1")
-check(all("authenticating as 'flatkv'" in open(i.log, errors="replace").read() for i in ring),
-      "every restarted instance logs that it authenticates as the digest user")
-bad = open_nodes()
-check(not bad, "after the rolling restart every node is still protected (%s)" % "; ".join(bad[:3]))
+serving(ring, WHOLE, "secured")
 
 # --- 3. Clients without the credentials, or with a wrong password -----------
 

@@ -1173,22 +1173,65 @@ TEST_CASE("With credentials a ring the world may write is refused, naming the no
   CHECK(zoo.Exists("/flatkv/thriftbinary100:127.0.0.1:9002") == ZNONODE);  // nothing written
 
   int nodes = 0;
-  const Status secured = SecureRing(zk.address(), "/flatkv", credentials, 5000, &nodes);
+  const Status secured = SecureRing(zk.address(), "/flatkv", credentials, false, 5000, &nodes);
   INFO(secured.ToString());
   REQUIRE(secured.ok());
   CHECK(nodes == 5);  // the path, .cluster, marks, marks/100, the open member
   CHECK(zoo.Acl("/flatkv/thriftbinary100:127.0.0.1:9001") == "digest:flatkv:x:31 world:anyone:1");
   // Safe to repeat; a wrong password cannot undo it.
-  CHECK(SecureRing(zk.address(), "/flatkv", credentials, 5000, &nodes).ok());
-  CHECK(SecureRing(zk.address(), "/flatkv", ZkCredentials{"flatkv", "wrong"}, 5000, &nodes)
+  CHECK(SecureRing(zk.address(), "/flatkv", credentials, false, 5000, &nodes).ok());
+  CHECK(SecureRing(zk.address(), "/flatkv", ZkCredentials{"flatkv", "wrong"}, false, 5000, &nodes)
             .IsInvalidArgument());
-  CHECK(SecureRing(zk.address(), "/nothing", credentials, 5000, &nodes).IsNotFound());
+  CHECK(SecureRing(zk.address(), "/nothing", credentials, false, 5000, &nodes).IsNotFound());
 
   RegistryOptions again = Options(zk, 100, 9002);
   again.credentials = credentials;
   std::unique_ptr<Registry> joined = StartRegistry(std::move(again));
   REQUIRE(joined->WaitRegistered(5000).ok());
   CHECK(zoo.Acl("/flatkv/thriftbinary100:127.0.0.1:9002") == "digest:flatkv:x:31 world:anyone:1");
+}
+
+TEST_CASE("A transitional ACL lets members without credentials write while others join with them",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> old = StartRegistered(zk, 100, 9001);  // no credentials
+  const ZkCredentials credentials{"flatkv", "s3cret"};
+  int nodes = 0;
+  REQUIRE(SecureRing(zk.address(), "/flatkv", credentials, true, 5000, &nodes).ok());
+  Inspector zoo(zk.address());
+  // Anyone may still administer the node, so ZooKeeper shows the digest.
+  CHECK(zoo.Acl("/flatkv") == "digest:" + credentials.DigestId() + ":31 world:anyone:31");
+
+  Recorder recorder;
+  RegistryOptions o = Options(zk, 100, 9002);
+  o.credentials = credentials;
+  recorder.Attach(&o);
+  std::unique_ptr<Registry> joined = StartRegistry(std::move(o));
+  REQUIRE(joined->WaitRegistered(5000).ok());  // runs on it (with a warning)
+  CHECK(recorder.fatal_count() == 0);
+  const std::string chain = "100=[127.0.0.1:9001,127.0.0.1:9002]";
+  REQUIRE(AllSee({old.get(), joined.get()}, chain, 5s));
+  // The member without credentials, the head, still records the chain.
+  const Status recorded =
+      old->RecordChain({"127.0.0.1:9001", "127.0.0.1:9002"}, old->ring()->version());
+  INFO(recorded.ToString());
+  CHECK(recorded.ok());
+
+  // A node the world may write that does not name the identity is still refused.
+  zoo.Create("/flatkv/.cluster/stray");
+  RegistryOptions third = Options(zk, 100, 9003);
+  third.credentials = credentials;
+  std::unique_ptr<Registry> refused = StartRegistry(std::move(third));
+  const Status st = refused->WaitRegistered(5000);
+  INFO(st.ToString());
+  CHECK(st.message().find("zookeeper node /flatkv/.cluster/stray is writable by anyone") !=
+        std::string::npos);
+  REQUIRE(zoo.Delete("/flatkv/.cluster/stray") == ZOK);
+
+  // The final run closes it: nobody without the credentials writes any more.
+  REQUIRE(SecureRing(zk.address(), "/flatkv", credentials, false, 5000, &nodes).ok());
+  CHECK(zoo.Acl("/flatkv/.cluster/chains/100") == "digest:flatkv:x:31 world:anyone:1");
+  CHECK(zoo.Delete("/flatkv/.cluster/marks/100") == ZNOAUTH);
 }
 
 }  // namespace flatkv::partition
