@@ -44,6 +44,7 @@
 
 #include "client/client.h"
 #include "client/ring_client.h"
+#include "partition/zk_auth.h"
 
 namespace flatkv::client {
 namespace {
@@ -98,6 +99,14 @@ constexpr const char* kUsage =
     "                              flatkv-server --set storage.path=DIR opens it\n"
     "  admin abort-change          roll back the ring change in progress while it\n"
     "                              still copies (stop its importer first)\n"
+    "  admin secure-ring --zk-auth-file F [--transitional]\n"
+    "                              (with --zk) give every node under the ring's\n"
+    "                              service path, ephemeral members included, the\n"
+    "                              ACL of cluster.zookeeper_auth_file F (that\n"
+    "                              identity: all; anyone: read); safe to repeat;\n"
+    "                              --transitional: anyone keeps all too, so\n"
+    "                              instances without F keep writing while the\n"
+    "                              others restart with it (then run it again)\n"
     "  admin verify [--no-repair]  read back every record of the instance and\n"
     "                              check it; in a ring each bad integer key is\n"
     "                              rewritten from its chain (unless --no-repair);\n"
@@ -125,6 +134,7 @@ constexpr const char* kUsage =
     "  --zk Z            ZooKeeper hosts (host:port,...) of a ring: each call goes\n"
     "                    straight to the instance that owns its key\n"
     "  --path P          the ring's ZooKeeper service path (default /flatkv)\n"
+    "  --zk-auth-file F  admin secure-ring: the file of user:password\n"
     "  --help            this text\n"
     "\n"
     "Exit status: 0 success; 1 key not found (get, sget, rm, srm); 2 usage or\n"
@@ -142,9 +152,11 @@ struct Flags {
   bool reverse = false;
   bool wait = false;
   bool no_repair = false;
+  bool transitional = false;  // admin secure-ring --transitional
   std::optional<int> mb_per_sec;
   std::string zookeeper;                 // --zk: route through the ring
   std::string service_path = "/flatkv";  // --path
+  std::string zk_auth_file;              // --zk-auth-file (admin secure-ring)
   bool help = false;
   std::vector<std::string> operands;  // the command and its arguments
 };
@@ -171,7 +183,8 @@ Status ParseBounded(const std::string& name, const std::string& text, T lo, T hi
 
 bool TakesValue(const std::string& name) {
   static const char* const kWithValue[] = {"host", "port", "timeout-ms", "token",
-                                           "limit", "zk", "path", "mb-per-sec"};
+                                           "limit", "zk", "path", "mb-per-sec",
+                                           "zk-auth-file"};
   return std::any_of(std::begin(kWithValue), std::end(kWithValue),
                      [&](const char* n) { return name == n; });
 }
@@ -196,6 +209,8 @@ Status ApplyValueOption(const std::string& name, const std::string& value, Flags
     f->limit = n;
   } else if (name == "zk") {
     f->zookeeper = value;
+  } else if (name == "zk-auth-file") {
+    f->zk_auth_file = value;
   } else if (name == "mb-per-sec") {
     int n = 0;
     FLATKV_RETURN_IF_ERROR(ParseBounded(name, value, 0, kIntMax, &n));
@@ -217,6 +232,8 @@ Status ApplyFlag(const std::string& name, Flags* f) {
     f->wait = true;
   } else if (name == "no-repair") {
     f->no_repair = true;
+  } else if (name == "transitional") {
+    f->transitional = true;
   } else if (name == "help") {
     f->help = true;
   } else {
@@ -440,6 +457,7 @@ class Cli {
   int Verify(const Operands& ops);
   int RemoveMark(const Operands& ops);
   int AbortChange(const Operands& ops);
+  int SecureRing(const Operands& ops);
   int Info(const Operands& ops);
   int PrintRing(const Operands& ops);
   void PrintJoiners(const partition::Partition& p) const;
@@ -485,6 +503,7 @@ const Cli::Command Cli::kCommands[] = {
     {"admin verify", 0, 0, &Cli::Verify},
     {"admin remove-mark", 1, 1, &Cli::RemoveMark},
     {"admin abort-change", 0, 0, &Cli::AbortChange},
+    {"admin secure-ring", 0, 0, &Cli::SecureRing},
     {"admin backup", 1, 1, &Cli::Backup},
     {"ring", 0, 0, &Cli::PrintRing},
     {"ring suggest-mark", 0, 0, &Cli::SuggestMark},
@@ -498,7 +517,7 @@ int Cli::Run() {
   if (name == "admin") {
     if (ops.empty()) {
       return Usage("admin needs a subcommand: write-mode, compact, stats, info, digest, verify, "
-                   "remove-mark, abort-change, backup");
+                   "remove-mark, abort-change, backup, secure-ring");
     }
     name += " " + ops[0];
     ops.erase(ops.begin());
@@ -539,6 +558,12 @@ Status Cli::CheckOptions(const std::string& command) const {
     return Status::InvalidArgument("--raw applies to get and sget only");
   }
   if (flags_.raw && flags_.hex) return Status::InvalidArgument("--raw and --hex exclude each other");
+  if ((!flags_.zk_auth_file.empty() || flags_.transitional) && command != "admin secure-ring") {
+    return Status::InvalidArgument("--zk-auth-file and --transitional apply to admin secure-ring only");
+  }
+  if (command == "admin secure-ring" && (flags_.zookeeper.empty() || flags_.zk_auth_file.empty())) {
+    return Status::InvalidArgument("admin secure-ring needs --zk and --zk-auth-file");
+  }
   return Status::OK();
 }
 
@@ -851,6 +876,35 @@ int Cli::AbortChange(const Operands&) {
   Status st = client_.Call("abortChange", false, [&](rpc::FlatKVClient& c) { c.abortChange(token); });
   if (!st.ok()) return Fail(st);
   std::printf("ring change rolled back\n");
+  return kExitOk;
+}
+
+// Talks to ZooKeeper itself, not to an instance: it must work on a ring
+// whose instances cannot start (they refuse a ring the world may write).
+int Cli::SecureRing(const Operands&) {
+  partition::ZkCredentials credentials;
+  bool open_to_others = false;
+  Status st = partition::ReadZkCredentials("--zk-auth-file", flags_.zk_auth_file, &credentials,
+                                           &open_to_others);
+  if (!st.ok()) return Usage(st.message());
+  if (open_to_others) {
+    std::fprintf(stderr, "flatkv: warning: %s may be read by group or others (chmod 600 it)\n",
+                 flags_.zk_auth_file.c_str());
+  }
+  // A large tree takes one round trip per node; the timeout is the connect's.
+  const int timeout_ms = std::max(flags_.client.connect_timeout_ms, 10000);
+  int nodes = 0;
+  st = partition::SecureRing(flags_.zookeeper, flags_.service_path, credentials,
+                             flags_.transitional, timeout_ms, &nodes);
+  if (!st.ok()) {
+    std::fprintf(stderr, "flatkv: secure-ring: %s (%d nodes secured before)\n",
+                 st.ToString().c_str(), nodes);
+    return st.IsUnavailable() ? kExitNetwork : kExitServer;
+  }
+  std::printf("secured %d nodes under %s: digest %s all, anyone %s\n", nodes,
+              flags_.service_path.c_str(), credentials.user.c_str(),
+              flags_.transitional ? "all (transitional: run it again without --transitional)"
+                                  : "read");
   return kExitOk;
 }
 

@@ -10,6 +10,8 @@ packages=(
   # server and cluster (Thrift needs Boost headers it does not depend on)
   thrift-compiler libthrift-dev libboost-dev libevent-dev
   libzookeeper-mt-dev zookeeper
+  # ZooKeeper digest ACL ids (SHA-1, base64): OpenSSL's libcrypto
+  libssl-dev
   libspdlog-dev libyaml-cpp-dev
   # flatkv-server's allocator (server/CMakeLists.txt says why)
   libjemalloc-dev

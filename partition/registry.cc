@@ -310,6 +310,7 @@ struct Registry::Impl {
   void WarnOnce(const std::string& child, std::string_view why);
   void Fatal(const Status& s);
   int Create(const std::string& path, const std::string& data, int mode);
+  Status CheckAcls();
   bool SetRegistered(bool registered, int64_t czxid = 0);
   std::shared_ptr<const Ring> LoadRing() const {
     std::lock_guard<std::mutex> lock(ring_mu_);
@@ -317,6 +318,7 @@ struct Registry::Impl {
   }
 
   RegistryOptions opt_;  // settings are replaced by the ring's in an observer
+  const NodeAcl acl_;    // of every node the registry creates
   const std::string member_name_;   // thriftbinary<mark>:<host>:<port>
   const std::string member_path_;   // <service_path>/<member_name_>
   const std::string cluster_path_;  // <service_path>/.cluster
@@ -378,6 +380,7 @@ struct Registry::Impl {
 
 Registry::Impl::Impl(RegistryOptions o)
     : opt_(std::move(o)),
+      acl_(opt_.observer ? ZkCredentials() : opt_.credentials),
       member_name_(MemberNodeName(opt_.mark, opt_.advertise)),
       member_path_(opt_.service_path + "/" + member_name_),
       cluster_path_(opt_.service_path + "/.cluster"),
@@ -579,6 +582,18 @@ bool Registry::Impl::OpenSession() {
                  std::strerror(errno));
     return false;
   }
+  // Queued on the new handle before any request: the client sends it on
+  // every (re)connection of this session, ahead of our calls. A session
+  // after expiry is a new handle, so it comes here again.
+  if (!opt_.observer && opt_.credentials.set()) {
+    const Status s = AddAuth(zh_, opt_.credentials);
+    if (!s.ok()) {
+      spdlog::warn("{}", s.ToString());
+      CloseSession();
+      return false;
+    }
+    spdlog::info("zookeeper: authenticating as '{}' (digest)", opt_.credentials.user);
+  }
   return true;
 }
 
@@ -649,8 +664,32 @@ bool Registry::Impl::SetRegistered(bool registered, int64_t czxid) {
 }
 
 int Registry::Impl::Create(const std::string& path, const std::string& data, int mode) {
-  return zoo_create(zh_, path.c_str(), data.data(), static_cast<int>(data.size()),
-                    &ZOO_OPEN_ACL_UNSAFE, mode, nullptr, 0);
+  return zoo_create(zh_, path.c_str(), data.data(), static_cast<int>(data.size()), acl_.get(),
+                    mode, nullptr, 0);
+}
+
+// With credentials, a node of the ring the world may still write (a ring
+// made without them) would let anyone change the ring: refuse to run on it
+// until `flatkv admin secure-ring` has protected it. A node left writable
+// on purpose by `secure-ring --transitional` (its ACL gives our identity
+// all) is run on, with a warning: the ring is being moved to credentials.
+Status Registry::Impl::CheckAcls() {
+  if (opt_.observer || !opt_.credentials.set()) return Status::OK();
+  OpenNodes found;
+  FLATKV_RETURN_IF_ERROR(FindOpenNode(zh_, opt_.service_path, opt_.credentials, &found));
+  const std::string secure = "flatkv --zk " + opt_.zookeeper + " --path " + opt_.service_path +
+                             " admin secure-ring --zk-auth-file <cluster.zookeeper_auth_file>";
+  if (!found.open.empty()) {
+    return Status::InvalidArgument("zookeeper node " + found.open +
+                                   " is writable by anyone (world:anyone has more than read); "
+                                   "protect the ring first: " + secure);
+  }
+  if (!found.transitional.empty()) {
+    spdlog::warn("registry: zookeeper node {} and maybe others are still writable by anyone "
+                 "(secure-ring --transitional); once every instance runs with credentials, "
+                 "finish with: {}", found.transitional, secure);
+  }
+  return Status::OK();
 }
 
 // ---- registry thread: settings ------------------------------------------
@@ -673,6 +712,7 @@ Status Registry::Impl::EnsureSettings() {
   } else {
     s = ZkError("create", cluster_path_, rc);
   }
+  if (s.ok()) s = CheckAcls();
   if (s.ok()) settings_ok_ = true;
   return s;
 }
@@ -805,8 +845,8 @@ int Registry::Impl::CreateMember(bool create_mark, int64_t* czxid) {
     // the one this create made.
     Stat stat{};
     const int rc = zoo_create2(zh_, member_path_.c_str(), member_name_.data(),
-                               static_cast<int>(member_name_.size()), &ZOO_OPEN_ACL_UNSAFE,
-                               ZOO_EPHEMERAL, nullptr, 0, &stat);
+                               static_cast<int>(member_name_.size()), acl_.get(), ZOO_EPHEMERAL,
+                               nullptr, 0, &stat);
     *czxid = stat.czxid;
     return rc;
   }
@@ -814,8 +854,8 @@ int Registry::Impl::CreateMember(bool create_mark, int64_t* czxid) {
   zoo_op_result_t results[2] = {};
   zoo_check_op_init(&ops[0], mark_path_.c_str(), -1);
   zoo_create_op_init(&ops[1], member_path_.c_str(), member_name_.data(),
-                     static_cast<int>(member_name_.size()), &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL,
-                     nullptr, 0);
+                     static_cast<int>(member_name_.size()), acl_.get(), ZOO_EPHEMERAL, nullptr,
+                     0);
   int rc = zoo_multi(zh_, 2, ops, results);
   if (rc == ZOK) {
     Stat stat{};
@@ -1004,7 +1044,7 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
                       stat.version, &written);
     } else {
       zoo_create_op_init(&ops[1], chain_path_.c_str(), json.data(), static_cast<int>(json.size()),
-                         &ZOO_OPEN_ACL_UNSAFE, ZOO_PERSISTENT, created, sizeof(created));
+                         acl_.get(), ZOO_PERSISTENT, created, sizeof(created));
     }
     rc = zoo_multi(zh_, 2, ops, results);
     if (rc == ZOK) {

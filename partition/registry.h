@@ -19,7 +19,10 @@
 //     shared_ptr<const Ring>; on_ring is told);
 //   - after session expiry makes a new session by itself and, if it was
 //     registered (and not deregistered since), registers again;
-//   - Close() closes the session so the member node goes at once.
+//   - Close() closes the session so the member node goes at once;
+//   - with credentials (RegistryOptions::credentials), authenticates every
+//     session and creates every node readable by anyone, writable only by
+//     that identity.
 // ZooKeeper's own log goes through spdlog, rate-limited. The ZooKeeper
 // completion thread never blocks: watchers only wake the registry's own
 // thread, which makes every (synchronous) ZooKeeper call; the blocking
@@ -48,6 +51,7 @@
 
 #include "engine/status.h"
 #include "partition/ring.h"
+#include "partition/zk_auth.h"
 
 namespace flatkv::partition {
 
@@ -58,6 +62,16 @@ struct RegistryOptions {
   std::string advertise;                  // cluster.advertise: "host:port"
   RingSettings settings;                  // cluster.hash_bound, cluster.replication
   int session_timeout_ms = 6000;          // cluster.session_timeout_ms
+  // cluster.zookeeper_auth_file's content (partition/zk_auth.h). When set,
+  // every session authenticates with it before any request (the first
+  // session and each new one after expiry), every node the registry
+  // creates gets the ACL "this identity: all; anyone: read", and the first
+  // settings check refuses a ring with a node the world may write
+  // (on_fatal, InvalidArgument naming the node and `flatkv admin
+  // secure-ring`) unless its ACL gives this identity all too (the
+  // transitional ACL of zk_auth.h: a warning). Unset: nodes are open to
+  // the world. Not used by an observer, which only reads.
+  ZkCredentials credentials;
   // A client's view (client/ring_client.h): only reads and watches the ring
   // (settings from .cluster when present); never creates, writes or checks
   // anything, and Register() does nothing. mark, advertise and settings are

@@ -54,6 +54,12 @@ Status Cluster::Start(const Config& config, std::function<void(const Status&)> o
   options.settings.hash_bound = config.cluster.hash_bound;
   options.settings.replication = config.cluster.replication;
   options.session_timeout_ms = config.cluster.session_timeout_ms;
+  options.credentials = config.cluster.zookeeper_credentials;
+  if (config.cluster.zookeeper_auth_file_open) {
+    spdlog::warn("cluster.zookeeper_auth_file: {} may be read by group or others; "
+                 "chmod 600 it (it holds the ring's ZooKeeper password)",
+                 config.cluster.zookeeper_auth_file);
+  }
   options.on_fatal = std::move(on_fatal);
   auto hooks = std::make_shared<Hooks>();
   options.on_ring = [hooks](std::shared_ptr<const partition::Ring> ring) {

@@ -292,6 +292,13 @@ const std::vector<Key>& Schema() {
        "ring after about this long (a dead process on a live host leaves at once)",
        Int<int>([](Config* c) { return &c->cluster.session_timeout_ms; }, 100, 3600000,
                 "cluster.session_timeout_ms")},
+      {"cluster.zookeeper_auth_file", "",
+       "file holding user:password for ZooKeeper's digest scheme: the instance authenticates "
+       "every session and creates every ring node writable by that identity only (readable "
+       "by anyone); it refuses a ring the world may write (flatkv admin secure-ring); "
+       "empty = nodes open to anyone",
+       Str([](Config* c) { return &c->cluster.zookeeper_auth_file; }, {},
+           "cluster.zookeeper_auth_file")},
       {"cluster.peer_token", "", "token every call between instances carries; empty = none",
        Str([](Config* c) { return &c->cluster.peer_token; }, {}, "cluster.peer_token")},
       {"cluster.peer_timeout_ms", "2000",
@@ -386,6 +393,12 @@ Status CheckCluster(Config* config) {
     return Bad("cluster.advertise",
                "'" + cl.advertise + "' has a wildcard host that other instances cannot reach; "
                "set cluster.advertise to this machine's address");
+  }
+  if (!cl.zookeeper_auth_file.empty()) {
+    FLATKV_RETURN_IF_ERROR(partition::ReadZkCredentials("cluster.zookeeper_auth_file",
+                                                        cl.zookeeper_auth_file,
+                                                        &cl.zookeeper_credentials,
+                                                        &cl.zookeeper_auth_file_open));
   }
   return Status::OK();
 }

@@ -13,6 +13,7 @@
 #include "engine/cache/write_back.h"
 #include "engine/options.h"
 #include "engine/status.h"
+#include "partition/zk_auth.h"
 
 namespace flatkv::server {
 
@@ -44,6 +45,10 @@ struct ClusterOptions {
   int64_t hash_bound = INT64_MAX;          // string key hash = XXH64 mod this
   int session_timeout_ms = 6000;           // ZooKeeper session timeout
   std::string peer_token;                  // carried by calls between instances
+  std::string zookeeper_auth_file;         // "user:password" for ZooKeeper's digest
+                                           // scheme; empty = nodes open to all
+  partition::ZkCredentials zookeeper_credentials;  // LoadConfig reads the file
+  bool zookeeper_auth_file_open = false;   // LoadConfig: group/others may read it
   int peer_timeout_ms = 2000;              // connect and I/O timeout of a forwarded call
   int64_t backlog_bytes = 64 << 20;        // replicated writes kept for catch-up
   int64_t resync_mb_per_sec = 0;           // full-copy rate limit; 0 = none

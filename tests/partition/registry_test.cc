@@ -175,6 +175,21 @@ class Inspector {
     return out;
   }
   int64_t session() { return zoo_client_id(zh_)->client_id; }
+  zhandle_t* handle() { return zh_; }
+  // The node's ACL as "scheme:id:perms" entries in ZooKeeper's order ("" if
+  // it cannot be read). ZooKeeper shows a digest id as "user:x".
+  std::string Acl(const std::string& path) {
+    ACL_vector acl{};
+    Stat stat{};
+    if (zoo_get_acl(zh_, path.c_str(), &acl, &stat) != ZOK) return "";
+    std::string out;
+    for (int i = 0; i < acl.count; ++i) {
+      out += std::string(i > 0 ? " " : "") + acl.data[i].id.scheme + ":" + acl.data[i].id.id +
+             ":" + std::to_string(acl.data[i].perms);
+    }
+    deallocate_ACL_vector(&acl);
+    return out;
+  }
 
  private:
   static void Watch(zhandle_t*, int type, int state, const char*, void* ctx) {
@@ -1076,6 +1091,147 @@ TEST_CASE("RemoveStale removes the node the previous process at this address lef
   r->RemoveStale();
   std::this_thread::sleep_for(300ms);
   CHECK(earlier.Exists(node) == ZOK);
+}
+
+TEST_CASE("With credentials every node is the identity's, readable by anyone, after expiry too",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  const ZkCredentials credentials{"flatkv", "s3cret"};
+  Recorder recorder;
+  RegistryOptions o = Options(zk, 100, 9001, "/apps/flatkv");
+  o.credentials = credentials;
+  recorder.Attach(&o);
+  std::unique_ptr<Registry> r = StartRegistry(std::move(o));
+  REQUIRE(r->WaitRegistered(5000).ok());
+  REQUIRE(Eventually([&] { return r->ring() != nullptr; }, 5s));
+  REQUIRE(r->RecordChain({"127.0.0.1:9001"}, r->ring()->version()).ok());
+
+  const std::string member = "/apps/flatkv/thriftbinary100:127.0.0.1:9001";
+  const std::vector<std::string> nodes = {"/apps",
+                                          "/apps/flatkv",
+                                          "/apps/flatkv/.cluster",
+                                          "/apps/flatkv/.cluster/marks",
+                                          "/apps/flatkv/.cluster/marks/100",
+                                          "/apps/flatkv/.cluster/chains",
+                                          "/apps/flatkv/.cluster/chains/100",
+                                          member};
+  const std::string secured = "digest:flatkv:x:31 world:anyone:1";
+  Inspector anonymous(zk.address());
+  for (const std::string& node : nodes) {
+    INFO(node);
+    CHECK(anonymous.Acl(node) == secured);
+  }
+  // Read, yes; change, no.
+  CHECK(anonymous.Get(member) == "thriftbinary100:127.0.0.1:9001");
+  const std::string fake = "/apps/flatkv/thriftbinary100:127.0.0.1:9";
+  CHECK(zoo_create(anonymous.handle(), fake.c_str(), "x", 1, &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL,
+                   nullptr, 0) == ZNOAUTH);
+  CHECK(anonymous.Delete("/apps/flatkv/.cluster/marks/100") == ZNOAUTH);
+  CHECK(zoo_set(anonymous.handle(), "/apps/flatkv/.cluster", "{}", 2, -1) == ZNOAUTH);
+  // A wrong password is another identity: refused alike.
+  Inspector wrong(zk.address());
+  REQUIRE(zoo_add_auth(wrong.handle(), "digest", "flatkv:wrong", 12, nullptr, nullptr) == ZOK);
+  CHECK(wrong.Delete("/apps/flatkv/.cluster/marks/100") == ZNOAUTH);
+  CHECK(zoo_set(wrong.handle(), "/apps/flatkv/.cluster", "{}", 2, -1) == ZNOAUTH);
+
+  // A new session after expiry authenticates again: it registers anew (a
+  // node made with the ACL) and may record its chain.
+  Stat before{};
+  REQUIRE(anonymous.Exists(member, &before) == ZOK);
+  ExpireSession(r.get(), zk);
+  REQUIRE(Eventually([&] {
+    Stat now{};
+    return anonymous.Exists(member, &now) == ZOK && now.czxid != before.czxid &&
+           r->registration_czxid() == now.czxid;
+  }, 10s));
+  CHECK(anonymous.Acl(member) == secured);
+  REQUIRE(Eventually([&] { return r->ring() != nullptr && r->ring()->version() > 0; }, 5s));
+  const Status recorded = r->RecordChain({"127.0.0.1:9001"}, r->ring()->version());
+  INFO(recorded.ToString());
+  CHECK(recorded.ok());
+  CHECK(recorder.fatal_count() == 0);
+}
+
+TEST_CASE("With credentials a ring the world may write is refused, naming the node, until secured",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> open = StartRegistered(zk, 100, 9001);  // no credentials
+  const ZkCredentials credentials{"flatkv", "s3cret"};
+
+  Recorder recorder;
+  RegistryOptions o = Options(zk, 100, 9002);
+  o.credentials = credentials;
+  recorder.Attach(&o);
+  std::unique_ptr<Registry> refused = StartRegistry(std::move(o));
+  const Status st = refused->WaitRegistered(5000);
+  INFO(st.ToString());
+  REQUIRE(st.IsInvalidArgument());
+  CHECK(st.message().find("zookeeper node /flatkv is writable by anyone") != std::string::npos);
+  CHECK(st.message().find("admin secure-ring") != std::string::npos);
+  CHECK(recorder.fatal_count() == 1);
+  Inspector zoo(zk.address());
+  CHECK(zoo.Exists("/flatkv/thriftbinary100:127.0.0.1:9002") == ZNONODE);  // nothing written
+
+  int nodes = 0;
+  const Status secured = SecureRing(zk.address(), "/flatkv", credentials, false, 5000, &nodes);
+  INFO(secured.ToString());
+  REQUIRE(secured.ok());
+  CHECK(nodes == 5);  // the path, .cluster, marks, marks/100, the open member
+  CHECK(zoo.Acl("/flatkv/thriftbinary100:127.0.0.1:9001") == "digest:flatkv:x:31 world:anyone:1");
+  // Safe to repeat; a wrong password cannot undo it.
+  CHECK(SecureRing(zk.address(), "/flatkv", credentials, false, 5000, &nodes).ok());
+  CHECK(SecureRing(zk.address(), "/flatkv", ZkCredentials{"flatkv", "wrong"}, false, 5000, &nodes)
+            .IsInvalidArgument());
+  CHECK(SecureRing(zk.address(), "/nothing", credentials, false, 5000, &nodes).IsNotFound());
+
+  RegistryOptions again = Options(zk, 100, 9002);
+  again.credentials = credentials;
+  std::unique_ptr<Registry> joined = StartRegistry(std::move(again));
+  REQUIRE(joined->WaitRegistered(5000).ok());
+  CHECK(zoo.Acl("/flatkv/thriftbinary100:127.0.0.1:9002") == "digest:flatkv:x:31 world:anyone:1");
+}
+
+TEST_CASE("A transitional ACL lets members without credentials write while others join with them",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> old = StartRegistered(zk, 100, 9001);  // no credentials
+  const ZkCredentials credentials{"flatkv", "s3cret"};
+  int nodes = 0;
+  REQUIRE(SecureRing(zk.address(), "/flatkv", credentials, true, 5000, &nodes).ok());
+  Inspector zoo(zk.address());
+  // Anyone may still administer the node, so ZooKeeper shows the digest.
+  CHECK(zoo.Acl("/flatkv") == "digest:" + credentials.DigestId() + ":31 world:anyone:31");
+
+  Recorder recorder;
+  RegistryOptions o = Options(zk, 100, 9002);
+  o.credentials = credentials;
+  recorder.Attach(&o);
+  std::unique_ptr<Registry> joined = StartRegistry(std::move(o));
+  REQUIRE(joined->WaitRegistered(5000).ok());  // runs on it (with a warning)
+  CHECK(recorder.fatal_count() == 0);
+  const std::string chain = "100=[127.0.0.1:9001,127.0.0.1:9002]";
+  REQUIRE(AllSee({old.get(), joined.get()}, chain, 5s));
+  // The member without credentials, the head, still records the chain.
+  const Status recorded =
+      old->RecordChain({"127.0.0.1:9001", "127.0.0.1:9002"}, old->ring()->version());
+  INFO(recorded.ToString());
+  CHECK(recorded.ok());
+
+  // A node the world may write that does not name the identity is still refused.
+  zoo.Create("/flatkv/.cluster/stray");
+  RegistryOptions third = Options(zk, 100, 9003);
+  third.credentials = credentials;
+  std::unique_ptr<Registry> refused = StartRegistry(std::move(third));
+  const Status st = refused->WaitRegistered(5000);
+  INFO(st.ToString());
+  CHECK(st.message().find("zookeeper node /flatkv/.cluster/stray is writable by anyone") !=
+        std::string::npos);
+  REQUIRE(zoo.Delete("/flatkv/.cluster/stray") == ZOK);
+
+  // The final run closes it: nobody without the credentials writes any more.
+  REQUIRE(SecureRing(zk.address(), "/flatkv", credentials, false, 5000, &nodes).ok());
+  CHECK(zoo.Acl("/flatkv/.cluster/chains/100") == "digest:flatkv:x:31 world:anyone:1");
+  CHECK(zoo.Delete("/flatkv/.cluster/marks/100") == ZNOAUTH);
 }
 
 }  // namespace flatkv::partition

@@ -2,6 +2,9 @@
 // --set overrides, and one clear error naming the key for every mistake.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <sstream>
 #include <thread>
 
@@ -197,4 +200,50 @@ TEST_CASE("server.io_threads auto uses half the cores, at least one", "[server][
   REQUIRE(LoadConfig("", {"server.io_threads=3"}, &c).ok());
   REQUIRE(c.server.io_threads == 3);
   REQUIRE(LoadConfig("", {"server.io_threads=0"}, &c).IsInvalidArgument());
+}
+
+TEST_CASE("cluster.zookeeper_auth_file is read once, and a bad file is one error naming it",
+          "[server][config]") {
+  flatkv::test::TempDir dir;
+  const std::string good = dir / "zk.auth";
+  flatkv::test::WriteFile(good, "flatkv:pa:ss\n");
+  REQUIRE(chmod(good.c_str(), 0600) == 0);
+  const std::vector<std::string> ring = {"cluster.zookeeper=127.0.0.1:2181",
+                                         "cluster.zookeeper_auth_file=" + good};
+  Config c;
+  REQUIRE(LoadConfig("", ring, &c).ok());
+  REQUIRE(c.cluster.zookeeper_credentials.user == "flatkv");
+  REQUIRE(c.cluster.zookeeper_credentials.password == "pa:ss");  // the first ':' splits
+  REQUIRE(!c.cluster.zookeeper_auth_file_open);
+  REQUIRE(chmod(good.c_str(), 0640) == 0);
+  REQUIRE(LoadConfig("", ring, &c).ok());
+  REQUIRE(c.cluster.zookeeper_auth_file_open);  // the instance warns
+
+  struct Case {
+    const char* content;  // nullptr: no file
+    const char* why;
+  };
+  for (const Case& k : {Case{nullptr, "cannot read"}, Case{"", "empty"},
+                        Case{"flatkv-s3cret\n", "no ':'"}, Case{":s3cret", "empty user"},
+                        Case{"a:b\nc:d\n", "more than one line"}}) {
+    const std::string path = dir / "bad.auth";
+    std::remove(path.c_str());
+    if (k.content != nullptr) flatkv::test::WriteFile(path, k.content);
+    const Status st =
+        LoadConfig("", {"cluster.zookeeper=127.0.0.1:2181", "cluster.zookeeper_auth_file=" + path},
+                   &c);
+    INFO(st.ToString());
+    REQUIRE(st.IsInvalidArgument());
+    REQUIRE(st.message().rfind("cluster.zookeeper_auth_file: " + path + ": ", 0) == 0);
+    REQUIRE(st.message().find(k.why) != std::string::npos);
+    REQUIRE(st.message().find("s3cret") == std::string::npos);  // never the password
+  }
+}
+
+TEST_CASE("The digest ACL id is user:base64(sha1(user:password)), as ZooKeeper computes it",
+          "[server][config]") {
+  // The value of ZooKeeper's DigestAuthenticationProvider.generateDigest("flatkv:s3cret").
+  flatkv::partition::ZkCredentials c{"flatkv", "s3cret"};
+  REQUIRE(c.DigestId() == "flatkv:XLw1Aw/7mLBnO4p6tsdMW2zfrsk=");
+  REQUIRE(c.Certificate() == "flatkv:s3cret");
 }
