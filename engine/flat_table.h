@@ -59,7 +59,7 @@ struct EngineCounters {
   // the last write failed so, and that failure's message.
   std::atomic<uint64_t> no_space_errors{0};
   std::atomic<bool> disk_full{false};
-  std::atomic<uint64_t> appended_when_full{0};  // bytes_appended when it was set
+  std::atomic<uint64_t> appended_when_full{0};  // Store::WriteProgress() when it was set
   std::atomic<uint64_t> no_space_at_us{0};      // NowMicros() of the last NoSpace
   std::atomic<uint64_t> no_space_logged_us{0};  // and of the last one logged
   // Writes that waited for the compactor (Store::WaitForCompactor).

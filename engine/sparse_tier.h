@@ -20,8 +20,12 @@
 // them itself.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,6 +36,7 @@
 
 namespace rocksdb {
 class DB;
+class WriteBatch;
 }
 
 namespace flatkv::engine {
@@ -80,14 +85,46 @@ class SparseTier {
 
  private:
   SparseTier() = default;
-  // A write failed: after a full disk RocksDB refuses every write until it
-  // is told to resume, so the next write asks it to.
-  Status NoteWrite(Status st);
+  // After a failed write (a full disk, an I/O error) the database's log
+  // writer must not be used again (RocksDB 7.8 aborts on a log write or
+  // sync after a failed one): the tier fails every write and sync with
+  // that error, without touching the database, until a write at least
+  // kRetryAfter later finds it reopens (which replays its log into a new
+  // one). Reads go on meanwhile.
+  static constexpr std::chrono::seconds kRetryAfter{1};
+  // Writes are refused (NoSpace) while the file system has less than this
+  // free: room for two memtables' logs and flushes and a compaction's
+  // margin, so RocksDB itself never meets a full disk.
+  static constexpr uint64_t kReserve = uint64_t{128} << 20;
+  // Free space is looked up at least this often, and whenever the bytes
+  // written since the last look could have taken the reserve.
+  static constexpr std::chrono::milliseconds kRecheckEvery{100};
+  Status Room(uint64_t bytes);
+  std::atomic<uint64_t> free_known_{0};
+  std::atomic<uint64_t> written_since_check_{0};
+  std::atomic<int64_t> check_after_{0};
+  Status BeforeWrite();
+  // Every write: BeforeWrite, then the batch (under write_mu_).
+  Status Write(rocksdb::WriteBatch* batch, bool sync, const std::string& what);
+  // A write or sync failed with "st" (write_mu_ held): the tier stops.
+  void NoteFailed(const Status& st);
+  Status Failure() const;  // the failed write's error
+  // Opens db_ in dir_ with options_ (db_mu_ held exclusively, or no other
+  // user yet).
+  Status OpenDb();
 
+  mutable std::shared_mutex db_mu_;  // shared: every use of db_; exclusive: reopening it
   std::unique_ptr<rocksdb::DB> db_;
   std::string dir_;
+  EngineOptions options_;
+  int max_open_files_ = 0;
   bool sync_always_ = false;
   bool closed_ = false;
+  std::atomic<bool> failed_{false};
+  std::mutex write_mu_;  // one write or log sync at a time
+  mutable std::mutex fail_mu_;
+  Status failure_;                                  // GUARDED_BY(fail_mu_)
+  std::chrono::steady_clock::time_point retry_at_;  // GUARDED_BY(fail_mu_)
 };
 
 }  // namespace flatkv::engine

@@ -1004,6 +1004,8 @@ Status Store::OpenSparseTier() {
 
 void Store::MaybePromote(int64_t key) {
   if (sparse_writes_.fetch_add(1, std::memory_order_relaxed) % kPromoteSample != 0) return;
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (now < promote_after_.load(std::memory_order_relaxed)) return;
   const uint64_t seg = SegmentId(key);
   const int64_t first = SegmentFirstKey(seg);
   const int64_t last = SegmentLastKey(seg);
@@ -1023,6 +1025,10 @@ void Store::MaybePromote(int64_t key) {
   if (!st.ok()) {
     spdlog::warn("promoting segment {} from the sparse tier: {} (its keys stay there)", seg,
                  st.ToString());
+    if (st.IsNoSpace()) {
+      const auto after = std::chrono::steady_clock::now() + kNoSpaceBackoff;
+      promote_after_.store(after.time_since_epoch().count(), std::memory_order_relaxed);
+    }
   }
 }
 
@@ -1653,6 +1659,10 @@ uint64_t Store::LiveBytesEstimate(int64_t lo, int64_t hi, double string_share) c
   return static_cast<uint64_t>(live);
 }
 
+uint64_t Store::WriteProgress() const {
+  return counters_->bytes_appended.load() + sparse_writes_.load();
+}
+
 Status Store::NoteWrite(Status st) const {
   if (st.ok()) {
     // Cleared only by a write that appended (a remove of an absent key
@@ -1661,7 +1671,7 @@ Status Store::NoteWrite(Status st) const {
     // reserved) and refuses others: cleared only a second after the last
     // refusal, so the state does not flap under load.
     if (counters_->disk_full.load(std::memory_order_relaxed) &&
-        counters_->bytes_appended.load() != counters_->appended_when_full.load() &&
+        WriteProgress() != counters_->appended_when_full.load() &&
         NowMicros() - counters_->no_space_at_us.load() >= 1000000 &&
         counters_->disk_full.exchange(false)) {
       spdlog::info("{}: writes succeed again (the disk has room)", options_.path);
@@ -1672,7 +1682,7 @@ Status Store::NoteWrite(Status st) const {
       std::lock_guard<std::mutex> lock(counters_->no_space_mu);
       counters_->no_space_reason = st.message();
     }
-    counters_->appended_when_full.store(counters_->bytes_appended.load());
+    counters_->appended_when_full.store(WriteProgress());
     const uint64_t now = NowMicros();
     counters_->no_space_at_us.store(now);
     // Logged when the state begins, at most every 10 s.

@@ -364,6 +364,9 @@ class Store {
   std::unique_ptr<SparseTier> sparse_;
   std::atomic<uint64_t> sparse_writes_{0};
   std::atomic<uint64_t> promotions_{0};
+  // No promotion is tried before this (steady_clock ticks) after one failed
+  // for a full disk (kNoSpaceBackoff).
+  std::atomic<int64_t> promote_after_{0};
   // Opens the tier (on) or moves what it holds into flat tables (off).
   Status OpenSparseTier();
   // After a sparse write of "key" (no lock held, inside a Guard): one in
@@ -442,6 +445,9 @@ class Store {
   // Every public write's result passes here: a NoSpace sets the disk-full
   // state (logged once), a success clears it. Returns "st".
   Status NoteWrite(Status st) const;
+  // Grows with every write that took room: log bytes appended to the flat
+  // tables plus writes the sparse tier took.
+  uint64_t WriteProgress() const;
   std::string SegmentDir(uint64_t segment) const;
   void BackgroundLoop();
   void PublishTablesLocked();
