@@ -157,16 +157,12 @@ Status SparseTier::Write(rocksdb::WriteBatch* batch, bool sync, const std::strin
   // RocksDB (Debian's 7.8, built with assertions) aborts the process on
   // some paths after a write fails for a full disk: it is not let near one.
   FLATKV_RETURN_IF_ERROR(Room(batch->GetDataSize()));
-  // Failure takes fail_mu_, which BeforeWrite holds while it waits for
-  // db_mu_: it never runs under db_mu_. NoteFailed does, but BeforeWrite
-  // takes db_mu_ only when failed_ is set, and then nobody calls it.
+  // Failure and NoteFailed take fail_mu_, which BeforeWrite holds while it
+  // waits for db_mu_: neither runs under db_mu_.
   Status st;
   bool open = false;
   {
     std::shared_lock<std::shared_mutex> lock(db_mu_);
-    // One write at a time: the one after a failed one must not reach the
-    // log writer (see BeforeWrite), so it waits for the failure to be noted.
-    std::lock_guard<std::mutex> one(write_mu_);
     if (failed_.load(std::memory_order_acquire)) {
       open = false;
     } else if (db_ != nullptr) {
@@ -174,10 +170,10 @@ Status SparseTier::Write(rocksdb::WriteBatch* batch, bool sync, const std::strin
       rocksdb::WriteOptions wo;
       wo.sync = sync;
       st = FromRocks(db_->Write(wo, batch), "sparse tier " + dir_ + ": " + what);
-      if (!st.ok()) NoteFailed(st);
     }
   }
   if (!open) return Failure();
+  if (!st.ok()) NoteFailed(st);
   return st;
 }
 
@@ -305,15 +301,14 @@ Status SparseTier::Sync() {
   Status st;
   {
     std::shared_lock<std::shared_mutex> lock(db_mu_);
-    std::lock_guard<std::mutex> one(write_mu_);
     if (closed_ || db_ == nullptr) return Status::OK();
     if (!failed_.load(std::memory_order_acquire)) {
       st = FromRocks(db_->SyncWAL(), "sparse tier " + dir_ + ": sync");
-      if (!st.ok()) NoteFailed(st);
-      return st;
     }
   }
-  return Failure();
+  if (st.ok() && failed_.load(std::memory_order_acquire)) return Failure();
+  if (!st.ok()) NoteFailed(st);
+  return st;
 }
 
 Status SparseTier::Failure() const {

@@ -104,9 +104,9 @@ class SparseTier {
   std::atomic<uint64_t> written_since_check_{0};
   std::atomic<int64_t> check_after_{0};
   Status BeforeWrite();
-  // Every write: BeforeWrite, then the batch (under write_mu_).
+  // Every write: BeforeWrite, Room, the batch, NoteFailed if it failed.
   Status Write(rocksdb::WriteBatch* batch, bool sync, const std::string& what);
-  // A write or sync failed with "st" (write_mu_ held): the tier stops.
+  // A write or sync failed with "st" (db_mu_ not held): the tier stops.
   void NoteFailed(const Status& st);
   Status Failure() const;  // the failed write's error
   // Opens db_ in dir_ with options_ (db_mu_ held exclusively, or no other
@@ -121,7 +121,6 @@ class SparseTier {
   bool sync_always_ = false;
   bool closed_ = false;
   std::atomic<bool> failed_{false};
-  std::mutex write_mu_;  // one write or log sync at a time
   mutable std::mutex fail_mu_;
   Status failure_;                                  // GUARDED_BY(fail_mu_)
   std::chrono::steady_clock::time_point retry_at_;  // GUARDED_BY(fail_mu_)
