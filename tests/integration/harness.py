@@ -102,7 +102,12 @@ def wait_port(port, proc, tries=600, name="flatkv-server"):
 
 def start(server_bin, port, data, *extra, stderr=subprocess.DEVNULL, env=None):
     """Starts flatkv-server on 127.0.0.1:port with its store in "data" and
-    the --set arguments in "extra"; returns once the port accepts."""
+    the --set arguments in "extra"; returns once the port accepts.
+    FLATKV_TEST_SERVER_SET (space-separated key=value) adds --set arguments
+    to every server a test starts: ctest runs some tests again with
+    storage.sparse_tier=on that way."""
+    for kv in os.environ.get("FLATKV_TEST_SERVER_SET", "").split():
+        extra = extra + ("--set", kv)
     proc = subprocess.Popen([server_bin, "--set", "server.port=%d" % port,
                              "--set", "storage.path=" + data, *extra],
                             stdout=subprocess.DEVNULL, stderr=stderr, env=env,
