@@ -201,6 +201,18 @@ r = cli(port, "get", "7", tls=("otherca", None))
 check(r.returncode == 4 and "certificate verify failed" in (r.stderr + r.stdout).lower(),
       "a client that does not trust the server's CA refuses it (exit %d: %s)"
       % (r.returncode, r.stderr.strip()))
+bench_bin = os.path.join(os.path.dirname(cli_bin), "flatkv-bench")  # built beside the CLI
+r = subprocess.run([bench_bin, "server", "--port", str(port), "--tls-ca", path("ca.pem"),
+                    "--ops", "2000", "--clients", "4", "--workload", "fill,get"],
+                   capture_output=True, text=True, timeout=60)
+check(r.returncode == 0 and "2000 of 2000 found" in r.stdout,
+      "flatkv-bench server --tls-ca fills and reads back over TLS (%d %s)"
+      % (r.returncode, r.stderr.strip()))
+r = subprocess.run([bench_bin, "server", "--port", str(port), "--tls-ca", path("otherca.pem"),
+                    "--ops", "10", "--clients", "1", "--workload", "fill"],
+                   capture_output=True, text=True, timeout=60)
+check(r.returncode != 0 and "TLS handshake" in r.stderr,
+      "flatkv-bench server refuses a server its CA did not sign (%s)" % r.stderr.strip())
 version_flags = [("TLSv1_1", ssl.TLSVersion.TLSv1_1)]
 for label, version in version_flags:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
