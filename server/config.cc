@@ -177,8 +177,8 @@ const std::vector<Key>& Schema() {
                 "server.http_port")},
       {"server.tls_cert_file", "",
        "PEM certificate (chain) of this instance: with tls_key_file, the Thrift port speaks TLS "
-       "1.2/1.3 only (a plaintext connection is closed); reloaded when the file changes; "
-       "empty = plaintext",
+       "1.2/1.3 only (a plaintext connection is closed) and the HTTP port HTTPS; reloaded when "
+       "the file changes; empty = plaintext",
        Str([](Config* c) { return &c->server.tls_cert_file; }, {}, "server.tls_cert_file")},
       {"server.tls_key_file", "", "PEM private key of tls_cert_file (chmod 600)",
        Str([](Config* c) { return &c->server.tls_key_file; }, {}, "server.tls_key_file")},

@@ -453,6 +453,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
   std::unique_ptr<flatkv::server::HttpServer> http;
   if (config.server.http_port != 0) {
     http = std::make_unique<flatkv::server::HttpServer>(handler.get(), config);
+    if (tls) http->SetTls(tls);  // HTTPS with the same certificate
     st = http->Start();
     if (!st.ok()) {
       spdlog::critical("cannot serve HTTP: {}", st.ToString());

@@ -232,6 +232,49 @@ with open(log) as f:
 check("TLS handshake failed" in text, "the refused handshakes are logged")
 harness.stop(proc)
 
+# --- HTTPS on the HTTP port, same certificate ------------------------------
+import http.client  # noqa: E402
+http_port = free_port()
+proc, port, log = start_tls("h", "--set", "server.http_port=%d" % http_port)
+ctx = ssl.create_default_context(cafile=path("ca.pem"))
+conn = http.client.HTTPSConnection("127.0.0.1", http_port, context=ctx, timeout=5)
+conn.request("PUT", "/kv/11", body=b"eleven")
+put = conn.getresponse()
+put.read()
+put_status = put.status
+conn.request("GET", "/kv/11")
+resp = conn.getresponse()
+check(put_status in (200, 204) and resp.status == 200 and resp.read() == b"eleven",
+      "HTTPS: PUT and GET /kv/11 with the server's certificate (%d, %d)"
+      % (put_status, resp.status))
+conn.request("GET", "/metrics")
+metrics = conn.getresponse().read().decode()
+check("flatkv_server_tls_handshake_errors_total" in metrics,
+      "/metrics has flatkv_server_tls_handshake_errors_total")
+conn.close()
+try:
+    plain = http.client.HTTPConnection("127.0.0.1", http_port, timeout=5)
+    plain.request("GET", "/health")
+    answered = plain.getresponse().status
+except (OSError, http.client.HTTPException):
+    answered = None
+check(answered is None, "a plain HTTP request to the HTTPS port gets no answer (%s)" % answered)
+other = ssl.create_default_context(cafile=path("otherca.pem"))
+try:
+    bad = http.client.HTTPSConnection("127.0.0.1", http_port, context=other, timeout=5)
+    bad.request("GET", "/health")
+    bad.getresponse()
+    refused = False
+except ssl.SSLError:
+    refused = True
+check(refused, "an HTTPS client that does not trust the server's CA refuses it")
+conn = http.client.HTTPSConnection("localhost", http_port, context=ctx, timeout=5)
+conn.request("GET", "/health")
+check(conn.getresponse().status == 200 and proc.poll() is None,
+      "the HTTPS port keeps serving (by name too)")
+conn.close()
+harness.stop(proc)
+
 # --- Client certificates ----------------------------------------------------
 proc, port, log = start_tls("b", auth="required")
 r = cli(port, "put", "8", "eight", tls=("ca", "client"))
