@@ -109,6 +109,9 @@ Status Cluster::StartReplication(const Config& config, engine::Store* store,
   o.session_timeout_ms = options_.session_timeout_ms;
   o.peer_timeout_ms = options_.peer_timeout_ms;
   o.peer_token = options_.peer_token;
+  o.tls_ca_file = options_.peer_tls_ca_file;
+  o.tls_cert_file = options_.peer_tls_cert_file;
+  o.tls_key_file = options_.peer_tls_key_file;
   o.resync_bytes_per_sec = static_cast<uint64_t>(options_.resync_mb_per_sec) << 20;
   o.track_max_keys = static_cast<uint64_t>(options_.track_max_keys);
   o.chain.backlog_bytes = static_cast<uint64_t>(options_.backlog_bytes);
@@ -872,6 +875,9 @@ std::unique_ptr<client::Client> Cluster::Borrow(const std::string& address) {
   }
   o.connect_timeout_ms = options_.peer_timeout_ms;
   o.timeout_ms = options_.peer_timeout_ms;
+  o.tls_ca_file = options_.peer_tls_ca_file;
+  o.tls_cert_file = options_.peer_tls_cert_file;
+  o.tls_key_file = options_.peer_tls_key_file;
   return std::make_unique<client::Client>(o);
 }
 

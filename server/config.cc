@@ -342,7 +342,8 @@ const std::vector<Key>& Schema() {
        Str([](Config* c) { return &c->cluster.peer_token_file; }, {}, "cluster.peer_token_file")},
       {"cluster.peer_tls", "false",
        "true: calls between instances use TLS with server.tls_cert_file and verify the peer's "
-       "certificate against server.tls_ca_file",
+       "certificate against server.tls_ca_file (and its name against its advertise host); "
+       "needed by a ring member with a certificate",
        Bool([](Config* c) { return &c->cluster.peer_tls; }, "cluster.peer_tls")},
       {"cluster.peer_timeout_ms", "2000",
        "connect and I/O timeout of a call forwarded to another instance",
@@ -487,16 +488,21 @@ Status CheckTls(Config* config) {
   if (s.tls_client_auth != "none" && !s.tls()) {
     return Bad("server.tls_client_auth", s.tls_client_auth + " needs server.tls_cert_file");
   }
-  // Calls between instances (forwarder, replicator) connect in plaintext:
-  // a ring member's port must stay plaintext for its peers until they
-  // speak TLS too.
-  if (config->cluster.peer_tls) {
-    return Bad("cluster.peer_tls", "TLS between instances is not available in this version");
+  // A ring member's peers call its port: with TLS there, they must speak
+  // TLS too.
+  if (config->cluster.peer_tls && (!s.tls() || s.tls_ca_file.empty())) {
+    return Bad("cluster.peer_tls",
+               "needs server.tls_cert_file, server.tls_key_file and server.tls_ca_file");
   }
-  if (s.tls() && config->cluster.enabled()) {
+  if (s.tls() && config->cluster.enabled() && !config->cluster.peer_tls) {
     return Bad("server.tls_cert_file",
-               "TLS on a ring member's port needs cluster.peer_tls, which is not available in "
-               "this version; use TLS on standalone instances");
+               "a ring member with TLS on its port needs cluster.peer_tls: true (its peers "
+               "call that port)");
+  }
+  if (config->cluster.peer_tls) {
+    config->cluster.peer_tls_ca_file = s.tls_ca_file;
+    config->cluster.peer_tls_cert_file = s.tls_cert_file;
+    config->cluster.peer_tls_key_file = s.tls_key_file;
   }
   if (s.tls() && config->server.workers > 0) {
     return Bad("server.tls_cert_file",

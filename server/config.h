@@ -55,6 +55,12 @@ struct ClusterOptions {
   std::string peer_token;                  // carried by calls between instances
   std::string peer_token_file;             // its content replaces peer_token
   bool peer_tls = false;                   // calls between instances over TLS
+  // With peer_tls LoadConfig copies server.tls_ca_file, tls_cert_file and
+  // tls_key_file here: the CA peers are verified against and the
+  // certificate presented to them. Empty = plaintext peer calls.
+  std::string peer_tls_ca_file;
+  std::string peer_tls_cert_file;
+  std::string peer_tls_key_file;
   std::string zookeeper_auth_file;         // "user:password" for ZooKeeper's digest
                                            // scheme; empty = nodes open to all
   partition::ZkCredentials zookeeper_credentials;  // LoadConfig reads the file

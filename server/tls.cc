@@ -52,6 +52,27 @@ std::string AsText(const ASN1_TIME* t) {
 
 }  // namespace
 
+Status NewPeerClientContext(const ServerOptions& o, SSL_CTX** result) {
+  ERR_clear_error();
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  if (ctx == nullptr) return Status::IOError("cannot create a TLS context: " + OpenSslError());
+  std::unique_ptr<SSL_CTX, void (*)(SSL_CTX*)> guard(ctx, SSL_CTX_free);
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  if (SSL_CTX_load_verify_locations(ctx, o.tls_ca_file.c_str(), nullptr) != 1) {
+    return Bad("server.tls_ca_file", o.tls_ca_file, "no PEM CA certificate in it: " + OpenSslError());
+  }
+  if (SSL_CTX_use_certificate_chain_file(ctx, o.tls_cert_file.c_str()) != 1) {
+    return Bad("server.tls_cert_file", o.tls_cert_file, "not a PEM certificate: " + OpenSslError());
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx, o.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    return Bad("server.tls_key_file", o.tls_key_file, "not a PEM private key: " + OpenSslError());
+  }
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  *result = guard.release();
+  return Status::OK();
+}
+
 bool TlsContext::Stamp::operator==(const Stamp& o) const {
   for (int i = 0; i < 6; ++i) {
     if (v[i] != o.v[i]) return false;

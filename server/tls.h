@@ -33,6 +33,12 @@ typedef struct ssl_st SSL;
 
 namespace flatkv::server {
 
+// The client side of calls between instances (cluster.peer_tls): a new
+// SSL_CTX (TLS 1.2 or later) presenting options.tls_cert_file/tls_key_file
+// and verifying the peer against options.tls_ca_file. The caller owns it
+// (SSL_CTX_free). InvalidArgument naming the key if a file does not load.
+Status NewPeerClientContext(const ServerOptions& options, SSL_CTX** result);
+
 class TlsContext {
  public:
   // Builds the context from options.tls_* (options.tls() must be true).

@@ -557,7 +557,7 @@ void MakeCertificates(const std::string& dir) {
   REQUIRE(std::system(("sh " + dir + "/make.sh").c_str()) == 0);
 }
 
-TEST_CASE("The C++ client talks TLS to a server with a certificate; plaintext is refused",
+TEST_CASE("The C++ client talks TLS to a server with a certificate and plaintext is refused",
           "[integration][tls]") {
   char made[] = "/tmp/flatkv-cpp-tls-XXXXXX";
   REQUIRE(mkdtemp(made) != nullptr);
