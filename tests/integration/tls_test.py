@@ -3,9 +3,11 @@
 flatkv-server, with certificates this test makes with the openssl command.
 
 A TLS client works (put/get through the flatkv CLI, which is the C++
-client, and through Python's TSSLSocket); a plaintext client is closed
-without an answer and counted in server.tls_handshake_errors (and
-/metrics), and the server keeps serving; a client that does not trust the
+client, through Python's TSSLSocket and through flatkv-bench server); a
+plaintext client is closed without an answer and counted in
+server.tls_handshake_errors (and /metrics), a client stalled in its handshake
+is closed after 10 s while an idle TLS connection stays, and the server keeps
+serving; HTTPS on the HTTP port with the same certificate; a client that does not trust the
 server's CA, or (tls_client_auth: required) has no certificate or one from
 another CA, is refused. An expired certificate and a key that does not
 match are configuration errors at start (exit 2, naming the key). The
@@ -171,6 +173,11 @@ def plaintext_refused(port):
 
 # --- The port speaks TLS only ----------------------------------------------
 proc, port, log = start_tls("a")
+idle, idle_t, _ = tls_client(port)  # used again after the handshake timeout
+idle.put(5000, b"idle")  # beyond the keys flatkv-bench writes below
+stalled = socket.create_connection(("127.0.0.1", port), timeout=30)
+stalled.send(b"\x16\x03\x01\x00\x05")  # part of a TLS record, then nothing
+opened = time.time()
 r = cli(port, "put", "7", "seven")
 check(r.returncode == 0, "flatkv put over TLS (--tls-ca) exits 0 (%d %s)" % (r.returncode, r.stderr))
 r = cli(port, "get", "7")
@@ -227,6 +234,20 @@ for label, version in version_flags:
     except (ssl.SSLError, OSError, ValueError):
         ok = False
     check(not ok, "a %s client is refused (TLS 1.2 and 1.3 only)" % label)
+errors = stat(port, "server.tls_handshake_errors")
+time.sleep(max(0.0, 11.5 - (time.time() - opened)))  # past the 10 s handshake limit
+try:
+    stalled_closed = stalled.recv(100) == b""
+except OSError:
+    stalled_closed = True
+check(stalled_closed and stat(port, "server.tls_handshake_errors") == errors + 1,
+      "a client stalled in its handshake is closed after 10 s and counted")
+try:
+    idle_value = idle.get(5000).value
+except Exception as e:  # noqa: B902
+    idle_value = repr(e)
+check(idle_value == b"idle", "an idle TLS connection outlives the handshake limit (%r)" % idle_value)
+idle_t.close()
 with open(log) as f:
     text = f.read()
 check("TLS handshake failed" in text, "the refused handshakes are logged")
