@@ -138,6 +138,12 @@ r = subprocess.run([cli_bin, "--port", str(members["b1"].port), "--tls-ca", path
 check(r.returncode == 0 and r.stdout.strip() == value(KEYS[0], "a2").decode(),
       "flatkv --tls-ca/--tls-cert/--tls-key reads through the ring (%d %r)"
       % (r.returncode, r.stdout))
+r = subprocess.run([cli_bin, "--zk", zk.hosts, "--tls-ca", path("ca.pem"),
+                    "--tls-cert", path("client.pem"), "--tls-key", path("client.key"),
+                    "get", str(KEYS[-1])], capture_output=True, text=True, timeout=30)
+check(r.returncode == 0 and r.stdout.strip() == value(KEYS[-1], "a2").decode(),
+      "flatkv --zk with the TLS flags (RingClient) reads from the owner (%d %r %s)"
+      % (r.returncode, r.stdout, r.stderr.strip()))
 
 
 def start_error(*sets):
