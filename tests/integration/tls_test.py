@@ -208,6 +208,13 @@ r = cli(port, "get", "7", tls=("otherca", None))
 check(r.returncode == 4 and "certificate verify failed" in (r.stderr + r.stdout).lower(),
       "a client that does not trust the server's CA refuses it (exit %d: %s)"
       % (r.returncode, r.stderr.strip()))
+example = os.path.join(harness.REPO, "client", "examples", "python", "example.py")
+r = subprocess.run(["/usr/bin/python3", "-W", "ignore", example, "127.0.0.1", str(port),
+                    path("ca.pem")], capture_output=True, text=True, timeout=60,
+                   env=dict(os.environ, PYTHONPATH=work))
+check(r.returncode == 0 and r.stdout.startswith("get 1 = hello\n"),
+      "the Python example connects over TLS with a CA file (%d %s)"
+      % (r.returncode, r.stderr.strip()[-200:]))
 bench_bin = os.path.join(os.path.dirname(cli_bin), "flatkv-bench")  # built beside the CLI
 r = subprocess.run([bench_bin, "server", "--port", str(port), "--tls-ca", path("ca.pem"),
                     "--ops", "2000", "--clients", "4", "--workload", "fill,get"],
