@@ -127,6 +127,11 @@ constexpr const char* kUsage =
     "  --timeout-ms N    connect and per-call I/O timeout (default 2000 to\n"
     "                    connect, 30000 per call; 0 = none)\n"
     "  --token T         admin token (default: $FLATKV_ADMIN_TOKEN)\n"
+    "  --tls-ca F        connect over TLS; the server's certificate must verify\n"
+    "                    against the CA certificates in F (PEM) and name --host\n"
+    "  --tls-cert F      with --tls-ca: present this client certificate (PEM),\n"
+    "                    for a server with server.tls_client_auth\n"
+    "  --tls-key F       the private key of --tls-cert (PEM)\n"
     "  --hex             values and string keys are hex, on output and input\n"
     "                    (VALUE, SKEY and a VALUE read from stdin)\n"
     "  --raw             get/sget: print the value's bytes exactly, with no\n"
@@ -184,7 +189,7 @@ Status ParseBounded(const std::string& name, const std::string& text, T lo, T hi
 bool TakesValue(const std::string& name) {
   static const char* const kWithValue[] = {"host", "port", "timeout-ms", "token",
                                            "limit", "zk", "path", "mb-per-sec",
-                                           "zk-auth-file"};
+                                           "zk-auth-file", "tls-ca", "tls-cert", "tls-key"};
   return std::any_of(std::begin(kWithValue), std::end(kWithValue),
                      [&](const char* n) { return name == n; });
 }
@@ -211,6 +216,12 @@ Status ApplyValueOption(const std::string& name, const std::string& value, Flags
     f->zookeeper = value;
   } else if (name == "zk-auth-file") {
     f->zk_auth_file = value;
+  } else if (name == "tls-ca") {
+    f->client.tls_ca_file = value;
+  } else if (name == "tls-cert") {
+    f->client.tls_cert_file = value;
+  } else if (name == "tls-key") {
+    f->client.tls_key_file = value;
   } else if (name == "mb-per-sec") {
     int n = 0;
     FLATKV_RETURN_IF_ERROR(ParseBounded(name, value, 0, kIntMax, &n));
@@ -276,6 +287,14 @@ Status ParseArgs(int argc, char** argv, Flags* f) {
       value = argv[++i];
     }
     FLATKV_RETURN_IF_ERROR(ApplyValueOption(name, *value, f));
+  }
+  const ClientOptions& c = f->client;
+  if ((!c.tls_cert_file.empty() || !c.tls_key_file.empty()) && c.tls_ca_file.empty()) {
+    return BadUsage("--tls-cert and --tls-key need --tls-ca (the CA the server's certificate "
+                    "must verify against)");
+  }
+  if (c.tls_cert_file.empty() != c.tls_key_file.empty()) {
+    return BadUsage("--tls-cert and --tls-key go together");
   }
   return Status::OK();
 }

@@ -16,6 +16,7 @@
 #include <thrift/TConfiguration.h>
 #include <thrift/protocol/TBinaryProtocol.h>
 #include <thrift/transport/TBufferTransports.h>
+#include <thrift/transport/TSSLSocket.h>
 #include <thrift/transport/TSocket.h>
 #include <thrift/transport/TTransportException.h>
 
@@ -25,6 +26,7 @@ using apache::thrift::TConfiguration;
 using apache::thrift::protocol::TBinaryProtocol;
 using apache::thrift::transport::TFramedTransport;
 using apache::thrift::transport::TSocket;
+using apache::thrift::transport::TSSLSocketFactory;
 
 struct Client::Connection {
   std::shared_ptr<TSocket> socket;
@@ -69,7 +71,13 @@ Status Client::Connect() {
   if (conn_) return Status::OK();
   const int frame = static_cast<int>(std::min<uint32_t>(options_.max_frame_bytes, INT32_MAX));
   auto config = std::make_shared<TConfiguration>(frame, frame);
-  auto socket = std::make_shared<TSocket>(options_.host, options_.port, config);
+  std::shared_ptr<TSocket> socket;
+  if (options_.tls()) {
+    if (!tls_) FLATKV_RETURN_IF_ERROR(MakeTlsFactory());
+    socket = tls_->createSocket(options_.host, options_.port);
+  } else {
+    socket = std::make_shared<TSocket>(options_.host, options_.port, config);
+  }
   socket->setConnTimeout(options_.connect_timeout_ms);
   socket->setSendTimeout(options_.timeout_ms);
   socket->setRecvTimeout(options_.timeout_ms);
@@ -87,6 +95,28 @@ Status Client::Connect() {
   refused_ = false;
   conn_ = std::make_unique<Connection>(std::move(socket), std::move(transport));
   conn_used_ = false;
+  return Status::OK();
+}
+
+Status Client::MakeTlsFactory() {
+  if (options_.tls_cert_file.empty() != options_.tls_key_file.empty()) {
+    return Status::InvalidArgument("a TLS client certificate needs its key and the key its "
+                                   "certificate");
+  }
+  try {
+    auto factory = std::make_shared<TSSLSocketFactory>(apache::thrift::transport::TLSv1_2);
+    factory->loadTrustedCertificates(options_.tls_ca_file.c_str());
+    if (!options_.tls_cert_file.empty()) {
+      factory->loadCertificate(options_.tls_cert_file.c_str());
+      factory->loadPrivateKey(options_.tls_key_file.c_str());
+    }
+    factory->authenticate(true);  // the server's certificate must verify
+    // ... and name the host connected to.
+    factory->access(std::make_shared<apache::thrift::transport::DefaultClientAccessManager>());
+    tls_ = std::move(factory);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("TLS settings: ") + e.what());
+  }
   return Status::OK();
 }
 

@@ -31,6 +31,10 @@
 #include "FlatKV.h"
 #include "engine/status.h"
 
+namespace apache::thrift::transport {
+class TSSLSocketFactory;
+}
+
 namespace flatkv::client {
 
 struct ClientOptions {
@@ -41,6 +45,14 @@ struct ClientOptions {
   // Largest answer frame accepted; Thrift's client default (16,384,000
   // bytes) would refuse a get of a value near the server's 16 MiB limit.
   uint32_t max_frame_bytes = 256u << 20;
+  // TLS (a server with server.tls_cert_file): on when tls_ca_file is set.
+  // The server's certificate must verify against tls_ca_file and name
+  // "host" (a DNS or IP subject alternative name); TLS 1.2 or later.
+  std::string tls_ca_file;    // PEM CA certificates; empty = plaintext
+  std::string tls_cert_file;  // PEM client certificate, for server.tls_client_auth
+  std::string tls_key_file;   // PEM key of tls_cert_file
+
+  bool tls() const { return !tls_ca_file.empty(); }
 };
 
 class Client {
@@ -122,7 +134,11 @@ class Client {
   template <typename Fn>
   Status Invoke(const char* method, bool idempotent, Fn&& call);
 
+  // The TLS settings of options_, made on the first Connect().
+  Status MakeTlsFactory();
+
   const ClientOptions options_;
+  std::shared_ptr<apache::thrift::transport::TSSLSocketFactory> tls_;  // with options_.tls()
   std::unique_ptr<Connection> conn_;
   bool conn_used_ = false;  // the connection has completed a call
   bool network_failed_ = false;  // see network_failed()

@@ -10,8 +10,10 @@ packages=(
   # server and cluster (Thrift needs Boost headers it does not depend on)
   thrift-compiler libthrift-dev libboost-dev libevent-dev
   libzookeeper-mt-dev zookeeper
-  # ZooKeeper digest ACL ids (SHA-1, base64): OpenSSL's libcrypto
-  libssl-dev
+  # ZooKeeper digest ACL ids (SHA-1, base64), token comparison and TLS on
+  # the ports: OpenSSL (libevent-dev brings libevent_openssl); the TLS tests
+  # make their certificates with the openssl command
+  libssl-dev openssl
   libspdlog-dev libyaml-cpp-dev
   # flatkv-server's allocator (server/CMakeLists.txt says why)
   libjemalloc-dev

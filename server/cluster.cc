@@ -15,6 +15,8 @@
 #include <future>
 #include <thread>
 
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <spdlog/spdlog.h>
 
 namespace flatkv::server {
@@ -33,15 +35,14 @@ int64_t ImportPercent(uint64_t bytes, uint64_t total, bool copied) {
 
 }  // namespace
 
+// Both tokens are hashed first, so the comparison takes the same time
+// whatever their lengths and wherever they first differ.
 bool SameToken(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
+  unsigned char ha[SHA256_DIGEST_LENGTH];
+  unsigned char hb[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(a.data()), a.size(), ha);
+  SHA256(reinterpret_cast<const unsigned char*>(b.data()), b.size(), hb);
+  return CRYPTO_memcmp(ha, hb, sizeof(ha)) == 0;
 }
 
 Status Cluster::Start(const Config& config, std::function<void(const Status&)> on_fatal,
@@ -108,6 +109,9 @@ Status Cluster::StartReplication(const Config& config, engine::Store* store,
   o.session_timeout_ms = options_.session_timeout_ms;
   o.peer_timeout_ms = options_.peer_timeout_ms;
   o.peer_token = options_.peer_token;
+  o.tls_ca_file = options_.peer_tls_ca_file;
+  o.tls_cert_file = options_.peer_tls_cert_file;
+  o.tls_key_file = options_.peer_tls_key_file;
   o.resync_bytes_per_sec = static_cast<uint64_t>(options_.resync_mb_per_sec) << 20;
   o.track_max_keys = static_cast<uint64_t>(options_.track_max_keys);
   o.chain.backlog_bytes = static_cast<uint64_t>(options_.backlog_bytes);
@@ -871,6 +875,9 @@ std::unique_ptr<client::Client> Cluster::Borrow(const std::string& address) {
   }
   o.connect_timeout_ms = options_.peer_timeout_ms;
   o.timeout_ms = options_.peer_timeout_ms;
+  o.tls_ca_file = options_.peer_tls_ca_file;
+  o.tls_cert_file = options_.peer_tls_cert_file;
+  o.tls_key_file = options_.peer_tls_key_file;
   return std::make_unique<client::Client>(o);
 }
 

@@ -11,8 +11,13 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -118,6 +123,16 @@ Setter Ratio(std::function<double*(Config*)> field, const char* key) {
   };
 }
 
+Setter Bool(std::function<bool*(Config*)> field, const char* key) {
+  return [=](const std::string& text, Config* c) -> Status {
+    if (text != "true" && text != "false") {
+      return Bad(key, "must be true or false, not '" + text + "'");
+    }
+    *field(c) = text == "true";
+    return Status::OK();
+  };
+}
+
 constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
 
@@ -129,7 +144,7 @@ const std::vector<Key>& Schema() {
        Int<int>([](Config* c) { return &c->server.port; }, 0, 65535, "server.port")},
       {"server.workers", "auto",
        "handler threads; 0 = calls run on the I/O threads; auto = 0, or 16 with storage.sync: "
-       "always outside a ring",
+       "always outside a ring and without TLS",
        [](const std::string& text, Config* c) -> Status {
          if (text == "auto") {
            c->server.workers = -1;
@@ -160,6 +175,22 @@ const std::vector<Key>& Schema() {
       {"server.http_port", "0", "HTTP port for /metrics, /health and /kv; 0 = off",
        Int<int>([](Config* c) { return &c->server.http_port; }, 0, 65535,
                 "server.http_port")},
+      {"server.tls_cert_file", "",
+       "PEM certificate (chain) of this instance: with tls_key_file, the Thrift port speaks TLS "
+       "1.2/1.3 only (a plaintext connection is closed) and the HTTP port HTTPS; reloaded when "
+       "the file changes; empty = plaintext",
+       Str([](Config* c) { return &c->server.tls_cert_file; }, {}, "server.tls_cert_file")},
+      {"server.tls_key_file", "", "PEM private key of tls_cert_file (chmod 600)",
+       Str([](Config* c) { return &c->server.tls_key_file; }, {}, "server.tls_key_file")},
+      {"server.tls_ca_file", "",
+       "PEM CA certificates client certificates (and peers' with cluster.peer_tls) are "
+       "verified against",
+       Str([](Config* c) { return &c->server.tls_ca_file; }, {}, "server.tls_ca_file")},
+      {"server.tls_client_auth", "none",
+       "none | optional (a client certificate, if sent, must verify against tls_ca_file) | "
+       "required (a client without a certificate that verifies is refused)",
+       Str([](Config* c) { return &c->server.tls_client_auth; }, {"none", "optional", "required"},
+           "server.tls_client_auth")},
       {"storage.path", "./data", "directory of the store",
        Str([](Config* c) { return &c->storage.path; }, {}, "storage.path")},
       {"storage.key_min", "0", "smallest integer key accepted",
@@ -253,6 +284,10 @@ const std::vector<Key>& Schema() {
        }},
       {"admin.token", "", "token admin methods require; empty = none",
        Str([](Config* c) { return &c->admin_token; }, {}, "admin.token")},
+      {"admin.token_file", "",
+       "file whose content (trailing newline stripped) is the admin token; wins over "
+       "admin.token; empty = none",
+       Str([](Config* c) { return &c->admin_token_file; }, {}, "admin.token_file")},
       {"log.level", "info", "trace | debug | info | warn | error | critical | off",
        Str([](Config* c) { return &c->log_level; },
            {"trace", "debug", "info", "warn", "error", "critical", "off"}, "log.level")},
@@ -301,6 +336,15 @@ const std::vector<Key>& Schema() {
            "cluster.zookeeper_auth_file")},
       {"cluster.peer_token", "", "token every call between instances carries; empty = none",
        Str([](Config* c) { return &c->cluster.peer_token; }, {}, "cluster.peer_token")},
+      {"cluster.peer_token_file", "",
+       "file whose content (trailing newline stripped) is the peer token; wins over "
+       "cluster.peer_token; empty = none",
+       Str([](Config* c) { return &c->cluster.peer_token_file; }, {}, "cluster.peer_token_file")},
+      {"cluster.peer_tls", "false",
+       "true: calls between instances use TLS with server.tls_cert_file and verify the peer's "
+       "certificate against server.tls_ca_file (and its name against its advertise host); "
+       "needed by a ring member with a certificate",
+       Bool([](Config* c) { return &c->cluster.peer_tls; }, "cluster.peer_tls")},
       {"cluster.peer_timeout_ms", "2000",
        "connect and I/O timeout of a call forwarded to another instance",
        Int<int>([](Config* c) { return &c->cluster.peer_timeout_ms; }, 10, 600000,
@@ -403,6 +447,77 @@ Status CheckCluster(Config* config) {
   return Status::OK();
 }
 
+// Reads the secret in "path" (key names it in errors): the whole file with
+// one trailing newline (LF or CRLF) stripped. InvalidArgument for a missing,
+// unreadable, empty or oversized file; the message never holds the secret.
+// Adds a warning to config->warnings when group or others may read it.
+Status ReadSecretFile(const std::string& key, const std::string& path, std::string* secret,
+                      Config* config) {
+  constexpr size_t kMaxSecretBytes = 4096;
+  const std::string where = key + ": " + path + ": ";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Bad(key, path + ": cannot read (" + std::strerror(errno) + ")");
+  std::string text(kMaxSecretBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return Bad(key, path + ": cannot read (" + std::strerror(errno) + ")");
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxSecretBytes) return Bad(key, path + ": larger than 4096 bytes");
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  if (text.empty()) return Bad(key, path + ": empty");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    config->warnings.push_back(where + "may be read by group or others; chmod 600 it");
+  }
+  *secret = std::move(text);
+  return Status::OK();
+}
+
+// The server.tls_* keys that go together; the files themselves are read
+// by TlsContext (server/tls.h) at start.
+Status CheckTls(Config* config) {
+  const ServerOptions& s = config->server;
+  if (s.tls_cert_file.empty() != s.tls_key_file.empty()) {
+    return s.tls_cert_file.empty() ? Bad("server.tls_key_file", "set without server.tls_cert_file")
+                                   : Bad("server.tls_cert_file", "set without server.tls_key_file");
+  }
+  if (s.tls_client_auth != "none" && s.tls_ca_file.empty()) {
+    return Bad("server.tls_client_auth",
+               s.tls_client_auth + " needs server.tls_ca_file to verify client certificates");
+  }
+  if (s.tls_client_auth != "none" && !s.tls()) {
+    return Bad("server.tls_client_auth", s.tls_client_auth + " needs server.tls_cert_file");
+  }
+  // A ring member's peers call its port: with TLS there, they must speak
+  // TLS too.
+  if (config->cluster.peer_tls && (!s.tls() || s.tls_ca_file.empty())) {
+    return Bad("cluster.peer_tls",
+               "needs server.tls_cert_file, server.tls_key_file and server.tls_ca_file");
+  }
+  if (s.tls() && config->cluster.enabled() && !config->cluster.peer_tls) {
+    return Bad("server.tls_cert_file",
+               "a ring member with TLS on its port needs cluster.peer_tls: true (its peers "
+               "call that port)");
+  }
+  if (config->cluster.peer_tls) {
+    config->cluster.peer_tls_ca_file = s.tls_ca_file;
+    config->cluster.peer_tls_cert_file = s.tls_cert_file;
+    config->cluster.peer_tls_key_file = s.tls_key_file;
+  }
+  if (s.tls() && config->server.workers > 0) {
+    return Bad("server.tls_cert_file",
+               "TLS is served by the I/O threads only: set server.workers to 0 or auto");
+  }
+  if (s.tls()) {
+    struct stat st {};
+    if (::stat(s.tls_key_file.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+      config->warnings.push_back("server.tls_key_file: " + s.tls_key_file +
+                                 ": may be read by group or others; chmod 600 it");
+    }
+  }
+  return Status::OK();
+}
+
 // An error names text from the file or the command line; control bytes in
 // it (a newline in a quoted YAML value or an override) would break the
 // promise of one line per error, so they are shown escaped (\x0a).
@@ -473,7 +588,10 @@ Status LoadConfigInner(const std::string& path, const std::vector<std::string>& 
     // so that many wait together (group commit). A ring member's writes
     // wait for their chain without holding any thread (server/forwarder.h).
     config->server.workers =
-        config->storage.sync == engine::SyncMode::kAlways && !config->cluster.enabled() ? 16 : 0;
+        config->storage.sync == engine::SyncMode::kAlways && !config->cluster.enabled() &&
+                !config->server.tls()
+            ? 16
+            : 0;
   }
   if (config->storage.key_min >= config->storage.key_max) {
     return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");
@@ -481,6 +599,16 @@ Status LoadConfigInner(const std::string& path, const std::vector<std::string>& 
   if (config->server.http_port != 0 && config->server.http_port == config->server.port) {
     return Status::InvalidArgument("server.http_port: must differ from server.port");
   }
+  if (!config->admin_token_file.empty()) {
+    FLATKV_RETURN_IF_ERROR(ReadSecretFile("admin.token_file", config->admin_token_file,
+                                          &config->admin_token, config));
+  }
+  if (!config->cluster.peer_token_file.empty()) {
+    FLATKV_RETURN_IF_ERROR(ReadSecretFile("cluster.peer_token_file",
+                                          config->cluster.peer_token_file,
+                                          &config->cluster.peer_token, config));
+  }
+  FLATKV_RETURN_IF_ERROR(CheckTls(config));
   if (config->cluster.enabled()) FLATKV_RETURN_IF_ERROR(CheckCluster(config));
   return Status::OK();
 }

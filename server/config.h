@@ -30,6 +30,14 @@ struct ServerOptions {
   int max_connections = 1024;
   int max_queued_calls = 256;              // more waiting: answer OVERLOADED
   int http_port = 0;                       // /metrics, /health, /kv; 0 = off
+  // TLS (server/tls.h): with a certificate and its key, the Thrift port
+  // accepts TLS 1.2/1.3 only.
+  std::string tls_cert_file;               // PEM certificate (chain); empty = plaintext
+  std::string tls_key_file;                // PEM private key of tls_cert_file
+  std::string tls_ca_file;                 // PEM CAs client (and peer) certificates are checked against
+  std::string tls_client_auth = "none";    // none | optional | required
+
+  bool tls() const { return !tls_cert_file.empty(); }
 };
 
 // The cluster.* keys (shared/DESIGN.md, "Cluster"). With zookeeper empty
@@ -45,6 +53,14 @@ struct ClusterOptions {
   int64_t hash_bound = INT64_MAX;          // string key hash = XXH64 mod this
   int session_timeout_ms = 6000;           // ZooKeeper session timeout
   std::string peer_token;                  // carried by calls between instances
+  std::string peer_token_file;             // its content replaces peer_token
+  bool peer_tls = false;                   // calls between instances over TLS
+  // With peer_tls LoadConfig copies server.tls_ca_file, tls_cert_file and
+  // tls_key_file here: the CA peers are verified against and the
+  // certificate presented to them. Empty = plaintext peer calls.
+  std::string peer_tls_ca_file;
+  std::string peer_tls_cert_file;
+  std::string peer_tls_key_file;
   std::string zookeeper_auth_file;         // "user:password" for ZooKeeper's digest
                                            // scheme; empty = nodes open to all
   partition::ZkCredentials zookeeper_credentials;  // LoadConfig reads the file
@@ -64,6 +80,10 @@ struct Config {
   engine::cache::CacheOptions cache;       // includes write_mode
   ClusterOptions cluster;
   std::string admin_token;                 // admin.token; empty = no check
+  std::string admin_token_file;            // admin.token_file: its content replaces admin_token
+  // Filled by LoadConfig: secret files (token files) that group or others
+  // may read, one line each naming the key and the file; main logs them.
+  std::vector<std::string> warnings;
   std::string log_level = "info";          // trace|debug|info|warn|error|critical|off
   std::string log_file;                    // empty = stderr
   uint64_t log_max_size = 100 << 20;       // rotate log_file past this many bytes; 0 = never

@@ -47,6 +47,16 @@
 // the Connection at once: the AsyncCalls forgets the Reply. Free() destroys
 // the AsyncCalls before the Connections, so it never calls a freed Reply.
 //
+// TLS (SetTls()): a connection is then an OpenSSL bufferevent
+// (bufferevent_openssl, accepting) and libevent does its reading and
+// writing: the bufferevent's read callback serves the frames, its read
+// high-water mark (one largest frame plus its header) bounds the input, and
+// its writing stays enabled (it writes whatever the output holds). Pausing
+// and resuming a connection's reading is then bufferevent_disable/enable
+// instead of our own read event. A connection whose handshake fails (a
+// plaintext client, a certificate refused either way) or does not finish
+// within kHandshakeSeconds is closed and counted; nothing is served to it.
+//
 // Stop() order: every thread frees its listener and breaks its loop from
 // the wake-up callback, so no connection is accepted after Stop() began and
 // no inline call is half-answered (they run inline in OnReadable); then the
@@ -56,6 +66,7 @@
 // thread, which is safe because every other thread has ended.
 #include "server/event_server.h"
 #include "server/thrift_limits.h"
+#include "server/tls.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -80,8 +91,11 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/listener.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <spdlog/spdlog.h>
 #include <thrift/protocol/TBinaryProtocol.h>
 #include <thrift/transport/TBufferTransports.h>
@@ -100,6 +114,8 @@ constexpr size_t kMaxSingleRead = 64 << 10;  // the scratch buffer
 // answer is replaced after that call, so memory follows the calls in flight.
 constexpr uint32_t kAnswerKeep = 64 << 10;
 constexpr uint32_t kAnswerInitial = 4 << 10;
+// A TLS client that has not finished its handshake by then is closed.
+constexpr int kHandshakeSeconds = 10;
 
 Status Resolve(const std::string& host, int port, sockaddr_storage* addr, socklen_t* len) {
   addrinfo hints{};
@@ -256,8 +272,10 @@ struct EventServer::Connection final : public AsyncCalls::Reply {
             std::function<void(const std::function<void()>&)> wrap) override;
 
   IoThread* io;
-  bufferevent* bev;              // EV_READ never enabled: read_event reads; null once closed
-  event* read_event = nullptr;   // null once closed
+  bufferevent* bev;              // plaintext: EV_READ never enabled (read_event reads); null once closed
+  event* read_event = nullptr;   // plaintext only; null once closed
+  bool tls = false;        // bev is an OpenSSL bufferevent: it reads and writes itself
+  bool handshaken = false;  // tls: the handshake completed
   bool paused = false;   // input not read until the pending answers are written
   bool busy = false;     // a call is on a worker: input neither read nor served
   bool waiting = false;  // a call is with the AsyncCalls: input read (one frame at most), not served
@@ -382,11 +400,17 @@ class EventServer::IoThread {
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
   static void OnWakeup(evutil_socket_t, short, void* arg);
   static void OnReadable(evutil_socket_t fd, short, void* arg);
+  static void OnTlsRead(bufferevent*, void* arg);
   static void OnWrite(bufferevent*, void* arg);
   static void OnEvent(bufferevent*, short what, void* arg);
 
   void Accept(evutil_socket_t fd);
   void Adopt(evutil_socket_t fd);
+  bufferevent* NewTlsBufferevent(evutil_socket_t fd);
+  // Stop / start reading the client (our read event, or a TLS
+  // bufferevent's reading). ResumeReading is false on failure.
+  void StopReading(Connection* conn);
+  bool ResumeReading(Connection* conn);
   void DrainPipe(bool stopped);
   void TakeAnswers();
   void Read(Connection* conn, evutil_socket_t fd);
@@ -607,16 +631,18 @@ void EventServer::IoThread::Accept(evutil_socket_t fd) {
 void EventServer::IoThread::Adopt(evutil_socket_t fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  bufferevent* bev = bufferevent_socket_new(base_, fd, BEV_OPT_CLOSE_ON_FREE);
+  const bool tls = server_->tls_ != nullptr;
+  bufferevent* bev = tls ? NewTlsBufferevent(fd) : bufferevent_socket_new(base_, fd, BEV_OPT_CLOSE_ON_FREE);
   Connection* conn = bev != nullptr ? new (std::nothrow) Connection(this, bev) : nullptr;
-  if (conn != nullptr) {
+  if (conn != nullptr && !tls) {
     conn->read_event = event_new(base_, fd, EV_READ | EV_PERSIST, &IoThread::OnReadable, conn);
   }
-  if (conn == nullptr || conn->read_event == nullptr || event_add(conn->read_event, nullptr) != 0) {
+  if (conn == nullptr ||
+      (!tls && (conn->read_event == nullptr || event_add(conn->read_event, nullptr) != 0))) {
     if (conn != nullptr && conn->read_event != nullptr) event_free(conn->read_event);
     delete conn;
     if (bev != nullptr) bufferevent_free(bev);
-    else close(fd);
+    else if (!tls) close(fd);  // a TLS bufferevent that failed may have closed it
     server_->open_.fetch_sub(1, std::memory_order_relaxed);
     spdlog::error("cannot serve a connection: out of memory");
     return;
@@ -624,8 +650,51 @@ void EventServer::IoThread::Adopt(evutil_socket_t fd) {
   connections_.insert(conn);
   load_.fetch_add(1, std::memory_order_relaxed);
   server_->accepted_.fetch_add(1, std::memory_order_relaxed);
-  bufferevent_setcb(bev, nullptr, &IoThread::OnWrite, &IoThread::OnEvent, conn);
-  bufferevent_disable(bev, EV_READ | EV_WRITE);
+  if (!tls) {
+    bufferevent_setcb(bev, nullptr, &IoThread::OnWrite, &IoThread::OnEvent, conn);
+    bufferevent_disable(bev, EV_READ | EV_WRITE);
+    return;
+  }
+  conn->tls = true;
+  bufferevent_setcb(bev, &IoThread::OnTlsRead, &IoThread::OnWrite, &IoThread::OnEvent, conn);
+  bufferevent_setwatermark(bev, EV_READ, 0, max_frame_ + kFrameHeader);
+  const timeval handshake{kHandshakeSeconds, 0};
+  bufferevent_set_timeouts(bev, &handshake, &handshake);
+  if (bufferevent_enable(bev, EV_READ | EV_WRITE) != 0) Close(conn);
+}
+
+// An accepting OpenSSL bufferevent on "fd" with the current certificate;
+// null if out of memory.
+bufferevent* EventServer::IoThread::NewTlsBufferevent(evutil_socket_t fd) {
+  SSL* ssl = server_->tls_->NewSsl();
+  if (ssl == nullptr) {
+    close(fd);
+    return nullptr;
+  }
+  // On failure libevent has freed the SSL (and closed the socket) or not,
+  // depending on where it failed: both are left, a leak at worst.
+  return bufferevent_openssl_socket_new(base_, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                        BEV_OPT_CLOSE_ON_FREE);
+}
+
+void EventServer::IoThread::StopReading(Connection* conn) {
+  if (conn->tls) {
+    bufferevent_disable(conn->bev, EV_READ);
+  } else {
+    event_del(conn->read_event);
+  }
+}
+
+bool EventServer::IoThread::ResumeReading(Connection* conn) {
+  if (conn->tls) return bufferevent_enable(conn->bev, EV_READ) == 0;
+  return event_add(conn->read_event, nullptr) == 0;
+}
+
+// TLS: the bufferevent decrypted more input (at most up to its high-water
+// mark); served like the plaintext input Read() appends.
+void EventServer::IoThread::OnTlsRead(bufferevent*, void* arg) {
+  auto* conn = static_cast<Connection*>(arg);
+  conn->io->ServeFrames(conn);
 }
 
 void EventServer::IoThread::OnReadable(evutil_socket_t fd, short, void* arg) {
@@ -664,10 +733,10 @@ void EventServer::IoThread::Read(Connection* conn, evutil_socket_t fd) {
 // the frames that arrived while the connection was paused.
 void EventServer::IoThread::OnWrite(bufferevent* bev, void* arg) {
   auto* conn = static_cast<Connection*>(arg);
-  bufferevent_disable(bev, EV_WRITE);
+  if (!conn->tls) bufferevent_disable(bev, EV_WRITE);  // a TLS bufferevent writes by itself
   if (conn->paused) {
     conn->paused = false;
-    if (event_add(conn->read_event, nullptr) != 0) {
+    if (!conn->io->ResumeReading(conn)) {
       conn->io->Close(conn);
       return;
     }
@@ -675,11 +744,31 @@ void EventServer::IoThread::OnWrite(bufferevent* bev, void* arg) {
   }
 }
 
-void EventServer::IoThread::OnEvent(bufferevent*, short what, void* arg) {
+void EventServer::IoThread::OnEvent(bufferevent* bev, short what, void* arg) {
+  auto* conn = static_cast<Connection*>(arg);
+  if ((what & BEV_EVENT_CONNECTED) != 0) {  // TLS: the handshake completed
+    conn->handshaken = true;
+    bufferevent_set_timeouts(bev, nullptr, nullptr);
+    return;
+  }
   // Libevent could not write pending answers (the client reset or went
-  // away); end of stream itself shows up in Read().
-  if ((what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) != 0) {
-    auto* conn = static_cast<Connection*>(arg);
+  // away); end of stream itself shows up in Read() (plaintext) or here
+  // (TLS), as does a failed or timed-out handshake.
+  if ((what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) != 0) {
+    // A client that closes before finishing its hello (a port probe that
+    // connects and closes: OpenSSL reports an unexpected end of file) is
+    // not counted.
+    if (conn->tls && !conn->handshaken && (what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) != 0) {
+      unsigned long code = bufferevent_get_openssl_error(bev);
+      while (bufferevent_get_openssl_error(bev) != 0) {
+      }
+      if (ERR_GET_REASON(code) != SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+        conn->io->server_->tls_handshake_errors_.fetch_add(1, std::memory_order_relaxed);
+        char reason[256] = "connection reset or timed out";
+        if (code != 0) ERR_error_string_n(code, reason, sizeof(reason));
+        WarnRateLimited(std::string("TLS handshake failed; connection closed: ") + reason);
+      }
+    }
     conn->io->Close(conn);
   }
 }
@@ -698,7 +787,7 @@ void EventServer::IoThread::ServeFrames(Connection* conn) {
       if (!Flush(conn)) return;
       if (evbuffer_get_length(output) > max_frame_) {
         conn->paused = true;
-        event_del(conn->read_event);
+        StopReading(conn);
         return;
       }
     }
@@ -780,7 +869,7 @@ bool EventServer::IoThread::Submit(Connection* conn, std::unique_ptr<Call> call)
   call->io = this;
   call->conn = conn;
   conn->busy = true;
-  event_del(conn->read_event);
+  StopReading(conn);
   server_->workers_->Submit(call.release());
   server_->offloaded_.fetch_add(1, std::memory_order_relaxed);
   return true;
@@ -849,7 +938,7 @@ void EventServer::IoThread::Resume(std::unique_ptr<Call> call) {
     return;
   }
   call.reset();
-  if (event_add(conn->read_event, nullptr) != 0) {
+  if (!ResumeReading(conn)) {
     Close(conn);
     return;
   }
@@ -894,7 +983,7 @@ bool EventServer::IoThread::Answer(uint8_t* message, uint32_t len, evbuffer* out
 // the connection failed (it is closed then).
 bool EventServer::IoThread::Flush(Connection* conn) {
   evbuffer* output = bufferevent_get_output(conn->bev);
-  if (evbuffer_get_length(output) == 0) return true;
+  if (conn->tls || evbuffer_get_length(output) == 0) return true;  // TLS: libevent writes
   // A socket bufferevent keeps its output's start frozen outside its own
   // write callback; thawed here for this one write on the same thread.
   evbuffer_unfreeze(output, 1);
@@ -932,7 +1021,7 @@ void EventServer::IoThread::Close(Connection* conn) {
 // Closes the socket and frees the events; the Connection stays.
 void EventServer::IoThread::Disconnect(Connection* conn) {
   load_.fetch_sub(1, std::memory_order_relaxed);
-  event_free(conn->read_event);
+  if (conn->read_event != nullptr) event_free(conn->read_event);
   bufferevent_free(conn->bev);  // closes the socket
   conn->read_event = nullptr;
   conn->bev = nullptr;

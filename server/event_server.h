@@ -76,6 +76,8 @@ struct event_base;
 
 namespace flatkv::server {
 
+class TlsContext;
+
 // Calls that an I/O thread starts and answers later itself (see
 // "Asynchronous calls" above). One object per I/O thread, created on that
 // thread's event_base by the factory given to EventServer::SetAsync(), and
@@ -143,6 +145,10 @@ class EventServer {
   // Before Start(): every frame is offered to the I/O thread's AsyncCalls
   // first (see Asynchronous calls above).
   void SetAsync(AsyncFactory factory) { async_factory_ = std::move(factory); }
+  // Before Start(): every connection speaks TLS with "tls"'s current
+  // certificate (server/tls.h); a connection that fails the handshake is
+  // closed and counted (tls_handshake_errors()).
+  void SetTls(std::shared_ptr<TlsContext> tls) { tls_ = std::move(tls); }
 
   // For a call running inline on an I/O thread that finds it must block
   // after all (a read meeting a corrupt record, repaired from the chain):
@@ -182,6 +188,12 @@ class EventServer {
   // Connections closed for a bad frame length or a call that could not be
   // answered (an exception out of the processor).
   int64_t protocol_errors() const { return protocol_errors_.load(std::memory_order_relaxed); }
+  // Connections closed before their TLS handshake completed (a plaintext
+  // client, a client refusing our certificate or refused for its own, a
+  // handshake that timed out).
+  int64_t tls_handshake_errors() const {
+    return tls_handshake_errors_.load(std::memory_order_relaxed);
+  }
   // Calls handed to a worker since start: picked by the offload function,
   // or handed back by an AsyncCalls (Reply::Redo()).
   int64_t offloaded() const { return offloaded_.load(std::memory_order_relaxed); }
@@ -207,6 +219,7 @@ class EventServer {
   OffloadFn offload_;  // null: every call inline
   int offload_workers_ = 0;
   AsyncFactory async_factory_;  // null: no asynchronous calls
+  std::shared_ptr<TlsContext> tls_;  // null: plaintext
   int port_ = 0;
   std::unique_ptr<WorkerPool> workers_;  // with offload_, from Start() to Stop()
   std::vector<std::unique_ptr<IoThread>> threads_;
@@ -215,6 +228,7 @@ class EventServer {
   std::atomic<int64_t> protocol_errors_{0};
   std::atomic<int64_t> offloaded_{0};
   std::atomic<int64_t> async_taken_{0};
+  std::atomic<int64_t> tls_handshake_errors_{0};
 };
 
 }  // namespace flatkv::server

@@ -26,6 +26,7 @@
 // any of its calls (a call sent again goes to a new Conn).
 #include "server/forwarder.h"
 #include "server/thrift_limits.h"
+#include "server/tls.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -44,6 +45,9 @@
 
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <spdlog/spdlog.h>
 #include <thrift/TApplicationException.h>
 
@@ -198,7 +202,8 @@ struct Forwarder::Conn {
   event* timer = nullptr;
   evbuffer* input = nullptr;
   evbuffer* output = nullptr;
-  bool connecting = true;
+  bool connecting = true;  // until the TCP connect (and the TLS handshake) completed
+  SSL* ssl = nullptr;      // cluster.peer_tls: the session, once TCP connected
   int connect_error = 0;  // connect() failed at once: reported by write_event
   bool dirty = false;     // in owner->dirty_
   int64_t completed = 0;  // calls answered on it
@@ -217,6 +222,10 @@ Forwarder::Forwarder(event_base* base, Handler* handler, Cluster* cluster, const
       in_protocol_(std::make_shared<TBinaryProtocol>(in_)),
       out_protocol_(std::make_shared<TBinaryProtocol>(out_)) {
   flush_event_ = event_new(base_, -1, 0, &Forwarder::OnFlush, this);
+  if (config.cluster.peer_tls) {
+    Status st = NewPeerClientContext(config.server, &tls_);
+    if (!st.ok()) spdlog::error("forwarder: peer TLS: {}", st.message());
+  }
   if (cluster_->replicator() != nullptr) {
     inbox_ = std::make_shared<Inbox>();
     inbox_->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -242,6 +251,7 @@ Forwarder::~Forwarder() {
     }
   }
   if (flush_event_ != nullptr) event_free(flush_event_);
+  if (tls_ != nullptr) SSL_CTX_free(tls_);
   if (inbox_ != nullptr) {
     std::lock_guard<std::mutex> lock(inbox_->mu);
     inbox_->closed = true;
@@ -532,7 +542,11 @@ Forwarder::Conn* Forwarder::Open(Peer* peer) {
     return nullptr;
   }
   if (connect(fd, reinterpret_cast<const sockaddr*>(&peer->addr), peer->addr_len) == 0) {
-    conn->connecting = false;
+    if (tls_ == nullptr) {
+      conn->connecting = false;
+    } else {
+      event_active(conn->write_event, EV_WRITE, 0);  // the handshake starts there
+    }
   } else if (errno == EINPROGRESS) {
     event_add(conn->write_event, nullptr);
   } else {
@@ -570,6 +584,10 @@ void Forwarder::OnFlush(int, short, void* arg) {
 // Writes what the socket takes; the rest waits for the write event.
 void Forwarder::Flush(Conn* conn) {
   if (conn->connecting || evbuffer_get_length(conn->output) == 0) return;
+  if (conn->ssl != nullptr) {
+    FlushTls(conn);
+    return;
+  }
   const int written = evbuffer_write(conn->output, conn->fd);
   if (written < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
     Fail(conn, false, false, std::strerror(errno));
@@ -581,6 +599,7 @@ void Forwarder::Flush(Conn* conn) {
 // The connect() finished: true if connected (then the frames queued
 // meanwhile are written), else the connection is failed.
 bool Forwarder::ConnectDone(Conn* conn) {
+  if (conn->ssl != nullptr) return Handshake(conn);
   int err = conn->connect_error;
   socklen_t len = sizeof(err);
   if (err == 0 && getsockopt(conn->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
@@ -588,8 +607,126 @@ bool Forwarder::ConnectDone(Conn* conn) {
     Fail(conn, false, true, std::strerror(err));
     return false;
   }
+  if (tls_ != nullptr) return StartTls(conn) && Handshake(conn);
   conn->connecting = false;
   return true;
+}
+
+namespace {
+
+// OpenSSL's reason for the failure of "rc" on "ssl" (the peer's
+// certificate refused, or the error queue's first entry), the queue
+// emptied.
+std::string TlsFailure(SSL* ssl, int rc) {
+  const long verify = SSL_get_verify_result(ssl);
+  std::string why;
+  if (verify != X509_V_OK) why = X509_verify_cert_error_string(verify);
+  if (why.empty()) {
+    const unsigned long code = ERR_peek_error();
+    char buf[256] = "";
+    if (code != 0) ERR_error_string_n(code, buf, sizeof(buf));
+    why = code != 0 ? buf : SSL_get_error(ssl, rc) == SSL_ERROR_SYSCALL ? std::strerror(errno)
+                                                                      : "connection closed";
+  }
+  ERR_clear_error();
+  return "TLS: " + why;
+}
+
+}  // namespace
+
+// The peer's certificate must chain to server.tls_ca_file and name the
+// address the ring gives for it (an IP literal: named hosts go through the
+// workers' client::Client, which checks the name).
+bool Forwarder::StartTls(Conn* conn) {
+  conn->ssl = SSL_new(tls_);
+  const std::string& address = conn->peer->address;
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  if (conn->ssl == nullptr || SSL_set_fd(conn->ssl, conn->fd) != 1 ||
+      X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(conn->ssl), host.c_str()) != 1) {
+    ERR_clear_error();
+    Fail(conn, false, true, "TLS: cannot start a session");
+    return false;
+  }
+  SSL_set_connect_state(conn->ssl);
+  return true;
+}
+
+// Called again by the connection's events until done; false until then
+// (or after a failure, which failed the connection).
+bool Forwarder::Handshake(Conn* conn) {
+  const int rc = SSL_do_handshake(conn->ssl);
+  if (rc == 1) {
+    conn->connecting = false;
+    // Done on a read event (the peer's last handshake bytes): the frames
+    // queued meanwhile wait for no write event, so they are flushed now.
+    if (evbuffer_get_length(conn->output) > 0) ScheduleFlush(conn);
+    return true;
+  }
+  const int err = SSL_get_error(conn->ssl, rc);
+  if (err == SSL_ERROR_WANT_READ) return false;  // the read event is registered
+  if (err == SSL_ERROR_WANT_WRITE) {
+    event_add(conn->write_event, nullptr);
+    return false;
+  }
+  Fail(conn, false, true, TlsFailure(conn->ssl, rc));
+  return false;
+}
+
+// SSL_write of the output, chunk by chunk; the rest waits for the write
+// event. False if the connection failed.
+bool Forwarder::FlushTls(Conn* conn) {
+  while (evbuffer_get_length(conn->output) > 0) {
+    evbuffer_iovec chunk{};
+    evbuffer_peek(conn->output, -1, nullptr, &chunk, 1);
+    const int n = SSL_write(conn->ssl, chunk.iov_base, static_cast<int>(chunk.iov_len));
+    if (n > 0) {
+      evbuffer_drain(conn->output, static_cast<size_t>(n));
+      continue;
+    }
+    const int err = SSL_get_error(conn->ssl, n);
+    if (err == SSL_ERROR_WANT_WRITE) {
+      event_add(conn->write_event, nullptr);
+      return true;
+    }
+    // Wants the peer's bytes first (renegotiation is off; a key update):
+    // the next flush, once more frames are queued, retries.
+    if (err == SSL_ERROR_WANT_READ) return true;
+    Fail(conn, false, false, TlsFailure(conn->ssl, n));
+    return false;
+  }
+  return true;
+}
+
+int Forwarder::ReadSome(Conn* conn) {
+  if (conn->ssl == nullptr) return evbuffer_read(conn->input, conn->fd, kReadChunk);
+  int total = 0;
+  for (;;) {
+    evbuffer_iovec space{};
+    if (evbuffer_reserve_space(conn->input, kReadChunk, &space, 1) < 1) {
+      errno = ENOMEM;
+      return -1;
+    }
+    const int n = SSL_read(conn->ssl, space.iov_base,
+                           static_cast<int>(std::min<size_t>(space.iov_len, kReadChunk)));
+    if (n > 0) {
+      space.iov_len = static_cast<size_t>(n);
+      evbuffer_commit_space(conn->input, &space, 1);
+      total += n;
+      continue;
+    }
+    const int err = SSL_get_error(conn->ssl, n);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      if (total > 0) return total;
+      errno = EAGAIN;
+      return -1;
+    }
+    if (total > 0) return total;  // the failure shows on the next read
+    if (err == SSL_ERROR_ZERO_RETURN) return 0;
+    ERR_clear_error();
+    errno = ECONNRESET;
+    return -1;
+  }
 }
 
 void Forwarder::OnWritable(int, short, void* arg) {
@@ -606,7 +743,7 @@ void Forwarder::OnReadable(int, short, void* arg) {
 
 // One read, then every whole answer in the input.
 void Forwarder::Read(Conn* conn) {
-  const int got = evbuffer_read(conn->input, conn->fd, kReadChunk);
+  const int got = ReadSome(conn);
   if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   if (got <= 0) {
     Fail(conn, false, false, got == 0 ? "connection closed by the peer" : std::strerror(errno));
@@ -878,6 +1015,7 @@ void Forwarder::Close(Conn* conn) {
   if (conn->timer != nullptr) event_free(conn->timer);
   if (conn->input != nullptr) evbuffer_free(conn->input);
   if (conn->output != nullptr) evbuffer_free(conn->output);
+  if (conn->ssl != nullptr) SSL_free(conn->ssl);
   if (conn->fd >= 0) close(conn->fd);
   delete conn;
 }

@@ -77,6 +77,8 @@
 
 struct event;
 
+struct ssl_ctx_st;
+
 namespace flatkv::server {
 
 class Forwarder final : public AsyncCalls {
@@ -119,6 +121,13 @@ class Forwarder final : public AsyncCalls {
   // if no socket could be made.
   bool Send(Peer* peer, Op* op);
   Conn* Open(Peer* peer);
+  // cluster.peer_tls: the TLS session on a connected socket, then its
+  // handshake, driven by the connection's events; true once done.
+  bool StartTls(Conn* conn);
+  bool Handshake(Conn* conn);
+  // One read (TLS: every byte OpenSSL has) into conn->input: as recv().
+  int ReadSome(Conn* conn);
+  bool FlushTls(Conn* conn);
   void ScheduleFlush(Conn* conn);
   void Flush(Conn* conn);
   void Read(Conn* conn);
@@ -141,6 +150,7 @@ class Forwarder final : public AsyncCalls {
   static void OnFlush(int fd, short what, void* arg);
 
   event_base* const base_;
+  ssl_ctx_st* tls_ = nullptr;  // cluster.peer_tls: the client side; owned
   Handler* const handler_;
   Cluster* const cluster_;
   const std::chrono::milliseconds timeout_;

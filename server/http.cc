@@ -16,6 +16,8 @@
 
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -32,7 +34,11 @@
 #include <memory>
 #include <system_error>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <spdlog/spdlog.h>
+
+#include "server/tls.h"
 
 namespace flatkv::server {
 namespace {
@@ -399,6 +405,7 @@ Status HttpServer::Start() {
   }
   SetLimits(http_, handler_->max_value_bytes(), config_.storage.max_key_bytes);
   evhttp_set_gencb(http_, &HttpServer::OnRequest, this);
+  if (tls_) evhttp_set_bevcb(http_, &HttpServer::NewTlsBufferevent, this);
   evhttp_bound_socket* bound = evhttp_bind_socket_with_handle(
       http_, config_.server.host.c_str(), static_cast<uint16_t>(config_.server.http_port));
   if (bound == nullptr) {
@@ -415,6 +422,18 @@ Status HttpServer::Start() {
   }
   spdlog::info("serving HTTP on port {}", port_);
   return Status::OK();
+}
+
+// evhttp's connection of an accepted socket (evhttp sets the socket and
+// its callbacks later): an accepting OpenSSL bufferevent on the current
+// certificate.
+bufferevent* HttpServer::NewTlsBufferevent(event_base* base, void* arg) {
+  auto* self = static_cast<HttpServer*>(arg);
+  SSL* ssl = self->tls_->NewSsl();
+  if (ssl == nullptr) return nullptr;
+  bufferevent* bev =
+      bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+  return bev;
 }
 
 void HttpServer::Stop() {

@@ -22,6 +22,12 @@
 // than the value limit plus 64 KiB with its own 413, reading and dropping
 // the rest rather than storing it, and closes that connection.
 //
+// HTTPS (SetTls()): every connection is then a libevent OpenSSL
+// bufferevent on the instance's TLS certificate (server/tls.h, reloaded
+// with it); a client that fails the handshake, plaintext HTTP included, is
+// closed by evhttp without an answer (not counted: evhttp owns the
+// connection's callbacks).
+//
 // Thread safety: Start() and Stop() are called from one thread (main);
 // SetStopping() from any thread. Requests run one at a time on the HTTP
 // thread, which calls the Handler directly: a slow call (an async->safe
@@ -30,6 +36,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -37,12 +44,15 @@
 #include "server/config.h"
 #include "server/handler.h"
 
+struct bufferevent;
 struct event;
 struct event_base;
 struct evhttp;
 struct evhttp_request;
 
 namespace flatkv::server {
+
+class TlsContext;
 
 class HttpServer {
  public:
@@ -55,6 +65,8 @@ class HttpServer {
   // IOError naming the address and the reason when the port cannot be bound;
   // nothing is left running then.
   Status Start();
+  // Before Start(): serve HTTPS only, with "tls"'s certificate.
+  void SetTls(std::shared_ptr<TlsContext> tls) { tls_ = std::move(tls); }
 
   // The bound port (after a successful Start()).
   int port() const { return port_; }
@@ -73,6 +85,8 @@ class HttpServer {
  private:
   static void OnRequest(evhttp_request* req, void* arg);
   static void OnWakeup(int fd, short what, void* arg);
+  static bufferevent* NewTlsBufferevent(event_base* base, void* arg);
+
   void Handle(evhttp_request* req);
   void Route(evhttp_request* req, const std::string& path);
   void Free();
@@ -85,6 +99,8 @@ class HttpServer {
   int wake_fds_[2] = {-1, -1};
   int port_ = 0;
   std::atomic<bool> stopping_{false};
+  std::shared_ptr<TlsContext> tls_;  // null: plain HTTP
+
   std::thread thread_;
 };
 

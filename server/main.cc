@@ -43,6 +43,7 @@
 #include "server/handler.h"
 #include "server/http.h"
 #include "server/thrift_limits.h"
+#include "server/tls.h"
 
 namespace {
 
@@ -156,6 +157,7 @@ class EventPort final : public ThriftPort {
   // forwarded calls), the rest inline on the I/O threads.
   // Single-key calls for other marks are forwarded by each I/O thread's own
   // AsyncCalls (made by "async").
+  void SetTls(std::shared_ptr<flatkv::server::TlsContext> tls) { server_.SetTls(std::move(tls)); }
   void Offload(flatkv::server::EventServer::OffloadFn may_block, int threads,
                flatkv::server::EventServer::AsyncFactory async) {
     server_.SetAsync(std::move(async));
@@ -183,6 +185,7 @@ class EventPort final : public ThriftPort {
     (*out)["server.protocol_errors"] += server_.protocol_errors();
     (*out)["server.offloaded"] = server_.offloaded();
     (*out)["server.async_calls"] = server_.async_taken();
+    (*out)["server.tls_handshake_errors"] = server_.tls_handshake_errors();
   }
 
  private:
@@ -250,6 +253,12 @@ sigset_t BlockStopSignals() {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGHUP (reload the TLS files) is taken by the waiter thread in Serve();
+  // blocked here, before any thread starts, so no other thread dies of it.
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &hup, nullptr);
   signal(SIGPIPE, SIG_IGN);
   return signals;
 }
@@ -339,7 +348,8 @@ std::string FitOpenFiles(flatkv::server::Config* config) {
   return report;
 }
 
-int Serve(const flatkv::server::Config& config, const std::string& open_files) {
+int Serve(const flatkv::server::Config& config, const std::string& open_files,
+          const std::shared_ptr<flatkv::server::TlsContext>& tls) {
   sigset_t signals = BlockStopSignals();
   std::unique_ptr<flatkv::engine::Store> store;
   flatkv::engine::EngineOptions engine_options = config.storage;
@@ -409,6 +419,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
     port = std::make_unique<PoolPort>(processor, workers, config);
   } else {
     auto events = std::make_unique<EventPort>(processor, config);
+    if (tls) events->SetTls(tls);
     // A ring member answers its own keys inline, forwards single-key
     // calls for other marks from the I/O thread over nonblocking
     // connections (no hand-off between threads), and hands the calls that
@@ -432,6 +443,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
     (*out)["server.overloaded"] = processor->overloaded();
     (*out)["server.malformed_calls"] = processor->malformed();
     (*out)["server.protocol_errors"] = g_protocol_errors.load(std::memory_order_relaxed);
+    (*out)["server.tls_handshake_errors"] = 0;  // the EventPort's own count, with TLS
     port->AddStats(out);
   });
 
@@ -441,6 +453,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
   std::unique_ptr<flatkv::server::HttpServer> http;
   if (config.server.http_port != 0) {
     http = std::make_unique<flatkv::server::HttpServer>(handler.get(), config);
+    if (tls) http->SetTls(tls);  // HTTPS with the same certificate
     st = http->Start();
     if (!st.ok()) {
       spdlog::critical("cannot serve HTTP: {}", st.ToString());
@@ -451,9 +464,16 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files) {
     }
   }
 
+  // SIGHUP: the TLS certificate files are looked at again at once.
+  sigset_t waited = signals;
+  sigaddset(&waited, SIGHUP);
+  if (tls) tls->Watch();
   std::thread waiter([&] {
     int sig = 0;
-    sigwait(&signals, &sig);
+    while (sigwait(&waited, &sig) == 0 && sig == SIGHUP) {
+      spdlog::info("SIGHUP: {}", tls ? "checking the TLS certificate files" : "nothing to reload");
+      if (tls) tls->Reload();
+    }
     spdlog::info("{}: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     if (http) http->SetStopping();  // /health answers 503 from now on
     // Leave the ring first: the member node goes at once, so the others
@@ -533,6 +553,19 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   spdlog::flush_on(spdlog::level::info);
   apache::thrift::GlobalOutput.setOutputFunction(ThriftOutput);
+  for (const std::string& warning : config.warnings) spdlog::warn("{}", warning);
+  // The certificate and key are read (and checked) before anything starts:
+  // a bad one is a configuration error.
+  std::shared_ptr<flatkv::server::TlsContext> tls;
+  if (config.server.tls()) {
+    st = flatkv::server::TlsContext::Create(config.server, &tls);
+    if (!st.ok()) {
+      std::fprintf(stderr, "flatkv-server: bad configuration: %s\n", st.message().c_str());
+      return kExitBadConfig;
+    }
+    spdlog::info("TLS on port {} with {} (client certificates: {})", config.server.port,
+                 config.server.tls_cert_file, config.server.tls_client_auth);
+  }
   const std::string open_files = FitOpenFiles(&config);
-  return Serve(config, open_files);
+  return Serve(config, open_files, tls);
 }

@@ -107,6 +107,9 @@ constexpr KnownStat kKnownStats[] = {
      "Calls that could not be decoded."},
     {"server.protocol_errors", "server_protocol_errors_total", "counter",
      "Connections closed for a bad frame or protocol error."},
+    {"server.tls_handshake_errors", "server_tls_handshake_errors_total", "counter",
+     "TLS connections closed before their handshake completed (plaintext clients, refused "
+     "certificates)."},
 };
 
 // Labelled families: "<group>.<label value>" keys, e.g. "calls.get" ->

@@ -120,6 +120,9 @@ client::ClientOptions PeerOptions(const std::string& address, int timeout_ms,
   o.port = port;
   o.connect_timeout_ms = options.peer_timeout_ms;
   o.timeout_ms = timeout_ms;
+  o.tls_ca_file = options.tls_ca_file;
+  o.tls_cert_file = options.tls_cert_file;
+  o.tls_key_file = options.tls_key_file;
   return o;
 }
 

@@ -113,6 +113,11 @@ struct ReplicatorOptions {
   int session_timeout_ms = 6000;
   int peer_timeout_ms = 2000;
   std::string peer_token;
+  // cluster.peer_tls: the CA peers are verified against and the
+  // certificate presented to them; empty = plaintext.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
   uint64_t resync_bytes_per_sec = 0;  // cluster.resync_mb_per_sec; 0 = unlimited
   uint64_t track_max_keys = 1000000;  // cluster.track_max_keys
   int tick_ms = 50;

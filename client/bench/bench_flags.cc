@@ -253,6 +253,12 @@ Status ApplyServerFlag(std::string_view name, std::string_view value, ServerBenc
   } else if (name == "timeout-ms") {
     FLATKV_RETURN_IF_ERROR(ParseUint(name, value, 1, kMaxTimeoutMs, &n));
     f->timeout_ms = static_cast<int>(n);
+  } else if (name == "tls-ca") {
+    f->tls_ca = value;
+  } else if (name == "tls-cert") {
+    f->tls_cert = value;
+  } else if (name == "tls-key") {
+    f->tls_key = value;
   } else if (name == "key-dist") {
     if (!ParseKeyDist(value, &f->space.dist)) {
       return Status::InvalidArgument("--key-dist: expected dense|random|snowflake, got '" +
@@ -623,6 +629,10 @@ void PrintBenchUsage(std::FILE* out) {
       "  --seed S            seed for keys and values (default 301)\n"
       "  --timeout-ms N      connect timeout, and longest wait for an answer\n"
       "                      (default 30000)\n"
+      "  --tls-ca F          connect over TLS; the server's certificate must\n"
+      "                      verify against the CAs in F (PEM) and name the host\n"
+      "  --tls-cert F        with --tls-ca: a client certificate (PEM)\n"
+      "  --tls-key F         the key of --tls-cert (PEM)\n"
       "  --json              one JSON object per line instead of text\n"
       "\n"
       "Gets check their answers: a key this run wrote must come back with\n"

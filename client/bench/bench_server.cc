@@ -58,6 +58,9 @@
 #include <string>
 #include <vector>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <thrift/TApplicationException.h>
 #include <thrift/protocol/TBinaryProtocol.h>
 #include <thrift/transport/TBufferTransports.h>
@@ -193,6 +196,7 @@ struct Link {
   rpc::FlatKVClient rpc{std::make_shared<TBinaryProtocolT<TMemoryBuffer>>(in),
                         std::make_shared<TBinaryProtocolT<TMemoryBuffer>>(out)};
   bool want_out = false;  // EPOLLOUT registered
+  SSL* ssl = nullptr;     // with --tls-ca: the TLS session over fd
 
   // This link's part of the call in flight.
   const uint8_t* unsent = nullptr;  // request bytes not yet written
@@ -207,6 +211,7 @@ struct Link {
   std::vector<rpc::GetResult> results;
 
   ~Link() {
+    if (ssl != nullptr) SSL_free(ssl);
     if (fd >= 0) ::close(fd);
   }
 };
@@ -238,7 +243,78 @@ struct Endpoints {
   std::vector<sockaddr_storage> addrs;
   std::vector<socklen_t> lens;
   std::shared_ptr<const partition::Ring> ring;  // null: one server
+  std::shared_ptr<SSL_CTX> tls;                 // with --tls-ca
 };
+
+// OpenSSL's reason for the last failure (its error queue emptied).
+std::string TlsError() {
+  std::string text;
+  while (const unsigned long code = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(code, buf, sizeof(buf));
+    if (text.empty()) text = buf;
+  }
+  return text.empty() ? "TLS failure" : text;
+}
+
+// The client context of --tls-ca/--tls-cert/--tls-key: TLS 1.2 or later,
+// the server verified against the CAs.
+Status MakeTlsContext(const std::string& ca, const std::string& cert, const std::string& key,
+                      std::shared_ptr<SSL_CTX>* out) {
+  std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+  if (!ctx) return Status::IOError("cannot create a TLS context: " + TlsError());
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  if (SSL_CTX_load_verify_locations(ctx.get(), ca.c_str(), nullptr) != 1) {
+    return Status::InvalidArgument("--tls-ca " + ca + ": " + TlsError());
+  }
+  if (!cert.empty() &&
+      (SSL_CTX_use_certificate_chain_file(ctx.get(), cert.c_str()) != 1 ||
+       SSL_CTX_use_PrivateKey_file(ctx.get(), key.c_str(), SSL_FILETYPE_PEM) != 1)) {
+    return Status::InvalidArgument("--tls-cert/--tls-key: " + TlsError());
+  }
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  *out = std::move(ctx);
+  return Status::OK();
+}
+
+// The TLS handshake on the connected nonblocking socket "fd" to "host"
+// (whose name or address the certificate must hold), within timeout_ms.
+Status TlsHandshake(SSL_CTX* ctx, int fd, const std::string& host, int timeout_ms, SSL** out) {
+  SSL* ssl = SSL_new(ctx);
+  if (ssl == nullptr) return Status::IOError("SSL_new: " + TlsError());
+  std::unique_ptr<SSL, void (*)(SSL*)> guard(ssl, SSL_free);
+  in6_addr ip{};
+  const bool is_ip = inet_pton(AF_INET, host.c_str(), &ip) == 1 ||
+                     inet_pton(AF_INET6, host.c_str(), &ip) == 1;
+  X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+  if (is_ip ? X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str()) != 1
+            : (SSL_set_tlsext_host_name(ssl, host.c_str()) != 1 ||
+               X509_VERIFY_PARAM_set1_host(param, host.c_str(), 0) != 1)) {
+    return Status::IOError("TLS: cannot set the expected name " + host + ": " + TlsError());
+  }
+  SSL_set_fd(ssl, fd);
+  for (;;) {
+    const int rc = SSL_connect(ssl);
+    if (rc == 1) break;
+    const int err = SSL_get_error(ssl, rc);
+    if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
+      const long verify = SSL_get_verify_result(ssl);
+      return Status::IOError("TLS handshake: " + (verify != X509_V_OK
+                                                      ? std::string(X509_verify_cert_error_string(verify))
+                                                      : TlsError()));
+    }
+    pollfd p{fd, static_cast<short>(err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT), 0};
+    int n;
+    do {
+      n = ::poll(&p, 1, timeout_ms);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0) return Status::IOError("TLS handshake: timed out");
+  }
+  *out = guard.release();
+  return Status::OK();
+}
+
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
@@ -379,6 +455,12 @@ class Driver {
     l->keys.reserve(flags_.batch);
     l->positions.reserve(flags_.batch);
     Status s = ConnectOne(ends_.addrs[member], ends_.lens[member], flags_.timeout_ms, &l->fd);
+    if (s.ok() && ends_.tls) {
+      const std::string& address = ends_.addresses[member];
+      std::string host = address.substr(0, address.rfind(':'));
+      if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+      s = TlsHandshake(ends_.tls.get(), l->fd, host, flags_.timeout_ms, &l->ssl);
+    }
     if (!s.ok()) {
       return Status::IOError("cannot connect to " + ends_.addresses[member] + ": " + s.message());
     }
@@ -562,11 +644,30 @@ class Driver {
     return Status::OK();
   }
 
+  // An SSL_read/SSL_write result "rc" as send()/recv() would give it: the
+  // bytes, 0 at a clean close, or -1 with errno (EAGAIN: wait for epoll).
+  static ssize_t TlsIo(SSL* ssl, int rc) {
+    if (rc > 0) return rc;
+    switch (SSL_get_error(ssl, rc)) {
+      case SSL_ERROR_WANT_READ:
+      case SSL_ERROR_WANT_WRITE:
+        errno = EAGAIN;
+        return -1;
+      case SSL_ERROR_ZERO_RETURN:
+        return 0;
+      default:
+        ERR_clear_error();
+        errno = ECONNRESET;
+        return -1;
+    }
+  }
+
   // Writes what the socket takes of l's request; waits for EPOLLOUT while
   // some is left.
   Status Write(Link* l) {
     while (l->unsent_len > 0) {
-      ssize_t n = ::send(l->fd, l->unsent, l->unsent_len, MSG_NOSIGNAL);
+      ssize_t n = l->ssl != nullptr ? TlsIo(l->ssl, SSL_write(l->ssl, l->unsent, static_cast<int>(l->unsent_len)))
+                                    : ::send(l->fd, l->unsent, l->unsent_len, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -601,7 +702,8 @@ class Driver {
     uint32_t have = l->in->available_read();
     uint32_t want = have >= 4 ? 4 + FrameLength(l) - have : kReadChunk;
     uint8_t* dst = l->in->getWritePtr(want);
-    ssize_t n = ::recv(l->fd, dst, want, 0);
+    ssize_t n = l->ssl != nullptr ? TlsIo(l->ssl, SSL_read(l->ssl, dst, static_cast<int>(want)))
+                                  : ::recv(l->fd, dst, want, 0);
     if (n == 0) {
       return Status::IOError(Where(*l) + ": the server closed the connection" + InFlight(*l));
     }
@@ -611,13 +713,21 @@ class Driver {
     }
     l->in->wroteBytes(static_cast<uint32_t>(n));
     have += static_cast<uint32_t>(n);
-    if (have < 4) return Status::OK();
+    if (have < 4) {
+      if (l->ssl != nullptr && SSL_pending(l->ssl) > 0) return Read(l, complete);
+      return Status::OK();
+    }
     uint32_t frame = FrameLength(l);
     if (frame > kMaxAnswerBytes) {
       return Status::IOError(Where(*l) + ": malformed answer: frame of " + std::to_string(frame) +
                              " bytes");
     }
-    if (have - 4 < frame) return Status::OK();
+    if (have - 4 < frame) {
+      // TLS: the rest may already be decrypted inside the SSL, where epoll
+      // cannot see it.
+      if (l->ssl != nullptr && SSL_pending(l->ssl) > 0) return Read(l, complete);
+      return Status::OK();
+    }
     if (have - 4 > frame) {
       return Status::IOError(Where(*l) + ": malformed answer: " + std::to_string(have - 4 - frame) +
                              " bytes after the frame");
@@ -986,6 +1096,10 @@ Status RingEndpoints(const ServerBenchFlags& f, Endpoints* ends) {
 int RunServerBench(const ServerBenchFlags& f) {
   Endpoints ends;
   Status s = f.zk.empty() ? ServerEndpoint(f, &ends) : RingEndpoints(f, &ends);
+  if (s.ok() && f.tls_ca.empty() && !(f.tls_cert.empty() && f.tls_key.empty())) {
+    s = Status::InvalidArgument("--tls-cert and --tls-key need --tls-ca");
+  }
+  if (s.ok() && !f.tls_ca.empty()) s = MakeTlsContext(f.tls_ca, f.tls_cert, f.tls_key, &ends.tls);
   if (!s.ok()) {
     std::fprintf(stderr, "flatkv-bench: %s\n", s.message().c_str());
     return kExitFailure;

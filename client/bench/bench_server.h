@@ -95,6 +95,11 @@ struct ServerBenchFlags {
   bool json = false;                              // --json: one JSON object per line
   int timeout_ms = 30000;                         // --timeout-ms: connect, and the
                                                   // longest wait for any answer
+  // --tls-ca: connect over TLS, verifying the server against these CAs;
+  // --tls-cert/--tls-key: a client certificate.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
 };
 
 // The key space of a run: flags.num, or flags.ops when num is 0.

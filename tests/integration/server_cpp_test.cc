@@ -539,4 +539,72 @@ TEST_CASE("Acknowledged writes survive SIGTERM in both write modes", "[integrati
   CHECK(wire_mode == (mode == "async" ? WriteMode::ASYNC : WriteMode::SAFE));
 }
 
+// A CA and a server certificate for 127.0.0.1 and localhost, plus a second
+// CA and a client certificate of the first, made with the openssl command
+// in "dir" (ca.pem, server.pem/.key, client.pem/.key, other.pem).
+void MakeCertificates(const std::string& dir) {
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+  const std::string script =
+      "set -e\ncd " + dir + "\nexec >/dev/null 2>&1\n"
+      "openssl req -x509" + ec + " -keyout ca.key -out ca.pem -days 30 -subj /CN=ca\n"
+      "openssl req -x509" + ec + " -keyout other.key -out other.pem -days 30 -subj /CN=other\n"
+      "echo subjectAltName=IP:127.0.0.1,DNS:localhost > san.ext\n"
+      "for n in server client; do\n"
+      "openssl req" + ec + " -keyout $n.key -out $n.csr -subj /CN=$n\n"
+      "openssl x509 -req -in $n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 "
+      "-extfile san.ext -out $n.pem\ndone\nchmod 600 *.key\n";
+  std::ofstream(dir + "/make.sh") << script;
+  REQUIRE(std::system(("sh " + dir + "/make.sh").c_str()) == 0);
+}
+
+TEST_CASE("The C++ client talks TLS to a server with a certificate and plaintext is refused",
+          "[integration][tls]") {
+  char made[] = "/tmp/flatkv-cpp-tls-XXXXXX";
+  REQUIRE(mkdtemp(made) != nullptr);
+  const std::string certs = made;
+  MakeCertificates(certs);
+  ServerProcess server({"server.tls_cert_file=" + certs + "/server.pem",
+                        "server.tls_key_file=" + certs + "/server.key",
+                        "server.tls_ca_file=" + certs + "/ca.pem",
+                        "server.tls_client_auth=optional"});
+  server.Start();
+
+  ClientOptions tls = server.Options();
+  tls.tls_ca_file = certs + "/ca.pem";
+  Client c(tls);
+  REQUIRE(c.Put(5, "five").ok());
+  CHECK(GetOrDie(&c, 5) == "five");
+
+  ClientOptions certified = tls;
+  certified.tls_cert_file = certs + "/client.pem";
+  certified.tls_key_file = certs + "/client.key";
+  Client with_cert(certified);
+  CHECK(GetOrDie(&with_cert, 5) == "five");
+
+  Client plain(server.Options());
+  std::string value;
+  Status st = plain.Get(5, &value);
+  CHECK(st.IsIOError());
+  CHECK(plain.network_failed());
+
+  ClientOptions distrust = tls;
+  distrust.tls_ca_file = certs + "/other.pem";
+  Client wrong_ca(distrust);
+  st = wrong_ca.Get(5, &value);
+  CHECK(st.IsIOError());
+  CHECK(st.message().find("certificate verify failed") != std::string::npos);
+
+  ClientOptions by_name = tls;
+  by_name.host = "localhost";
+  Client named(by_name);
+  CHECK(GetOrDie(&named, 5) == "five");  // the name is in the certificate
+
+  const std::map<std::string, int64_t> stats = StatsOrDie(&c);
+  CHECK(stats.at("server.tls_handshake_errors") >= 1);  // the plaintext client
+  c.Close();
+  REQUIRE(server.Stop(SIGTERM) == 0);
+  std::error_code ignored;
+  std::filesystem::remove_all(certs, ignored);
+}
+
 }  // namespace

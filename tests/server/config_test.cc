@@ -247,3 +247,61 @@ TEST_CASE("The digest ACL id is user:base64(sha1(user:password)), as ZooKeeper c
   REQUIRE(c.DigestId() == "flatkv:XLw1Aw/7mLBnO4p6tsdMW2zfrsk=");
   REQUIRE(c.Certificate() == "flatkv:s3cret");
 }
+
+TEST_CASE("Token files: the content without its trailing newline wins over the token key",
+          "[server][config]") {
+  flatkv::test::TempDir dir;
+  const std::string admin = dir / "admin.token";
+  const std::string peer = dir / "peer.token";
+  flatkv::test::WriteFile(admin, "adm-secret\n");
+  flatkv::test::WriteFile(peer, "peer-secret\r\n");
+  chmod(admin.c_str(), 0600);
+  chmod(peer.c_str(), 0644);
+  Config c;
+  REQUIRE(LoadConfig("", {"admin.token=plain", "admin.token_file=" + admin,
+                          "cluster.peer_token=plain", "cluster.peer_token_file=" + peer},
+                     &c)
+              .ok());
+  REQUIRE(c.admin_token == "adm-secret");
+  REQUIRE(c.cluster.peer_token == "peer-secret");
+  // Only the file others may read gets a warning, and no warning holds a secret.
+  REQUIRE(c.warnings.size() == 1);
+  REQUIRE(c.warnings[0].find("cluster.peer_token_file") == 0);
+  REQUIRE(c.warnings[0].find("secret") == std::string::npos);
+
+  Status st = LoadConfig("", {"admin.token_file=" + dir / "missing"}, &c);
+  REQUIRE(st.message().find("admin.token_file: ") == 0);
+  REQUIRE(st.message().find("cannot read") != std::string::npos);
+  flatkv::test::WriteFile(admin, "\n");
+  st = LoadConfig("", {"admin.token_file=" + admin}, &c);
+  REQUIRE(st.message() == "admin.token_file: " + admin + ": empty");
+  // --describe-config shows defaults only, never a value.
+  REQUIRE(flatkv::server::DescribeConfig().find("adm-secret") == std::string::npos);
+}
+
+TEST_CASE("TLS keys that go together are checked together", "[server][config]") {
+  Config c;
+  Status st = LoadConfig("", {"server.tls_cert_file=/x.pem"}, &c);
+  REQUIRE(st.message() == "server.tls_cert_file: set without server.tls_key_file");
+  st = LoadConfig("", {"server.tls_key_file=/x.key"}, &c);
+  REQUIRE(st.message() == "server.tls_key_file: set without server.tls_cert_file");
+  st = LoadConfig("", {"server.tls_cert_file=/x.pem", "server.tls_key_file=/x.key",
+                       "server.tls_client_auth=required"},
+                  &c);
+  REQUIRE(st.message().find("server.tls_client_auth: required needs server.tls_ca_file") == 0);
+  st = LoadConfig("", {"server.tls_client_auth=sometimes"}, &c);
+  REQUIRE(st.message().find("server.tls_client_auth: must be one of") == 0);
+  st = LoadConfig("", {"server.tls_cert_file=/x.pem", "server.tls_key_file=/x.key",
+                       "server.workers=4"},
+                  &c);
+  REQUIRE(st.message().find("server.tls_cert_file: TLS is served by the I/O threads") == 0);
+  // storage.sync: always picks no workers with TLS (auto).
+  REQUIRE(LoadConfig("", {"server.tls_cert_file=/x.pem", "server.tls_key_file=/x.key",
+                          "storage.sync=always"},
+                     &c)
+              .ok());
+  REQUIRE(c.server.workers == 0);
+  REQUIRE(c.server.tls_client_auth == "none");
+  st = LoadConfig("", {"cluster.peer_tls=yes"}, &c);
+  REQUIRE(st.message() == "cluster.peer_tls: must be true or false, not 'yes'");
+}

@@ -4,18 +4,24 @@ framed, binary-protocol connection with a timeout, reused for every call.
 
     thrift --gen py flatkv.thrift && PYTHONPATH=gen-py python3 example.py 127.0.0.1 9901
 
+A third argument, a CA file (PEM), connects over TLS to a server with
+server.tls_cert_file: its certificate must chain to that CA and name the host.
+
 Debian's python3-thrift (0.17) is what /usr/bin/python3 imports; PyPI's
 newest is `pip install thrift==0.16.0`, which works the same."""
 import sys
 
 from thrift.protocol import TBinaryProtocol
-from thrift.transport import TSocket, TTransport
+from thrift.transport import TSSLSocket, TSocket, TTransport
 
 from flatkv import FlatKV
 from flatkv.ttypes import ErrorCode, KvError, KvPair
 
 host, port = (sys.argv[1], int(sys.argv[2])) if len(sys.argv) > 2 else ("127.0.0.1", 9901)
-sock = TSocket.TSocket(host, port)
+if len(sys.argv) > 3:  # TLS: the server is verified against this CA (cert_reqs=CERT_REQUIRED)
+    sock = TSSLSocket.TSSLSocket(host, port, ca_certs=sys.argv[3])
+else:
+    sock = TSocket.TSocket(host, port)
 sock.setTimeout(5000)  # ms, for connecting and for every call
 transport = TTransport.TFramedTransport(sock)
 transport.open()
