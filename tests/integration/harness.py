@@ -25,6 +25,31 @@ def check(cond, what):
     (passes if cond else failures).append(what)
 
 
+# What every client example (client/examples/<lang>) prints, in order; the
+# last line goes on with the server's message.
+EXAMPLE_OUTPUT = [
+    "get 1 = hello",
+    "get 2 found = false",
+    'sget user:42 = {"name":"ada"}',
+    "multiGet 10 11 12 = v10 v11 v12",
+    "put -5: KvError KEY_OUT_OF_RANGE: ",  # then the server's message
+]
+
+
+def check_example_output(stdout, label=""):
+    """Checks that stdout is EXAMPLE_OUTPUT, line by line; label prefixes
+    each check's name."""
+    lines = stdout.splitlines()
+    check(len(lines) == len(EXAMPLE_OUTPUT),
+          "%sit prints %d lines (got %d)" % (label, len(EXAMPLE_OUTPUT), len(lines)))
+    for want, got in zip(EXAMPLE_OUTPUT, lines):
+        if want.endswith(": "):
+            check(got.startswith(want) and "outside" in got,
+                  "%sline %r starts with %r and carries the server's message" % (label, got, want))
+        else:
+            check(got == want, "%sline %r == %r" % (label, got, want))
+
+
 _zookeepers = []
 _small_fs = []
 

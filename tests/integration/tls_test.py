@@ -3,7 +3,9 @@
 flatkv-server, with certificates this test makes with the openssl command.
 
 A TLS client works (put/get through the flatkv CLI, which is the C++
-client, through Python's TSSLSocket and through flatkv-bench server); a
+client, through Python's TSSLSocket, through flatkv-bench server and
+through the Python, Java and Go client examples; Java's and Go's refuse
+a server of another CA or whose certificate does not name the host); a
 plaintext client is closed without an answer and counted in
 server.tls_handshake_errors (and /metrics), a client stalled in its handshake
 is closed after 10 s while an idle TLS connection stays, and the server keeps
@@ -55,15 +57,15 @@ def make_ca(name):
             "-subj", "/CN=" + name)
 
 
-def make_cert(name, ca, server=True, start=None, end=None):
+def make_cert(name, ca, server=True, start=None, end=None, names="IP:127.0.0.1,DNS:localhost"):
     """A key and a certificate signed by "ca"; a server's names 127.0.0.1
-    and localhost. With start/end (YYYYMMDDHHMMSSZ), those dates."""
+    and localhost (or names). With start/end (YYYYMMDDHHMMSSZ), those dates."""
     openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
             "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name)
     ext = name + ".ext"
     with open(path(ext), "w") as f:
         if server:
-            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+            f.write("subjectAltName=" + names + "\n"
                     "extendedKeyUsage=serverAuth,clientAuth\n")
         else:
             f.write("extendedKeyUsage=clientAuth\n")
@@ -90,6 +92,7 @@ make_ca("ca")
 make_ca("otherca")
 make_cert("server", "ca")
 make_cert("server2", "ca")
+make_cert("misnamed", "ca", names="DNS:kv.example.net")  # not the host a client dials
 make_cert("client", "ca", server=False)
 make_cert("stranger", "otherca", server=False)
 make_cert("expired", "ca", start="20200101000000Z", end="20200102000000Z")
@@ -212,9 +215,10 @@ example = os.path.join(harness.REPO, "client", "examples", "python", "example.py
 r = subprocess.run(["/usr/bin/python3", "-W", "ignore", example, "127.0.0.1", str(port),
                     path("ca.pem")], capture_output=True, text=True, timeout=60,
                    env=dict(os.environ, PYTHONPATH=work))
-check(r.returncode == 0 and r.stdout.startswith("get 1 = hello\n"),
+check(r.returncode == 0,
       "the Python example connects over TLS with a CA file (%d %s)"
       % (r.returncode, r.stderr.strip()[-200:]))
+harness.check_example_output(r.stdout, "Python example over TLS: ")
 bench_bin = os.path.join(os.path.dirname(cli_bin), "flatkv-bench")  # built beside the CLI
 r = subprocess.run([bench_bin, "server", "--port", str(port), "--tls-ca", path("ca.pem"),
                     "--ops", "2000", "--clients", "4", "--workload", "fill,get"],
@@ -259,6 +263,53 @@ with open(log) as f:
     text = f.read()
 check("TLS handshake failed" in text, "the refused handshakes are logged")
 harness.stop(proc)
+
+# --- The Java and Go client examples over TLS -------------------------------
+# Built by CMake only when their toolchains were found
+# (client/examples/CMakeLists.txt; tests/integration/CMakeLists.txt passes
+# what was built in the environment): with the CA file they print what they
+# print in plaintext (examples_test.py); with a CA that did not sign the
+# server, or a certificate of the right CA that does not name the host,
+# they refuse it. A server of their own, so that the time a JVM
+# takes to start does not count against the handshake timing checked above.
+proc, port, log = start_tls("e")
+examples = []
+if os.environ.get("FLATKV_EXAMPLE_JAR"):
+    examples.append(("Java", [os.environ["FLATKV_JAVA"], "-jar",
+                              os.environ["FLATKV_EXAMPLE_JAR"]],
+                     "javax.net.ssl.SSLHandshakeException"))
+else:
+    print("skipped: the Java example over TLS: it was not built (CMake found no mvn or java, "
+          "or -DFLATKV_EXAMPLES=OFF)")
+if os.environ.get("FLATKV_EXAMPLE_GO"):
+    examples.append(("Go", [os.environ["FLATKV_EXAMPLE_GO"]],
+                     "tls: failed to verify certificate"))
+else:
+    print("skipped: the Go example over TLS: it was not built (CMake found no go, "
+          "or -DFLATKV_EXAMPLES=OFF)")
+for lang, cmd, refusal in examples:  # refusal: what stderr says on a failed verification
+    r = subprocess.run(cmd + ["127.0.0.1", str(port), path("ca.pem")], capture_output=True,
+                       text=True, timeout=120)
+    print("%s example over TLS, stdout:\n%sstderr:\n%s" % (lang, r.stdout, r.stderr))
+    check(r.returncode == 0 and r.stderr.strip() == "",
+          "the %s example connects over TLS with a CA file (exit %d)" % (lang, r.returncode))
+    harness.check_example_output(r.stdout, "%s example over TLS: " % lang)
+    r = subprocess.run(cmd + ["127.0.0.1", str(port), path("otherca.pem")], capture_output=True,
+                       text=True, timeout=120)
+    check(r.returncode != 0 and r.stdout == "" and refusal in r.stderr,
+          "the %s example with a CA that did not sign the server refuses it (exit %d: %s)"
+          % (lang, r.returncode, r.stderr.strip().splitlines()[:1]))
+harness.stop(proc)
+if examples:
+    proc, port, log = start_tls("n", "--set", "server.tls_cert_file=" + path("misnamed.pem"),
+                                "--set", "server.tls_key_file=" + path("misnamed.key"))
+    for lang, cmd, refusal in examples:
+        r = subprocess.run(cmd + ["127.0.0.1", str(port), path("ca.pem")], capture_output=True,
+                           text=True, timeout=120)
+        check(r.returncode != 0 and r.stdout == "" and refusal in r.stderr,
+              "the %s example refuses a certificate of its CA that does not name the host "
+              "(exit %d: %s)" % (lang, r.returncode, r.stderr.strip().splitlines()[:1]))
+    harness.stop(proc)
 
 # --- HTTPS on the HTTP port, same certificate ------------------------------
 import http.client  # noqa: E402

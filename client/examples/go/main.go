@@ -2,10 +2,16 @@
 // binary-protocol connection with timeouts, reused for every call.
 //
 //	thrift --gen go -out gen-go flatkv.thrift && go run . 127.0.0.1 9901
+//
+// A third argument, a CA file (PEM), connects over TLS to a server with
+// server.tls_cert_file: its certificate must chain to that CA and name the
+// host.
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -22,7 +28,22 @@ func main() {
 		host, port = os.Args[1], os.Args[2]
 	}
 	conf := &thrift.TConfiguration{ConnectTimeout: 2 * time.Second, SocketTimeout: 5 * time.Second}
-	transport := thrift.NewTFramedTransportConf(thrift.NewTSocketConf(host+":"+port, conf), conf)
+	var socket thrift.TTransport
+	if len(os.Args) > 3 {
+		// TLS: the server's certificate must chain to a CA of this file and
+		// name the host (crypto/tls verifies both by default).
+		pem, err := os.ReadFile(os.Args[3])
+		must(err)
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			must(fmt.Errorf("no PEM certificate in %s", os.Args[3]))
+		}
+		conf.TLSConfig = &tls.Config{RootCAs: pool}
+		socket = thrift.NewTSSLSocketConf(host+":"+port, conf)
+	} else {
+		socket = thrift.NewTSocketConf(host+":"+port, conf)
+	}
+	transport := thrift.NewTFramedTransportConf(socket, conf)
 	if err := transport.Open(); err != nil {
 		fmt.Fprintln(os.Stderr, "connect:", err)
 		os.Exit(1)
