@@ -536,6 +536,16 @@ ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, int64_t no
   return Read::kWait;
 }
 
+bool ChainMember::ConfirmRead(uint64_t key, int64_t now) {
+  Clock(now);
+  if (fenced_ || !in_chain() || !verified_) return false;
+  if (!config_.sync) return true;
+  // Every write the store can have shown was handed to the shell (applied_)
+  // before it read: none of this key's is past the commit point now, so
+  // the one it read was committed, and no later one was before the read.
+  return is_tail() && Recorded() && Leased() && DirtyUntil(key) <= ReadCommitted();
+}
+
 void ChainMember::OnMessage(const std::string& from, const ChainMessage& msg, int64_t now,
                             ChainOutput* out) {
   Clock(now);

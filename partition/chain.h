@@ -333,6 +333,15 @@ class ChainMember {
   // "request" comes back in out->reads once it may (kRefuse: UNAVAILABLE,
   // or not the member that serves reads).
   Read OnRead(uint64_t request, uint64_t key, int64_t now, ChainOutput* out);
+  // The shell read the store for a read OnRead let through (kServe, or
+  // released from out->reads): may it answer with what it read? It reads
+  // outside the member's lock while the loop goes on applying writes, and a
+  // tail that commits later than it applies (a joiner catching up from it;
+  // sends_before_sync) may by then hold a newer write of the key that is not
+  // committed. So the rule is checked again after the read: true means every
+  // write the read can have seen is committed (the value was current at a
+  // moment between the two checks); false, read again through OnRead.
+  bool ConfirmRead(uint64_t key, int64_t now);
 
   // "single", "head", "middle", "tail", "syncing" (catching up, not in the
   // chain), "fenced", or "none" (no chain yet).

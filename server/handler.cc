@@ -88,12 +88,36 @@ void Handler::CheckAdmin(const std::string& token) const {
   }
 }
 
+template <typename Read>
+void Handler::GatedRead(const int64_t* hashes, size_t n, const Read& read) {
+  for (size_t i = 0; i < n; ++i) CheckRead(hashes[i]);
+  read();
+  if (replicator_ == nullptr) return;
+  // Each round waits (CheckRead) until the keys' newest writes are
+  // committed; only a key written again within every round fails it.
+  constexpr int kRounds = 64;
+  for (int round = 0; round < kRounds; ++round) {
+    bool confirmed = true;
+    for (size_t i = 0; i < n && confirmed; ++i) {
+      confirmed = replicator_->ConfirmRead(static_cast<uint64_t>(hashes[i]));
+    }
+    if (confirmed) return;
+    for (size_t i = 0; i < n; ++i) CheckRead(hashes[i]);
+    read();
+  }
+  ThrowKvError(Status::Unavailable("the key was written again during each of " +
+                                   std::to_string(kRounds) +
+                                   " reads before the chain committed it; read again"));
+}
+
 void Handler::LocalGet(rpc::GetResult& result, int64_t key) {
-  CheckRead(key);
-  Status st = cache_->Get(key, &result.value);
-  result.found = st.ok();
-  if (st.IsCorruption()) st = RepairRead(key, st, &result);
-  if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+  GatedRead(&key, 1, [&] {
+    result = rpc::GetResult();
+    Status st = cache_->Get(key, &result.value);
+    result.found = st.ok();
+    if (st.IsCorruption()) st = RepairRead(key, st, &result);
+    if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+  });
 }
 
 void Handler::LocalPut(int64_t key, const std::string& value) {
@@ -123,40 +147,42 @@ void Handler::LocalAppend(int64_t key, const std::string& value) {
 
 void Handler::LocalMultiGet(std::vector<rpc::GetResult>& result,
                             const std::vector<int64_t>& keys) {
-  // One pass through the cache: each shard locked once, misses read from
-  // the Store.
-  for (int64_t key : keys) CheckRead(key);
-  if (cluster_ != nullptr) {
-    for (int64_t key : keys) ThrowIfError(cluster_->CheckReadable(key));
-  }
-  std::vector<std::string> values;
-  std::vector<bool> found;
-  Status st = cache_->GetBatch(keys, &values, &found);
-  result.resize(keys.size());
-  if (st.IsCorruption()) {
-    // A bad record fails only its own key: each key read alone, a bad one
-    // repaired from the chain or answered with its error.
-    for (size_t i = 0; i < keys.size(); ++i) {
-      rpc::GetResult& r = result[i];
-      Status one = cache_->Get(keys[i], &r.value);
-      r.found = one.ok();
-      if (one.IsCorruption()) one = RepairRead(keys[i], one, &r);
-      if (!one.ok() && !one.IsNotFound()) {
-        if (redo_) ThrowKvError(one);  // run again on a worker (RepairRead)
-        const rpc::KvError e = ToKvError(one);
-        r.found = false;
-        r.value.clear();
-        r.__set_errorCode(e.code);
-        r.__set_errorMessage(e.message);
-      }
+  GatedRead(keys.data(), keys.size(), [&] {
+    if (cluster_ != nullptr) {
+      for (int64_t key : keys) ThrowIfError(cluster_->CheckReadable(key));
     }
-    return;
-  }
-  if (!st.ok()) ThrowKvError(st);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    result[i].found = found[i];
-    result[i].value = std::move(values[i]);
-  }
+    // One pass through the cache: each shard locked once, misses read from
+    // the Store.
+    std::vector<std::string> values;
+    std::vector<bool> found;
+    Status st = cache_->GetBatch(keys, &values, &found);
+    result.clear();
+    result.resize(keys.size());
+    if (st.IsCorruption()) {
+      // A bad record fails only its own key: each key read alone, a bad one
+      // repaired from the chain or answered with its error.
+      for (size_t i = 0; i < keys.size(); ++i) {
+        rpc::GetResult& r = result[i];
+        Status one = cache_->Get(keys[i], &r.value);
+        r.found = one.ok();
+        if (one.IsCorruption()) one = RepairRead(keys[i], one, &r);
+        if (!one.ok() && !one.IsNotFound()) {
+          if (redo_) ThrowKvError(one);  // run again on a worker (RepairRead)
+          const rpc::KvError e = ToKvError(one);
+          r.found = false;
+          r.value.clear();
+          r.__set_errorCode(e.code);
+          r.__set_errorMessage(e.message);
+        }
+      }
+      return;
+    }
+    if (!st.ok()) ThrowKvError(st);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      result[i].found = found[i];
+      result[i].value = std::move(values[i]);
+    }
+  });
 }
 
 void Handler::LocalMultiPut(const std::vector<rpc::KvPair>& pairs) {
@@ -222,11 +248,14 @@ void Handler::LocalScanLog(rpc::LogScanResult& result, const std::string& cursor
 
 // String keys go through the cache too, in the same write mode.
 void Handler::LocalSGet(rpc::GetResult& result, const std::string& key) {
-  CheckRead(StringHash(key));
-  Status st = cache_->SGet(key, &result.value);
-  result.found = st.ok();
-  if (st.IsCorruption()) st = RepairStringRead(key, st, &result);
-  if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+  const int64_t hash = StringHash(key);
+  GatedRead(&hash, 1, [&] {
+    result = rpc::GetResult();
+    Status st = cache_->SGet(key, &result.value);
+    result.found = st.ok();
+    if (st.IsCorruption()) st = RepairStringRead(key, st, &result);
+    if (!st.ok() && !st.IsNotFound()) ThrowKvError(st);
+  });
 }
 
 void Handler::LocalSPut(const std::string& key, const std::string& value) {

@@ -235,6 +235,13 @@ class Handler : public rpc::FlatKVIf {
                        const std::string& value, bool* existed);
   // The gate of a local read (throws KvError); a no-op without a replicator.
   void CheckRead(int64_t hash);
+  // A chain member's local read of the keys with hashes "hashes": the gate
+  // (CheckRead), the store read ("read"), then the member's confirmation
+  // that what it read was committed (Replicator::ConfirmRead), else all
+  // again. Throws UNAVAILABLE if the keys keep changing under the reads.
+  // (Defined in handler.cc, its only user.)
+  template <typename Read>
+  void GatedRead(const int64_t* hashes, size_t n, const Read& read);
   // Read repair: this member's record of "key" failed its checksum ("bad").
   // In a chain of several members the head rewrites the key with its newest
   // value (Replicator::Repair; asked with peerRepair unless this member is

@@ -1358,6 +1358,13 @@ Status Replicator::BeforeRead(uint64_t hash, bool* held) {
       options_.peer_timeout_ms, nullptr);
 }
 
+bool Replicator::ConfirmRead(uint64_t hash) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (member_->ConfirmRead(hash, NowMs())) return true;
+  reads_again_.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
 Status Replicator::OnFrame(const std::string& from, const rpc::ChainFrame& frame, bool wait) {
   ChainMessage msg;
   FLATKV_RETURN_IF_ERROR(DecodeChainFrame(frame, &msg));
@@ -2202,6 +2209,7 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
   (*out)["cluster.chain.checkpoints"] = checkpoints_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.repairs"] = repairs_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.reads_held"] = reads_held_.load(std::memory_order_relaxed);
+  (*out)["cluster.chain.reads_again"] = reads_again_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.log_syncs"] = pipeline_syncs_.load(std::memory_order_relaxed);
   (*out)["cluster.chain.log_file_bytes"] =
       static_cast<int64_t>(log_bytes_.load(std::memory_order_relaxed));

@@ -234,6 +234,11 @@ class Replicator {
   // else Unavailable. With "held" (a caller that must not wait: an I/O
   // thread) it returns at once, *held = true, where it would wait.
   Status BeforeRead(uint64_t hash, bool* held = nullptr);
+  // After the store read that BeforeRead let through: true if what was read
+  // may be answered, false to read again from BeforeRead
+  // (ChainMember::ConfirmRead: the loop may have applied a newer write of
+  // the key that is not committed yet).
+  bool ConfirmRead(uint64_t hash);
 
   // peerChain / peerSnapshot. OnFrame checks the frame and queues it for
   // the loop; with "wait" it returns once the loop has handled it (its
@@ -470,6 +475,7 @@ class Replicator {
   std::atomic<int64_t> checkpoints_{0};
   std::atomic<int64_t> repairs_{0};
   std::atomic<int64_t> reads_held_{0};  // reads that waited (BeforeRead)
+  std::atomic<int64_t> reads_again_{0};  // reads not confirmed (ConfirmRead), read again
   // A snapshot stream's progress, for stats() and `flatkv ring`: the one
   // this member loads (joiner) and the last one it sent (tail).
   struct Progress {
