@@ -986,11 +986,12 @@ std::vector<std::shared_ptr<Request>> Registry::Impl::ServeRecords() {
   return records;
 }
 
-// RecordChain()'s rules (registry.h). The multi holds two ops:
+// RecordChain()'s rules (registry.h). The multi holds:
 //   check  <our member node>, at the data version just read
+//   check  the member node of every other member named, at any version
 //   set    .cluster/chains/<mark>, at the data version just read
 //          (create it instead if it did not exist)
-// The check makes the write conditional on our member node existing; it
+// The first check makes the write conditional on our member node existing; it
 // runs through our session, and we checked just before that the node is
 // held by this very session, so an expired member (its node gone, or a new
 // one of the same address held by another session) cannot record. A
@@ -1034,19 +1035,34 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
       }
     }  // else absent, empty or unreadable: ours replaces it
 
-    zoo_op_t ops[2];
-    zoo_op_result_t results[2] = {};
+    struct Other {
+      std::string member;
+      std::string path;
+    };
+    std::vector<Other> others;
+    for (const std::string& m : chain.members) {
+      if (m != opt_.advertise) {
+        others.push_back({m, opt_.service_path + "/" + MemberNodeName(opt_.mark, m)});
+      }
+    }
+    const size_t n = others.size() + 2;
+    std::vector<zoo_op_t> ops(n);
+    std::vector<zoo_op_result_t> results(n);
     Stat written{};
     char created[1];  // the created path is not needed
     zoo_check_op_init(&ops[0], member_path_.c_str(), mine.version);
-    if (exists) {
-      zoo_set_op_init(&ops[1], chain_path_.c_str(), json.data(), static_cast<int>(json.size()),
-                      stat.version, &written);
-    } else {
-      zoo_create_op_init(&ops[1], chain_path_.c_str(), json.data(), static_cast<int>(json.size()),
-                         acl_.get(), ZOO_PERSISTENT, created, sizeof(created));
+    for (size_t k = 0; k < others.size(); ++k) {
+      zoo_check_op_init(&ops[k + 1], others[k].path.c_str(), -1);
     }
-    rc = zoo_multi(zh_, 2, ops, results);
+    if (exists) {
+      zoo_set_op_init(&ops[n - 1], chain_path_.c_str(), json.data(),
+                      static_cast<int>(json.size()), stat.version, &written);
+    } else {
+      zoo_create_op_init(&ops[n - 1], chain_path_.c_str(), json.data(),
+                         static_cast<int>(json.size()), acl_.get(), ZOO_PERSISTENT, created,
+                         sizeof(created));
+    }
+    rc = zoo_multi(zh_, static_cast<int>(n), ops.data(), results.data());
     if (rc == ZOK) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -1060,9 +1076,16 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
     // the failed one, its own error, ZRUNTIMEINCONSISTENCY after it. A
     // failure of the call itself (connection loss) leaves them as zeroed.
     const int check = results[0].err;
-    const int write = results[1].err;
+    const int write = results[n - 1].err;
     if (check == ZNONODE) return not_registered;
     if (check == ZBADVERSION) continue;  // our node's data was set: read it again
+    for (size_t k = 0; k < others.size(); ++k) {
+      if (results[k + 1].err != ZNONODE) continue;
+      spdlog::info("registry: not recording {}: {} left since (the chain changed)", json,
+                   others[k].member);
+      need_read_ = true;
+      return Status::OK();
+    }
     if (write == ZBADVERSION || write == ZNODEEXISTS) continue;
     if (write == ZNONODE && exists) continue;  // deleted since our read: create it
     if (write == ZNONODE) {

@@ -173,7 +173,12 @@ class Registry {
   //     only through the session that holds its node: a member whose
   //     session expired cannot; a write by another instance between our
   //     read and our write is seen (version check) and the rule applied
-  //     again, a few times at most.
+  //     again, a few times at most;
+  //   - the same zoo_multi checks that the member node of every other
+  //     member named still exists: if one left, nothing is written, OK (a
+  //     chain without it, deciding on an older record of its own members,
+  //     may already have committed writes it lacks, so a record naming it
+  //     must not land late).
   // OK once written (or found not to need writing) and, unless ZooKeeper
   // failed right after, once ring() shows what the node holds now.
   // Unavailable "not registered" when this instance does not hold its

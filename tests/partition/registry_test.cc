@@ -752,6 +752,35 @@ TEST_CASE("A chain decided on an older ring never replaces one decided on a newe
   CHECK(Eventually([&] { return RecordedOf(*a, 100) == "v99 [127.0.0.1:9002]"; }, 1s));
 }
 
+// A head that asked to record its chain while a member was still there
+// (its call delayed, its view stale) must not name that member once it
+// left: a chain without it may have committed writes it lacks.
+TEST_CASE("A chain naming a member that left is not recorded, and one without it is",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistry(Options(zk, 100, 9001));
+  std::unique_ptr<Registry> b = StartRegistry(Options(zk, 100, 9002));
+  REQUIRE(a->WaitRegistered(5000).ok());
+  REQUIRE(b->WaitRegistered(5000).ok());
+  Inspector zoo(zk.address());
+  const std::string node = "/flatkv/.cluster/chains/100";
+  REQUIRE(a->RecordChain({"127.0.0.1:9001"}, 5).ok());
+
+  b->Close();  // its member node goes at once
+  REQUIRE(Eventually([&] { return zoo.Exists("/flatkv/thriftbinary100:127.0.0.1:9002") == ZNONODE; }, 5s));
+  REQUIRE(a->RecordChain({"127.0.0.1:9001", "127.0.0.1:9002"}, 6).ok());
+  CHECK(zoo.Get(node) == R"({"ring_version": 5, "members": ["127.0.0.1:9001"]})");
+  REQUIRE(a->RecordChain({"127.0.0.1:9001"}, 7).ok());
+  CHECK(zoo.Get(node) == R"({"ring_version": 7, "members": ["127.0.0.1:9001"]})");
+
+  // Back under a new registration: a chain naming it is recorded again.
+  std::unique_ptr<Registry> b2 = StartRegistry(Options(zk, 100, 9002));
+  REQUIRE(b2->WaitRegistered(5000).ok());
+  REQUIRE(a->RecordChain({"127.0.0.1:9001", "127.0.0.1:9002"}, 8).ok());
+  CHECK(zoo.Get(node) ==
+        R"({"ring_version": 8, "members": ["127.0.0.1:9001", "127.0.0.1:9002"]})");
+}
+
 TEST_CASE("Only a registered member records: not registered, deregistered, replaced, observer",
           "[partition][registry]") {
   ZooKeeperServer zk;
