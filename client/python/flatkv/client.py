@@ -465,6 +465,19 @@ class Client:
         """The RingInfo one instance answers (its view, not this client's)."""
         return self.call(address or self.seeds[0], "ring")
 
+    def set_write_mode(self, mode, address=None):
+        """Admin: one member's write mode (WriteMode.SAFE or ASYNC), with
+        admin_token."""
+        self.call(address or self.seeds[0], "setWriteMode", self.admin_token, mode)
+
+    def get_write_mode(self, address=None):
+        return self.call(address or self.seeds[0], "getWriteMode")
+
+    def compact(self, address=None):
+        """Admin: starts a compaction of one member (compactionStatus()
+        through call() shows its progress)."""
+        self.call(address or self.seeds[0], "compact", self.admin_token)
+
     def pool_sizes(self):
         """{address: (open connections, idle ones)} of every member called."""
         with self._lock:
