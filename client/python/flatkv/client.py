@@ -19,7 +19,8 @@ again the same way. Only what is retryable is retried (errors.py): an
 append whose connection broke after it was sent, or that failed with an
 UNAVAILABLE in doubt, is raised at once. A timeout is tried again at most
 once. Errors the caller must fix (KEY_OUT_OF_RANGE, VALUE_TOO_LARGE,
-INVALID_ARGUMENT, UNAUTHORIZED) and STORAGE_ERROR are raised at once.
+INVALID_ARGUMENT, UNAUTHORIZED), STORAGE_ERROR and PoolTimeout are raised
+at once.
 """
 
 import os
@@ -30,8 +31,8 @@ import time
 from thrift.Thrift import TApplicationException
 
 from .errors import (ConnectionError, FlatKVError, InvalidArgument, KeyOutOfRange,  # noqa: F401
-                     NotOwner, Overloaded, ProtocolError, TimeoutError, Unavailable, WRITES,
-                     from_kv_error)
+                     NotOwner, Overloaded, PoolTimeout, ProtocolError, TimeoutError, Unavailable,
+                     WRITES, from_kv_error)
 from .pool import ConnectionPool, Options, split_address
 from .ring import Ring
 from .ttypes import KvError, KvPair
@@ -235,8 +236,8 @@ class Client:
             try:
                 return attempt_fn(ring)
             except FlatKVError as e:
-                if not e.retryable or attempt == self.retries + 1:
-                    raise
+                if not e.retryable or attempt == self.retries + 1 or isinstance(e, PoolTimeout):
+                    raise  # a full pool is the caller's to handle (a bigger pool, fewer threads)
                 if isinstance(e, TimeoutError):
                     timeouts += 1
                     if timeouts > 1:
