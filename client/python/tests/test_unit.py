@@ -1,7 +1,9 @@
 """The parts of the package that need no server: the generated code matches
 the IDL, routing decisions match the server's (partition/ring.h,
-partition/router.h), and each ErrorCode becomes the error class and the
-retry verdict the README's contract gives."""
+partition/router.h), each ErrorCode becomes the error class and the retry
+verdict the README's contract gives, and the client acts on them against
+scripted instances (NOT_OWNER, UNAVAILABLE in doubt or not), which no
+healthy ring answers on demand."""
 import os
 import re
 
@@ -117,3 +119,110 @@ def test_a_broken_connection_leaves_a_write_in_doubt_and_an_append_not_retryable
     assert put.retryable and put.in_doubt
     assert not append.retryable and append.in_doubt
     assert refused.retryable and not refused.in_doubt
+
+
+# --- Retries against scripted instances -------------------------------------
+# A scripted FlatKV instance (the generated Processor over a thread per
+# connection) whose answers a test chooses: how the client reacts to
+# NOT_OWNER and UNAVAILABLE, which no healthy ring answers on demand.
+
+class Scripted:
+    """Answers ring() with self.ring_info and each of get/put/append with
+    the next of self.answers[method] (a KvError is raised, anything else
+    returned), recording every call."""
+
+    def __init__(self):
+        import socket
+        import threading
+        from thrift.protocol import TBinaryProtocol
+        from thrift.server import TServer
+        from thrift.transport import TSocket, TTransport
+        self.calls, self.answers, self.ring_info = [], {}, None
+        self.store = {}
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        self.address = "127.0.0.1:%d" % self.port
+        server = TServer.TThreadedServer(
+            flatkv.FlatKV.Processor(self), TSocket.TServerSocket("127.0.0.1", self.port),
+            TTransport.TFramedTransportFactory(), TBinaryProtocol.TBinaryProtocolFactory(),
+            daemon=True)
+        threading.Thread(target=server.serve, daemon=True).start()
+        import time
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.1).close()
+                break
+            except OSError:
+                time.sleep(0.02)
+
+    def _answer(self, method, default):
+        self.calls.append(method)
+        queue = self.answers.get(method) or []
+        a = queue.pop(0) if queue else default
+        if isinstance(a, KvError):
+            raise a
+        return a
+
+    def ring(self):
+        self.calls.append("ring")
+        return self.ring_info
+
+    def get(self, key):
+        value = self.store.get(key)
+        return self._answer("get", flatkv.GetResult(found=value is not None, value=value))
+
+    def put(self, key, value):
+        self._answer("put", None)
+        self.store[key] = value
+
+    def append(self, key, value):
+        self._answer("append", None)
+        self.store[key] = self.store.get(key, b"") + value
+
+
+def ring_to(version, address):
+    host, port = address.rsplit(":", 1)
+    return RingInfo(version=version, hashBound=100, replication="sync",
+                    partitions=[Partition(0, [Member(host, int(port))])])
+
+
+# Thrift's TThreadedServer calls Thread.setDaemon, deprecated since Python 3.10.
+quiet_thrift_server = pytest.mark.filterwarnings("ignore:setDaemon:DeprecationWarning")
+
+
+@quiet_thrift_server
+def test_not_owner_reads_the_ring_again_and_the_call_goes_to_the_new_owner():
+    old, new = Scripted(), Scripted()
+    old.ring_info = ring_to(1, old.address)
+    kv = flatkv.Client(seeds=[old.address], retries=0)
+    assert kv.ring().version == 1
+    # The ring moved: the old owner refuses, and now answers the new ring.
+    old.answers["append"] = [KvError(ErrorCode.NOT_OWNER, "mark 0 is not mine")]
+    old.ring_info = ring_to(2, new.address)
+    kv.append(5, b"x")  # NOT_OWNER means not applied: even an append goes again
+    assert old.calls == ["ring", "append", "ring"] and new.calls == ["append"]
+    assert new.store == {5: b"x"} and kv.ring().version == 2
+
+
+@quiet_thrift_server
+def test_an_unavailable_in_doubt_append_is_raised_a_put_is_retried():
+    inst = Scripted()
+    inst.ring_info = ring_to(1, inst.address)
+    kv = flatkv.Client(seeds=[inst.address], retries=2, retry_backoff=0.01)
+    doubt = "lost its place in the chain; the write may or may not have been applied"
+    inst.answers["append"] = [KvError(ErrorCode.UNAVAILABLE, doubt)]
+    with pytest.raises(flatkv.Unavailable) as e:
+        kv.append(1, b"+")
+    assert e.value.in_doubt and not e.value.retryable
+    assert inst.calls.count("append") == 1  # never sent twice
+    inst.answers["put"] = [KvError(ErrorCode.UNAVAILABLE, doubt),
+                           KvError(ErrorCode.UNAVAILABLE, "mark 0 has no serving member")]
+    kv.put(2, b"v")  # idempotent: retried through both
+    assert inst.calls.count("put") == 3 and inst.store[2] == b"v"
+    inst.answers["get"] = [KvError(ErrorCode.UNAVAILABLE, "shutting down")] * 5
+    with pytest.raises(flatkv.Unavailable) as e:
+        kv.get(2)
+    assert inst.calls.count("get") == 4  # the re-route and 2 retries, no more
+    assert not e.value.in_doubt and e.value.retryable
