@@ -25,14 +25,14 @@ at once.
 
 import os
 import random
+import socket
 import threading
 import time
 
 from thrift.Thrift import TApplicationException
 
-from .errors import (ConnectionError, FlatKVError, InvalidArgument, KeyOutOfRange,  # noqa: F401
-                     NotOwner, Overloaded, PoolTimeout, ProtocolError, TimeoutError, Unavailable,
-                     WRITES, from_kv_error)
+from .errors import (ConnectionError, FlatKVError, Overloaded, PoolTimeout, ProtocolError,
+                     TimeoutError, Unavailable, WRITES, from_kv_error)
 from .pool import ConnectionPool, Options, split_address
 from .ring import Ring
 from .ttypes import KvError, KvPair
@@ -493,7 +493,6 @@ class Client:
 
 
 def _timed_out(e):
-    import socket
     while e is not None:
         if isinstance(e, socket.timeout):
             return True
