@@ -407,7 +407,7 @@ class Client:
         call (at most page_size pairs; the server may answer fewer, even
         none, and the scan goes on), made when the previous one is used up."""
         if start is None:
-            start = 0 if not reverse else _I64_MAX
+            start = _I64_MIN if not reverse else _I64_MAX  # the whole key range
         key = _key(start)
         while True:
             page = self.scan_page(key, page_size, reverse)
