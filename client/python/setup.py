@@ -59,4 +59,4 @@ class Sdist(sdist):
             shutil.copyfile(os.path.realpath(os.path.join(HERE, "flatkv.thrift")), dst)
 
 
-setup(cmdclass={"build_py": BuildPy, "sdist": Sdist})
+setup(packages=["flatkv"], cmdclass={"build_py": BuildPy, "sdist": Sdist})
