@@ -10,17 +10,19 @@ Routing and retries follow the C++ RingClient (client/ring_client.h): a
 call that finds its member gone (a network failure, UNAVAILABLE or
 NOT_OWNER) reads the ring again and is routed once more at once; past that
 the client tries "retries" times more, waiting retry_backoff, then twice
-that, and so on (at most a second), reading the ring again before each.
-The defaults (5, 0.1 s: 2.5 s of waits) ride over a member killed on a live
-host, which leaves the ring within a fraction of a second (README.md,
-"Running a ring"); a member whose host is down leaves only after
-cluster.session_timeout_ms, and its calls fail once the retries are spent. OVERLOADED is tried
-again the same way. Only what is retryable is retried (errors.py): an
-append whose connection broke after it was sent, or that failed with an
-UNAVAILABLE in doubt, is raised at once. A timeout is tried again at most
-once. Errors the caller must fix (KEY_OUT_OF_RANGE, VALUE_TOO_LARGE,
-INVALID_ARGUMENT, UNAUTHORIZED), STORAGE_ERROR and PoolTimeout are raised
-at once.
+that, and so on (at most half a second, so a call notices a new ring
+soon), reading the ring again before each. OVERLOADED is tried again the
+same way. The defaults (6, 0.1 s: 2.2 s of waits) ride over a member
+killed on a live host, which leaves the ring within a fraction of a second
+(README.md, "Running a ring"); a member whose host is down leaves only
+after cluster.session_timeout_ms, and its calls fail once the retries are
+spent.
+
+Only what is retryable is retried (errors.py): an append whose connection
+broke after it was sent, or that failed with an UNAVAILABLE in doubt, is
+raised at once. A timeout is tried again at most once. Errors the caller
+must fix (KEY_OUT_OF_RANGE, VALUE_TOO_LARGE, INVALID_ARGUMENT,
+UNAUTHORIZED), STORAGE_ERROR and PoolTimeout are raised at once.
 """
 
 import os
@@ -37,7 +39,7 @@ from .pool import ConnectionPool, Options, split_address
 from .ring import Ring
 from .ttypes import KvError, KvPair
 
-_MAX_BACKOFF = 1.0  # seconds: the longest wait between two tries
+_MAX_BACKOFF = 0.5  # seconds: the longest wait between two tries
 _I64_MIN = -(1 << 63)
 _I64_MAX = (1 << 63) - 1
 
@@ -83,7 +85,7 @@ class Client:
     """
 
     def __init__(self, host="127.0.0.1", port=9901, *, seeds=None, timeout=30.0,
-                 connect_timeout=2.0, max_connections=32, pool_timeout=5.0, retries=5,
+                 connect_timeout=2.0, max_connections=32, pool_timeout=5.0, retries=6,
                  retry_backoff=0.1, tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
                  tls_check_hostname=True, decode_responses=False, admin_token=""):
         if seeds is None:
