@@ -278,3 +278,29 @@ def test_pooled_connections_survive_a_server_restart(standalone):
     # append (never retried once sent) goes through on a fresh one, once.
     kv.append(5, b"b")
     assert kv.get(5) == b"ab"
+
+
+def test_a_forked_child_opens_its_own_connections(standalone):
+    # A pre-fork server (gunicorn, multiprocessing) makes the client, then
+    # forks: a child sharing its parent's sockets would read the parent's
+    # answers. The child starts with empty pools.
+    s = standalone()
+    kv = client_of(s)
+    kv.put(1, b"parent")
+    accepted = s.stats()["server.connections_accepted"]
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ok = all(kv.get(1) == b"parent" for _ in range(200))
+            kv.put(2, b"child")
+            code = 0 if ok else 1
+        finally:
+            os._exit(code)
+    for _ in range(200):
+        assert kv.get(1) == b"parent"
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert kv.get(2) == b"child"
+    # The child's connection is its own (this stats call is one more).
+    assert s.stats()["server.connections_accepted"] - accepted == 2
