@@ -304,3 +304,35 @@ def test_a_forked_child_opens_its_own_connections(standalone):
     assert kv.get(2) == b"child"
     # The child's connection is its own (this stats call is one more).
     assert s.stats()["server.connections_accepted"] - accepted == 2
+
+
+def test_a_corrupt_record_fails_its_key_only(standalone):
+    # No value cache: every read goes to the data file, where one byte of
+    # key 17's value is flipped under the running server.
+    s = standalone("--set", "cache.capacity_bytes=0")
+    kv = client_of(s)
+    values = {k: b"record-%d-" % k + b"abcdefghij" * 8 for k in (16, 17, 18)}
+    kv.multi_put(values)
+    hits = 0
+    for root, _, files in os.walk(s.data):
+        for name in files:
+            p = os.path.join(root, name)
+            with open(p, "rb") as f:
+                blob = f.read()
+            at = blob.find(values[17])
+            if at >= 0:
+                with open(p, "r+b") as f:
+                    f.seek(at + 40)
+                    f.write(bytes([blob[at + 40] ^ 0x5A]))
+                hits += 1
+    assert hits >= 1
+    with pytest.raises(flatkv.StorageError) as e:
+        kv.get(17)
+    assert not e.value.in_doubt and not e.value.retryable  # a read; an operator must look
+    with pytest.raises(flatkv.StorageError) as e:
+        kv.multi_get([16, 17, 18, 19])
+    assert e.value.key == 17
+    assert e.value.results[0] == values[16] and e.value.results[2:] == [values[18], None]
+    got = kv.multi_get([16, 17, 18], raise_on_error=False)
+    assert got[0] == values[16] and got[2] == values[18]
+    assert isinstance(got[1], flatkv.StorageError) and got[1].key == 17
