@@ -36,6 +36,10 @@ packages=(
   clang libfuzzer-14-dev libclang-rt-14-dev
   # ring tests: ZooKeeper from Python, and XXH64 to know each string key's owner
   python3-kazoo python3-xxhash
+  # the Python package client/python: pip-installed into a venv that sees
+  # Debian's packages (built offline with setuptools and wheel), tested with
+  # pytest (ctest python_client_*)
+  python3-venv python3-setuptools python3-wheel python3-pytest
   # the fault-injection suite (tests/jepsen): network namespaces and a bridge
   # (iproute2), links cut inside a namespace (nftables), one member's
   # wall clock stepped or slowed (faketime); its checker is built with the Go

@@ -1,0 +1,1 @@
+../../thrift/flatkv.thrift
