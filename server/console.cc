@@ -287,6 +287,39 @@ void Console::Round() {
   }
 }
 
+namespace {
+
+// A ring change, with the importer's progress if its "stats" are known.
+void AddChange(const partition::RingChange& change, const std::map<std::string, int64_t>* stats,
+               Json* json) {
+  Json& j = *json;
+  j.Begin('{');
+  j.Key("kind").Str(change.kind);
+  j.Key("mark").Int(change.mark);
+  j.Key("into").Int(change.into);
+  j.Key("source").Int(change.source);
+  j.Key("importer").Str(change.importer);
+  j.Key("state").Str(change.state);
+  j.Key("ranges").Begin('[');
+  for (const auto& [lo, hi] : change.ranges) j.Begin('[').Int(lo).Int(hi).End(']');
+  j.End(']');
+  const bool known = stats != nullptr && stats->count("cluster.import.percent") != 0;
+  j.Key("progressKnown").Bool(known);
+  if (!known) {
+    j.Key("percent").Null();
+  } else {
+    j.Key("percent").Int(Get(*stats, "cluster.import.percent"));
+    j.Key("copied").Bool(Get(*stats, "cluster.import.copied") != 0);
+    j.Key("keys").Int(Get(*stats, "cluster.import.keys"));
+    j.Key("bytes").Int(Get(*stats, "cluster.import.bytes"));
+    j.Key("totalBytes").Int(Get(*stats, "cluster.import.total_bytes"));
+    j.Key("bytesPerSec").Int(Get(*stats, "cluster.import.bytes_per_sec"));
+  }
+  j.End('}');
+}
+
+}  // namespace
+
 std::string Console::RingJson() const {
   std::shared_ptr<const partition::Ring> ring =
       cluster_ != nullptr ? cluster_->ring()
@@ -353,38 +386,77 @@ std::string Console::RingJson() const {
   if (change == nullptr) {
     j.Null();
   } else {
-    j.Begin('{');
-    j.Key("kind").Str(change->kind);
-    j.Key("mark").Int(change->mark);
-    j.Key("into").Int(change->into);
-    j.Key("source").Int(change->source);
-    j.Key("importer").Str(change->importer);
-    j.Key("state").Str(change->state);
-    j.Key("ranges").Begin('[');
-    for (const auto& [lo, hi] : change->ranges) j.Begin('[').Int(lo).Int(hi).End(']');
-    j.End(']');
     // The importer's copy, as its stats report it (cluster.import.*).
     std::lock_guard<std::mutex> lock(mu_);
     const auto it = views_.find(change->importer);
-    const bool known = it != views_.end() && it->second.last.ok &&
-                       it->second.last.stats.count("cluster.import.percent") != 0;
-    j.Key("progressKnown").Bool(known);
-    if (known) {
-      const auto& s = it->second.last.stats;
-      j.Key("percent").Int(Get(s, "cluster.import.percent"));
-      j.Key("copied").Bool(Get(s, "cluster.import.copied") != 0);
-      j.Key("keys").Int(Get(s, "cluster.import.keys"));
-      j.Key("bytes").Int(Get(s, "cluster.import.bytes"));
-      j.Key("totalBytes").Int(Get(s, "cluster.import.total_bytes"));
-      j.Key("bytesPerSec").Int(Get(s, "cluster.import.bytes_per_sec"));
-    } else {
-      j.Key("percent").Null();
-    }
-    j.End('}');
+    AddChange(*change, it != views_.end() && it->second.last.ok ? &it->second.last.stats : nullptr,
+              &j);
   }
   j.End('}');
   return j.Done();
 }
+
+std::vector<Console::Entry> Console::Entries(const partition::Ring* ring,
+                                             std::map<std::string, std::string>* upstream) const {
+  std::vector<Entry> entries;
+  std::set<std::string> listed;
+  if (ring != nullptr) {
+    for (const partition::Partition& p : ring->partitions()) {
+      for (size_t i = 0; i < p.chain.size(); ++i) {
+        const std::string a = p.chain[i].address();
+        entries.push_back({a, p.mark, static_cast<int>(i), ring->RoleOf(p.mark, a), "serving"});
+        listed.insert(a);
+        if (i > 0) (*upstream)[a] = p.chain[i - 1].address();
+      }
+    }
+  }
+  for (const auto& [address, mark] : marks_) {
+    if (listed.count(address) != 0) continue;
+    std::string state = "joining";
+    if (gone_.count(address) != 0) state = "gone";
+    else if (ring != nullptr && ring->change() != nullptr && ring->change()->importer == address)
+      state = "importing";
+    else if (IsSelf(address)) state = "starting";
+    entries.push_back({address, mark, -1, "", state});
+    listed.insert(address);
+  }
+  return entries;
+}
+
+namespace {
+
+// A member's own figures, from its stats() (README, "Operator console").
+void AddFigures(const std::map<std::string, int64_t>& s, Json* json) {
+  Json& j = *json;
+  j.Key("opsPerSec").Int(Get(s, "recent.ops_per_sec"));
+  j.Key("p99Micros").Int(Get(s, "recent.p99_us"));
+  j.Key("windowMs").Int(Get(s, "recent.window_ms"));
+  j.Key("appliedSeq").Int(Get(s, "cluster.chain.applied_seq"));
+  j.Key("diskTotalBytes").Int(Get(s, "disk.total_bytes"));
+  j.Key("diskFreeBytes").Int(Get(s, "disk.free_bytes"));
+  j.Key("liveBytes").Int(Get(s, "engine.live_bytes"));
+  j.Key("diskFull").Bool(Get(s, "engine.disk_full") != 0);
+  j.Key("compaction").Begin('{');
+  j.Key("running").Bool(Get(s, "compaction.running") != 0);
+  j.Key("percent").Double(static_cast<double>(Get(s, "compaction.percent_x100")) / 100.0);
+  j.Key("bytesReclaimed").Int(Get(s, "compaction.bytes_reclaimed"));
+  j.End('}');
+  j.Key("snapshot");
+  const std::vector<std::string> from = Named(s, "cluster.chain.snapshot_from.", ".percent");
+  if (from.empty()) {
+    j.Null();
+    return;
+  }
+  const std::string p = "cluster.chain.snapshot_from." + from.front() + ".";
+  j.Begin('{');
+  j.Key("from").Str(from.front());
+  j.Key("percent").Int(Get(s, p + "percent"));
+  j.Key("done").Bool(Get(s, p + "done") != 0);
+  j.Key("bytesPerSec").Int(Get(s, p + "bytes_per_sec"));
+  j.End('}');
+}
+
+}  // namespace
 
 std::string Console::MembersJson() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -393,7 +465,7 @@ std::string Console::MembersJson() {
   wanted_ = now;
   if (!thread_.joinable() && !stop_) thread_ = std::thread([this] { Loop(); });
   cv_.notify_all();
-  if (idle) {
+  if (idle) {  // a first look: wait for a round rather than answer blanks
     const uint64_t before = rounds_;
     cv_.wait_until(lock, now + kRoundWait + std::chrono::milliseconds(400),
                    [&] { return stop_ || rounds_ > before; });
@@ -401,43 +473,23 @@ std::string Console::MembersJson() {
   std::shared_ptr<const partition::Ring> ring =
       cluster_ != nullptr ? cluster_->ring()
                           : partition::Ring::Standalone(config_.server.host, config_.server.port);
-  // Each listed address: its mark, chain position, ring role and state.
-  struct Entry {
-    std::string address;
-    int64_t mark = 0;
-    int position = -1;
-    std::string ring_role;
-    std::string state;  // serving | joining | importing | gone
-  };
-  std::vector<Entry> entries;
-  std::set<std::string> listed;
   std::map<std::string, std::string> upstream;  // member -> the member whose lag it is
-  if (ring) {
-    for (const partition::Partition& p : ring->partitions()) {
-      for (size_t i = 0; i < p.chain.size(); ++i) {
-        const std::string a = p.chain[i].address();
-        entries.push_back({a, p.mark, static_cast<int>(i), ring->RoleOf(p.mark, a), "serving"});
-        listed.insert(a);
-        if (i > 0) upstream[a] = p.chain[i - 1].address();
-      }
-    }
-  }
-  for (const auto& [address, mark] : marks_) {
-    if (listed.count(address) != 0) continue;
-    std::string state = "joining";
-    if (gone_.count(address) != 0) state = "gone";
-    else if (ring && ring->change() != nullptr && ring->change()->importer == address) state = "importing";
-    else if (IsSelf(address)) state = "starting";
-    entries.push_back({address, mark, -1, "", state});
-    listed.insert(address);
-  }
-  // A joiner's lag is what its tail reports for it.
-  std::map<std::string, std::pair<int64_t, bool>> joiner_lag;
+  const std::vector<Entry> entries = Entries(ring.get(), &upstream);
+  // Lag: what a member lacks of its predecessor's log, as the predecessor
+  // reports it; a joiner's, as its tail reports it.
+  std::map<std::string, int64_t> lag_writes;
+  std::map<std::string, int64_t> lag_bytes;
   for (const auto& [address, view] : views_) {
     if (!view.last.ok) continue;
     for (const std::string& j : Named(view.last.stats, "cluster.chain.joiner.", ".lag_writes")) {
-      joiner_lag[j] = {Get(view.last.stats, "cluster.chain.joiner." + j + ".lag_writes"), true};
+      lag_writes[j] = Get(view.last.stats, "cluster.chain.joiner." + j + ".lag_writes");
     }
+  }
+  for (const auto& [member, up] : upstream) {
+    const auto it = views_.find(up);
+    if (it == views_.end() || !it->second.last.ok) continue;
+    lag_writes[member] = Get(it->second.last.stats, "cluster.chain.lag_writes");
+    lag_bytes[member] = Get(it->second.last.stats, "cluster.chain.lag_bytes");
   }
   Json j;
   j.Begin('{');
@@ -447,71 +499,37 @@ std::string Console::MembersJson() {
   for (const Entry& e : entries) {
     const auto it = views_.find(e.address);
     const View* v = it != views_.end() ? &it->second : nullptr;
-    const bool has = v != nullptr && v->last.ok;
+    const bool answered = v != nullptr && v->answered;
+    std::string role = e.state == "gone" ? "gone" : e.ring_role.empty() ? "unknown" : e.ring_role;
+    if (answered) role = v->last.info.role;  // its own view: syncing and fenced too
     j.Begin('{');
     j.Key("address").Str(e.address);
     j.Key("mark").Int(e.mark);
     j.Key("position").Int(e.position);
     j.Key("state").Str(e.state);
     j.Key("ringRole").Str(e.ring_role);
-    const bool answered = v != nullptr && v->answered;
-    std::string role = e.state == "gone" ? "gone" : e.ring_role.empty() ? "unknown" : e.ring_role;
-    if (answered) role = v->last.info.role;
     j.Key("role").Str(role);
     j.Key("reachable").Bool(answered);
     j.Key("error").Str(v != nullptr ? v->error : "");
     j.Key("self").Bool(IsSelf(e.address));
-    if (!has) {
+    if (v == nullptr || !v->last.ok) {
       j.Key("ageMs").Null();
       j.End('}');
       continue;
     }
-    const auto& s = v->last.stats;
     j.Key("ageMs").Int(std::chrono::duration_cast<std::chrono::milliseconds>(now - v->at).count());
     j.Key("writeMode").Str(v->last.info.writeMode == rpc::WriteMode::SAFE ? "safe" : "async");
     j.Key("uptimeSeconds").Int(v->last.info.uptimeSeconds);
-    j.Key("opsPerSec").Int(Get(s, "recent.ops_per_sec"));
-    j.Key("p99Micros").Int(Get(s, "recent.p99_us"));
-    j.Key("windowMs").Int(Get(s, "recent.window_ms"));
-    // Lag: what this member lacks of its predecessor's log, as the
-    // predecessor reports it (a joiner: of its tail's).
+    const bool first = e.position == 0;  // a head lacks nothing
     j.Key("lagWrites");
-    if (const auto up = upstream.find(e.address); up != upstream.end()) {
-      const auto uv = views_.find(up->second);
-      if (uv != views_.end() && uv->second.last.ok) {
-        j.Int(Get(uv->second.last.stats, "cluster.chain.lag_writes"));
-        j.Key("lagBytes").Int(Get(uv->second.last.stats, "cluster.chain.lag_bytes"));
-      } else {
-        j.Null();
-      }
-    } else if (const auto jl = joiner_lag.find(e.address); jl != joiner_lag.end()) {
-      j.Int(jl->second.first);
-    } else {
-      j.Int(0);
-    }
-    j.Key("appliedSeq").Int(Get(s, "cluster.chain.applied_seq"));
-    j.Key("diskTotalBytes").Int(Get(s, "disk.total_bytes"));
-    j.Key("diskFreeBytes").Int(Get(s, "disk.free_bytes"));
-    j.Key("liveBytes").Int(Get(s, "engine.live_bytes"));
-    j.Key("diskFull").Bool(Get(s, "engine.disk_full") != 0);
-    j.Key("compaction").Begin('{');
-    j.Key("running").Bool(Get(s, "compaction.running") != 0);
-    j.Key("percent").Double(static_cast<double>(Get(s, "compaction.percent_x100")) / 100.0);
-    j.Key("bytesReclaimed").Int(Get(s, "compaction.bytes_reclaimed"));
-    j.End('}');
-    j.Key("snapshot");
-    const std::vector<std::string> from = Named(s, "cluster.chain.snapshot_from.", ".percent");
-    if (from.empty()) {
-      j.Null();
-    } else {
-      const std::string p = "cluster.chain.snapshot_from." + from.front() + ".";
-      j.Begin('{');
-      j.Key("from").Str(from.front());
-      j.Key("percent").Int(Get(s, p + "percent"));
-      j.Key("done").Bool(Get(s, p + "done") != 0);
-      j.Key("bytesPerSec").Int(Get(s, p + "bytes_per_sec"));
-      j.End('}');
-    }
+    if (const auto l = lag_writes.find(e.address); l != lag_writes.end()) j.Int(l->second);
+    else if (first) j.Int(0);
+    else j.Null();
+    j.Key("lagBytes");
+    if (const auto l = lag_bytes.find(e.address); l != lag_bytes.end()) j.Int(l->second);
+    else if (first) j.Int(0);
+    else j.Null();
+    AddFigures(v->last.stats, &j);
     j.End('}');
   }
   j.End(']');

@@ -51,6 +51,10 @@ namespace flatkv::client {
 class Client;
 }
 
+namespace flatkv::partition {
+class Ring;
+}
+
 namespace flatkv::server {
 
 class Cluster;
@@ -107,6 +111,14 @@ class Console {
     std::string error;        // the last round's failure
     std::chrono::steady_clock::time_point at;  // of "last"
   };
+  // A listed member: its mark, chain position, ring role and state.
+  struct Entry {
+    std::string address;
+    int64_t mark = 0;
+    int position = -1;      // in its chain; -1: in none
+    std::string ring_role;  // RoleOf in the ring; empty when in no chain
+    std::string state;      // serving | joining | importing | gone | starting
+  };
   // A member that left the ring, with its mark, since when.
   struct Gone {
     int64_t mark = 0;
@@ -122,6 +134,10 @@ class Console {
   std::map<std::string, int64_t> Targets();  // EXCLUSIVE_LOCKS_REQUIRED(mu_)
   void Loop();
   void Round();
+  // Every member to list, chain by chain, then the others (mu_ held);
+  // "upstream" gets each chain member's predecessor.
+  std::vector<Entry> Entries(const partition::Ring* ring,
+                             std::map<std::string, std::string>* upstream) const;
   bool Known(const std::string& address);
   // Runs the next round at once (after an action).
   void Kick();
