@@ -209,12 +209,18 @@ std::map<std::string, int64_t> Console::Targets() {
   seen_ = now;
   std::map<std::string, int64_t> targets = now;
   for (const auto& [address, g] : gone_) targets.emplace(address, g.mark);
-  // Joiners catching up from a tail, which names them.
+  // Joiners catching up from a tail, which names them: the one it streams
+  // a snapshot to, or sends its log to.
   for (const auto& [address, view] : views_) {
     if (!view.last.ok || now.count(address) == 0) continue;
-    for (const std::string& joiner :
-         Named(view.last.stats, "cluster.chain.joiner.", ".lag_writes")) {
+    const auto& stats = view.last.stats;
+    for (const std::string& joiner : Named(stats, "cluster.chain.joiner.", ".lag_writes")) {
       targets.emplace(joiner, now[address]);
+    }
+    for (const std::string& joiner : Named(stats, "cluster.chain.snapshot_to.", ".done")) {
+      if (Get(stats, "cluster.chain.snapshot_to." + joiner + ".done") == 0) {
+        targets.emplace(joiner, now[address]);
+      }
     }
   }
   if (ring && ring->change() != nullptr) targets.emplace(ring->change()->importer, ring->change()->into);

@@ -9,7 +9,8 @@ token shows the CLI's error line; a write-mode switch through the page
 changes the other member's getWriteMode(); a remove-mark started in the
 page shows as a ring change with its state and percent, and the page's
 abort rolls it back; a member killed with kill -9 turns into a gap in its
-chain within the session timeout plus a refresh. Screenshots are kept in
+chain within the session timeout plus a refresh; a new member shows as
+syncing while it catches up, then as the tail. Screenshots are kept in
 OUT_DIR (console_ring.png, console_change.png, console_gap.png).
 
 Usage: console_browser_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT OUT_DIR"""
@@ -52,7 +53,7 @@ class Member:
             server_bin, self.port, os.path.join(work, name), zk, mark,
             "--set", "storage.key_max=2000000", "--set", "cluster.hash_bound=2000000",
             "--set", "server.http_port=%d" % self.http, "--set", "admin.token=" + TOKEN,
-            "--set", "cluster.migrate_mb_per_sec=1", *extra,
+            "--set", "cluster.migrate_mb_per_sec=1", "--set", "cluster.resync_mb_per_sec=1", *extra,
             log=os.path.join(work, name + ".log"), session_timeout_ms=SESSION_MS)
         harness.wait_port(self.http, self.proc)
 
@@ -75,10 +76,11 @@ check(took is not None, "the ring of 2 marks x 2 members forms")
 if took is None:
     harness.finish(work)
 harness.wait_serving(low_head.port, [1, HIGH - 1])
-# About 3 MB in the high mark's range: at 1 MB/s its removal copies for a few seconds.
+# About 5 MB in the high mark's range: at 1 MB/s its removal copies, and a
+# new member catches up, for a few seconds.
 value = b"x" * 10000
-for k in range(300):
-    low_head.call(lambda c: c.put(LOW + 1 + k * 1000, value))
+for k in range(500):
+    low_head.call(lambda c: c.put(LOW + 1 + k * 1500, value))
 print("ring up in %.1f s" % (time.monotonic() - t0))
 
 # A light load for the figures: puts to the low mark, gets from the high.
@@ -262,6 +264,16 @@ try:
     gap = driver.find_elements(By.CSS_SELECTOR, '.member.gap[data-address="%s"]' % high_tail.address)
     check(len(gap) == 1, "the gap is drawn in mark %d's chain" % HIGH)
     shot("console_gap.png")
+
+    # A new member catching up from the tail (1 MB/s): syncing, then tail.
+    joiner = Member("high-c", HIGH)
+    members.append(joiner)
+    took = wait("the joiner shown as syncing", lambda: boxes().get(joiner.address, ("",))[0] == "syncing")
+    check(took is not None and boxes()[joiner.address][2] == "joining",
+          "a member catching up is shown as syncing: %r" % (boxes().get(joiner.address),))
+    took = wait("the joiner as the new tail", lambda: boxes().get(joiner.address) == ("tail", HIGH, "serving"),
+                timeout=40)
+    check(took is not None, "once caught up it is the tail of mark %d" % HIGH)
     # (The 401 of the wrong token is logged by the browser as a network
     # error: expected; a script error is not.)
     logs = [e for e in driver.get_log("browser")
