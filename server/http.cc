@@ -388,8 +388,8 @@ void SendOutcome(evhttp_request* req, const Status& st, const std::string& done)
     return SendJsonText(req, 200, json.Done() + "\n");
   }
   HttpError h = StatusForError(ToKvError(st).code);
-  if (st.IsNotFound()) h = {404, "NOT_FOUND"};
-  AddHeader(req, "X-FlatKV-Error", h.name);
+  if (st.IsNotFound()) h = {404, "NOT_FOUND"};  // no such member: not an ErrorCode
+  else AddHeader(req, "X-FlatKV-Error", h.name);
   if (h.status == 401) AddHeader(req, "WWW-Authenticate", "Bearer");
   json.Add("code", std::string(h.name));
   json.Add("error", "flatkv: " + st.ToString());
