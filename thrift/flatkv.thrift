@@ -260,7 +260,8 @@ service FlatKV {
   // Key order from fromKey: ascending (keys >= fromKey), or with reverse
   // descending (keys <= fromKey).
   ScanResult scan(1: required i64 fromKey, 2: required i32 limit, 3: required bool reverse) throws (1: KvError err),
-  // Insertion order; an empty cursor starts.
+  // Log order: segment by segment, each data file in write order, live
+  // records only (not one global insertion order); an empty cursor starts.
   LogScanResult scanLog(1: required binary cursor, 2: required i32 limit) throws (1: KvError err),
 
   GetResult sget(1: required binary key) throws (1: KvError err),
@@ -291,8 +292,8 @@ service FlatKV {
   // Key order within the hash range [lo, hi] (inclusive), which peer.mark
   // owns whole; otherwise as scan.
   ScanResult peerScan(1: required PeerContext peer, 2: required i64 fromKey, 3: required i32 limit, 4: required bool reverse, 5: required i64 lo, 6: required i64 hi) throws (1: KvError err),
-  // Insertion order over this partition's store (a cursor of scanLog's
-  // standalone form).
+  // Log order over this partition's store, as scanLog (a cursor of
+  // scanLog's standalone form).
   LogScanResult peerScanLog(1: required PeerContext peer, 2: required binary cursor, 3: required i32 limit) throws (1: KvError err),
   GetResult peerSGet(1: required PeerContext peer, 2: required binary key) throws (1: KvError err),
   void peerSPut(1: required PeerContext peer, 2: required binary key, 3: required binary value) throws (1: KvError err),
