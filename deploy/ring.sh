@@ -65,7 +65,7 @@ SETS=()
 SERVICE_PATH=/flatkv
 
 usage() {
-  # The header comment: usage, marks, and what replicas mean before issue 10.
+  # The header comment: usage, marks, and what replicas mean.
   awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2
   exit 2
 }
@@ -258,7 +258,7 @@ describe() {
       fi
       prev=$mark
     fi
-    echo "    node-$p-$r  127.0.0.1:$port  data $dir/data  log $dir/server.log$( ((r == 0)) && ((REPLICAS > 1)) && echo "  (starts as head: the member that holds the data until issue 10)")"
+    echo "    node-$p-$r  127.0.0.1:$port  data $dir/data  log $dir/server.log$( ((r == 0)) && ((REPLICAS > 1)) && echo "  (starts as head)")"
   done < <(instances)
 }
 

@@ -356,8 +356,8 @@ class ChainMember {
   int64_t head_epoch() const { return epoch_; }
   uint64_t committed() const { return committed_; }
   size_t pending_writes() const { return pending_.size(); }
-  // A new mark's first member imported its store from another mark's
-  // (issue 11): its store holds what position "at" names, which no log
+  // A new mark's first member imported its store from another mark's (a
+  // ring change): its store holds what position "at" names, which no log
   // covers, so a joiner from any other position gets a full copy. Only
   // while it is in no chain; whatever it applied or logged before (an
   // earlier life of this instance, whose store the import wiped) is

@@ -12,8 +12,8 @@
 // (cluster.peer_token, the sender's ring version, the mark it routed to);
 // the receiver serves it only if its own ring says its mark owns the key
 // (CheckPeer), else NOT_OWNER, and the sender re-reads the ring and retries
-// once. Until chain replication exists (issue 10), every call for a mark goes
-// to the head of its chain; the other members hold no data yet.
+// once. Writes go to the head of the mark's chain, reads under sync to its
+// tail (server/replicator.h), under async to any member.
 //
 // Thread safety: every method may be called from any thread concurrently.
 #pragma once

@@ -127,8 +127,8 @@ struct PeerContext {
 // "slots" is "key" are exactly the pairs of "value" (a bucket of puts,
 // engine/string_keys.h). A member whose storage.string_slots is "slots"
 // writes that bucket whole; another one holds the same pairs already (only
-// a member with a damaged bucket needs it) and skips it. Builds before
-// 2026-11-24 refuse it (unknown op kind).
+// a member with a damaged bucket needs it) and skips it. Builds without
+// SBUCKET refuse it (unknown op kind).
 enum ChainOpKind { PUT = 0, REMOVE = 1, SPUT = 2, SREMOVE = 3, SBUCKET = 4 }
 struct ChainOp {
   1: required ChainOpKind kind,
