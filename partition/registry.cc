@@ -1383,13 +1383,19 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
     if (children->rc != ZOK) return ZkError("get children", opt_.service_path, children->rc);
     const std::set<std::string> before(view_.children.begin(), view_.children.end());
     const std::set<std::string> after(children->children.begin(), children->children.end());
-    int64_t came_or_went = 0;
-    for (const std::string& c : after) came_or_went += before.count(c) == 0 ? 1 : 0;
-    for (const std::string& c : before) came_or_went += after.count(c) == 0 ? 1 : 0;
+    int64_t came = 0;
+    int64_t went = 0;
+    for (const std::string& c : after) came += before.count(c) == 0 ? 1 : 0;
+    for (const std::string& c : before) went += after.count(c) == 0 ? 1 : 0;
+    const int64_t ops = int64_t{children->stat.cversion} - view_.children_cversion;
     // Some name went and came back (or the path was made again): its node
     // may be a new one. Read every czxid again.
-    const bool churn = !view_.children_read ||
-                       int64_t{children->stat.cversion} - view_.children_cversion != came_or_went;
+    const bool churn = !view_.children_read || ops != came + went;
+    // One child created since the last listing and nothing else: its czxid
+    // is the listing's pzxid (the zxid of the newest child created or
+    // deleted). Our own node is read all the same: the check of it needs
+    // its session.
+    const bool one_new = view_.children_read && ops == 1 && came == 1 && went == 0;
     next.children = std::move(children->children);
     next.children_cversion = children->stat.cversion;
     next.children_read = true;
@@ -1406,6 +1412,11 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
       const auto known = view_.members.find(child);
       if (!churn && known != view_.members.end()) {
         next.members.emplace(child, known->second);
+      } else if (one_new && child != member_name_) {
+        MemberNode m;
+        m.reg = std::move(r);
+        m.reg.member.czxid = children->stat.pzxid;
+        next.members.emplace(child, std::move(m));
       } else {
         member_reads.emplace_back(
             child, Send(second, Kind::kExists, opt_.service_path + "/" + child, false));
