@@ -16,7 +16,11 @@
 //         -> deregistered?
 //         -> registered? -> chains to record -> ring read?
 //
-//     The lease probe is the one asynchronous call: an exists() sent every
+//     The ring read is asynchronous too (its own section below): its
+//     requests go out together and the registry thread waits for their
+//     answers, which the completion thread records.
+//
+//     The lease probe is asynchronous as well: an exists() sent every
 //     session timeout / 8 while connected, whose answer (on the completion
 //     thread) records its send time for lease(). One is in flight at a time;
 //     a lost connection fails it, and a new session starts with no lease.
@@ -34,8 +38,10 @@
 //     state the registry sends nothing but the client's own pings.
 //
 // ZooKeeper facts this relies on (ZooKeeper Programmer's Guide):
-//   - watches fire once and events are lost while disconnected: every read of
-//     the children re-arms the watch, and every (re)connect re-reads;
+//   - watches fire once: every read of a path re-arms its watch; on a
+//     reconnect the client sets the session's watches again and the server
+//     fires those whose node changed meanwhile, and the registry reads the
+//     listings again besides;
 //   - the same session survives a disconnection (and a server restart) as
 //     long as the client reconnects within the session timeout: its
 //     ephemeral node stays and nothing needs re-registering;

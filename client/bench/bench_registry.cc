@@ -238,9 +238,9 @@ Server StartServer(const Flags& f, const ZooKeeper& zk, int64_t mark) {
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    const int devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    dup2(devnull, 2);
+    const int log = open((s.dir + "/log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(log, 1);
+    dup2(log, 2);
     execv(argv[0], argv.data());
     _exit(127);
   }
@@ -252,7 +252,7 @@ void StopServer(Server* s, int sig) {
   kill(s->pid, sig);
   waitpid(s->pid, nullptr, 0);
   s->pid = 0;
-  std::filesystem::remove_all(s->dir);
+  if (std::getenv("FLATKV_BENCH_KEEP") == nullptr) std::filesystem::remove_all(s->dir);
 }
 
 // Each registry's view of one thing: when its ring first showed it.
@@ -288,14 +288,17 @@ class Bench {
   Bench(const Flags& f, int n) : f_(f), n_(n), zk_(f) {}
 
   void Run() {
-    const int64_t server_mark = 100 * (n_ / f_.replicas + 2);
+    const int64_t server_mark = 50;  // the first mark: nothing to import
     watcher_.seen_ms.assign(n_ + 1, -1);
 
     // Start-up: every registry and server at once.
     const auto s0 = Snapshot();
     Expect("", true, n_ + f_.servers);
-    for (int i = 0; i < n_; ++i) members_.push_back(StartMember(i, 100 * (i / f_.replicas + 1)));
+    // The servers first: a mark that joins a ring imports its range from
+    // the mark that owns it, and the registries here serve nothing.
     for (int i = 0; i < f_.servers; ++i) servers_.push_back(StartServer(f_, zk_, server_mark));
+    if (f_.servers > 0) WaitServers();
+    for (int i = 0; i < n_; ++i) members_.push_back(StartMember(i, 100 * (i / f_.replicas + 1)));
     const bool all = WaitAll(s0.ms);
     // The servers' head records its chain once the chain formed; wait for
     // that to settle as part of start-up.
@@ -373,6 +376,27 @@ class Bench {
     if (!Registry::Start(o, &m.registry).ok()) throw std::runtime_error("Registry::Start");
     m.registry->Register();
     return m;
+  }
+
+  // Until an observer's ring shows every server registered.
+  void WaitServers() {
+    RegistryOptions o;
+    o.zookeeper = zk_.address();
+    o.observer = true;
+    o.session_timeout_ms = f_.session_timeout_ms;
+    std::unique_ptr<Registry> observer;
+    if (!Registry::Start(o, &observer).ok()) throw std::runtime_error("Registry::Start");
+    const int64_t deadline = NowMs() + f_.timeout_s * 1000;
+    while (NowMs() < deadline) {
+      const auto ring = observer->ring();
+      size_t n = 0;
+      for (const auto& p : ring ? ring->partitions() : std::vector<partition::Partition>{}) {
+        n += p.chain.size();
+      }
+      if (n >= static_cast<size_t>(f_.servers)) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    throw std::runtime_error("the flatkv-server instances did not register");
   }
 
   void Expect(const std::string& member, bool present, size_t count) {
