@@ -94,6 +94,7 @@ constexpr int kChainDataMax = 16384;    // a chain node: ~25 bytes per member
 constexpr int kRecordAttempts = 5;      // RecordChain: re-reads after a lost race
 constexpr int kCoalesceMs = 20;         // a burst of watch events is read as one
 constexpr int kReadPasses = 3;          // read steps before a view is published anyway
+constexpr int kCloseWaitMs = 1000;      // Close(): answers in flight still read for this long
 const std::string kAllPaths = "*";      // a dirty_ key: read everything
 constexpr int kLogBurst = 5;            // ZooKeeper log lines per window...
 constexpr int64_t kLogWindowMs = 10000; // ...then one "suppressed" line
@@ -1278,9 +1279,16 @@ Registry::Impl::ReadOp* Registry::Impl::Send(const std::shared_ptr<ReadBatch>& b
 
 // Waits for every answer of "batch". A lost connection fails the requests
 // in flight (ZCONNECTIONLOSS) within the session timeout.
+// Closing: the answers on their way still get a moment to come in, since
+// zookeeper_close() drops an answer the client received but had not yet
+// handed to its completion (never calling it: a leak).
 Status Registry::Impl::Wait(const std::shared_ptr<ReadBatch>& batch) {
   std::unique_lock<std::mutex> lock(mu_);
   reads_cv_.wait(lock, [&] { return batch->pending == 0 || stop_; });
+  if (batch->pending > 0) {
+    reads_cv_.wait_for(lock, std::chrono::milliseconds(kCloseWaitMs),
+                       [&] { return batch->pending == 0; });
+  }
   return batch->pending == 0 ? Status::OK() : Status::Unavailable("the registry is closed");
 }
 

@@ -20,6 +20,7 @@
 //   flatkv-registry-bench --members 30,100,300 --servers 3
 //       --server-bin build/server/flatkv-server --zk-cpu 0 --bench-cpu 1
 #include <sched.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -72,6 +73,7 @@ struct Flags {
   int bench_cpu = -1;
   std::string zk_heap = "1g";
   int timeout_s = 120;  // per phase
+  double start_rate = 0;  // registries started per second at start-up; 0 = all at once
 };
 
 [[noreturn]] void Usage(const char* why) {
@@ -79,7 +81,7 @@ struct Flags {
                "flatkv-registry-bench: %s\n"
                "usage: flatkv-registry-bench [--members 30,100,300] [--replicas 3] [--servers 3]\n"
                "  [--server-bin PATH] [--session-timeout-ms 6000] [--zk-cpu C] [--bench-cpu C]\n"
-               "  [--zk-heap 1g] [--timeout-s 120]\n",
+               "  [--zk-heap 1g] [--timeout-s 120] [--start-rate PER_SECOND]\n",
                why);
   std::exit(2);
 }
@@ -108,6 +110,8 @@ Flags ParseFlags(int argc, char** argv) {
       f.bench_cpu = std::stoi(v);
     } else if (a == "--zk-heap") {
       f.zk_heap = v;
+    } else if (a == "--start-rate") {
+      f.start_rate = std::stod(v);
     } else if (a == "--timeout-s") {
       f.timeout_s = std::stoi(v);
     } else {
@@ -235,6 +239,7 @@ Server StartServer(const Flags& f, const ZooKeeper& zk, int64_t mark) {
   };
   s.pid = fork();
   if (s.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the bench
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -298,7 +303,13 @@ class Bench {
     // the mark that owns it, and the registries here serve nothing.
     for (int i = 0; i < f_.servers; ++i) servers_.push_back(StartServer(f_, zk_, server_mark));
     if (f_.servers > 0) WaitServers();
-    for (int i = 0; i < n_; ++i) members_.push_back(StartMember(i, 100 * (i / f_.replicas + 1)));
+    for (int i = 0; i < n_; ++i) {
+      if (f_.start_rate > 0) {
+        const int64_t due = s0.ms + static_cast<int64_t>(i * 1000 / f_.start_rate);
+        if (due > NowMs()) std::this_thread::sleep_for(std::chrono::milliseconds(due - NowMs()));
+      }
+      members_.push_back(StartMember(i, 100 * (i / f_.replicas + 1)));
+    }
     const bool all = WaitAll(s0.ms);
     // The servers' head records its chain once the chain formed; wait for
     // that to settle as part of start-up.
