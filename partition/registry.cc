@@ -1716,7 +1716,10 @@ void Registry::Impl::Publish(std::shared_ptr<const Ring> ring, uint64_t ticket) 
   }
   progress_.notify_all();
   if (!changed) return;
-  spdlog::info("registry: ring version {}: {}", ring->version(), ring->ToString());
+  // ToString() is a line per member: only when it is logged.
+  if (spdlog::should_log(spdlog::level::info)) {
+    spdlog::info("registry: ring version {}: {}", ring->version(), ring->ToString());
+  }
   if (opt_.on_ring) opt_.on_ring(std::move(ring));
 }
 
