@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "partition/registry.h"
@@ -492,6 +493,9 @@ class Bench {
 int main(int argc, char** argv) {
   using namespace flatkv::bench;
   const Flags flags = ParseFlags(argc, argv);
+  // stdout is the JSON lines: the registries' (and ZooKeeper's) log goes
+  // to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("flatkv-registry-bench"));
   spdlog::set_level(spdlog::level::err);
   if (flags.bench_cpu >= 0) {
     cpu_set_t set;
