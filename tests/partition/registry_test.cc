@@ -1305,7 +1305,7 @@ TEST_CASE("A member node deleted and created again between two reads is read wit
   CHECK(Eventually([&] { return a->registration_czxid() == 0; }, 1s));
 }
 
-TEST_CASE("A burst of member changes is read as a few reads; one change costs one listing",
+TEST_CASE("A burst of member changes is read as a few reads, and one change costs one listing",
           "[partition][registry]") {
   ZooKeeperServer zk;
   std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
