@@ -172,6 +172,10 @@ class Cluster : public ChainCoordinator {
   // (until its importer knows the source has seen the flip).
   Status CheckWritable(int64_t hash) const override { return CheckMoving(hash, true); }
   Status CheckReadable(int64_t hash) const { return CheckMoving(hash, false); }
+  // After a local read of "hash": the newest view still has this mark own
+  // it and serve its reads (NotOwner or Unavailable: the answer must not be
+  // given, a ring change moved the key meanwhile).
+  Status CheckStillServed(int64_t hash) const;
 
   // The ring as the IDL's RingInfo.
   void Describe(rpc::RingInfo* info) const;
@@ -208,6 +212,10 @@ class Cluster : public ChainCoordinator {
   // (add) or through this mark's chain (remove).
   Status CopyRanges(const partition::RingChange& change, const partition::Ring& ring);
   // kDrop: the source's head drops the change's ranges.
+  // kRelease: every member of the source's chain confirms it let the
+  // ranges go (partition::ReleasedBy), the head last, dropping one key
+  // ("dropped": how many it did).
+  Status ReleaseSource(const partition::RingChange& change, int64_t* dropped);
   Status DropAtSource(const partition::RingChange& change, const partition::Ring& ring);
   // kFence: the source's head stops writes to the ranges.
   Status FenceSource(const partition::RingChange& change, const partition::Ring& ring);

@@ -101,7 +101,14 @@ void Handler::GatedRead(const int64_t* hashes, size_t n, const Read& read) {
     for (size_t i = 0; i < n && confirmed; ++i) {
       confirmed = replicator_->ConfirmRead(static_cast<uint64_t>(hashes[i]));
     }
-    if (confirmed) return;
+    if (confirmed) {
+      // A ring change may have moved a key while it was read (the source
+      // lets a range go only after its members' views refuse it).
+      if (cluster_ != nullptr) {
+        for (size_t i = 0; i < n; ++i) ThrowIfError(cluster_->CheckStillServed(hashes[i]));
+      }
+      return;
+    }
     for (size_t i = 0; i < n; ++i) CheckRead(hashes[i]);
     read();
   }

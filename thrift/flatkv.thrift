@@ -343,7 +343,10 @@ service FlatKV {
   void peerFence(1: required PeerContext peer) throws (1: KvError err),
   // Once the new mark serves [lo, hi] (this mark no longer owns any of it):
   // removes up to "limit" keys this mark still holds there, through its
-  // chain, and returns how many (0: none left).
+  // chain, and returns how many (0: none left). Limit 0, to any member of
+  // the mark: re-reads the ring and answers 0 once this member's view no
+  // longer gives it any of [lo, hi], so it serves none of it from then on
+  // (INVALID_ARGUMENT while the view still does).
   i64 peerDrop(1: required PeerContext peer, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
   // A ring change in state precopy (czxid), served by the head of
   // peer.mark: from now on this head records the keys written to the
