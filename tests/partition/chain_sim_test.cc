@@ -393,7 +393,7 @@ class Sim {
     n.registered = true;
     n.intact = true;
     czxid_[n.address] = ++zxid_;
-    n.member->OnRegistered(zxid_, SessionName(n.gen));  // zoo_create returns it to the shell
+    n.member->OnRegistered(zxid_, SessionName(n.gen), now_);  // zoo_create returns it to the shell
     chain_.push_back(n.address);
     Publish();
   }
