@@ -36,8 +36,8 @@
 # order) replicating every write (cluster.replication, sync by default). A
 # member that restarts catches up from the tail and rejoins at the tail.
 # To add a mark later, start an instance with a new cluster.mark: it imports
-# its range from the mark that owns it, then registers (README, "Adding a
-# mark live"); `flatkv admin remove-mark M` removes one.
+# its range from the mark that owns it, then registers (docs/ring.md, "Adding a
+# mark"); `flatkv admin remove-mark M` removes one.
 #
 # Files under D: zk/ (ZooKeeper's config, data and log), ring.env (the
 # layout, read by status and down), and per instance node-<p>-<r>/ with data/

@@ -431,7 +431,7 @@ std::vector<Console::Entry> Console::Entries(const partition::Ring* ring,
 
 namespace {
 
-// A member's own figures, from its stats() (README, "Operator console").
+// A member's own figures, from its stats() (docs/application.md, "Operator console").
 void AddFigures(const std::map<std::string, int64_t>& s, Json* json) {
   Json& j = *json;
   j.Key("opsPerSec").Int(Get(s, "recent.ops_per_sec"));

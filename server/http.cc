@@ -81,7 +81,7 @@ struct HttpError {
   const char* name;  // the ErrorCode, for the X-FlatKV-Error header
 };
 
-// The one place a KvError code becomes an HTTP status (README: "HTTP port").
+// The one place a KvError code becomes an HTTP status (docs/application.md, "HTTP port").
 HttpError StatusForError(rpc::ErrorCode::type code) {
   switch (code) {
     case rpc::ErrorCode::KEY_OUT_OF_RANGE: return {422, "KEY_OUT_OF_RANGE"};

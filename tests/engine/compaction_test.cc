@@ -566,7 +566,7 @@ ChurnResult Churn(const EngineOptions& o, double seconds, double pace = 0) {
   return r;
 }
 
-// The figures of a churn, printed by the tests (they are the README's).
+// The figures of a churn, printed by the tests (docs/engine.md and docs/performance.md quote them).
 std::string Describe(const ChurnResult& r) {
   char text[256];
   std::snprintf(text, sizeof(text),

@@ -518,7 +518,7 @@ class Sim {
 
   // flatkv admin abort-change for an add whose importer was retired before
   // its flip (a removed mark's member that came back as a new mark, as
-  // the README says may happen): the operator rolls it back.
+  // docs/ring.md says may happen): the operator rolls it back.
   void AdminAbort() {
     if (!ZkUp() || !Zk().change) return;
     const RingChange& c = *Zk().change;
