@@ -30,8 +30,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -137,7 +139,10 @@ constexpr const char* kUsage =
     "  --raw             get/sget: print the value's bytes exactly, with no\n"
     "                    newline (default: the value, then a newline)\n"
     "  --zk Z            ZooKeeper hosts (host:port,...) of a ring: each call goes\n"
-    "                    straight to the instance that owns its key\n"
+    "                    straight to the instance that owns its key; admin\n"
+    "                    remove-mark and abort-change to a live instance of the\n"
+    "                    ring (not of the mark removed); other admin commands\n"
+    "                    act on the instance --host/--port name\n"
     "  --path P          the ring's ZooKeeper service path (default /flatkv)\n"
     "  --zk-auth-file F  admin secure-ring: the file of user:password\n"
     "  --help            this text\n"
@@ -160,6 +165,7 @@ struct Flags {
   bool transitional = false;  // admin secure-ring --transitional
   std::optional<int> mb_per_sec;
   std::string zookeeper;                 // --zk: route through the ring
+  bool instance_given = false;           // --host or --port named one instance
   std::string service_path = "/flatkv";  // --path
   std::string zk_auth_file;              // --zk-auth-file (admin secure-ring)
   bool help = false;
@@ -198,7 +204,9 @@ Status ApplyValueOption(const std::string& name, const std::string& value, Flags
   constexpr int kIntMax = std::numeric_limits<int>::max();
   if (name == "host") {
     f->client.host = value;
+    f->instance_given = true;
   } else if (name == "port") {
+    f->instance_given = true;
     return ParseBounded(name, value, 1, 65535, &f->client.port);
   } else if (name == "timeout-ms") {
     int ms = 0;
@@ -484,6 +492,11 @@ class Cli {
   void PrintImport(const partition::RingChange& c) const;
   int SuggestMark(const Operands& ops);
   std::shared_ptr<const partition::Ring> LoadRing(Status* st);
+  // A ring-wide admin call ("call" on a client): on the one instance named
+  // (no --zk, or --host/--port), else on each live instance of the ring in
+  // turn, skipping mark "avoid" (0: none), until one answers (not a
+  // network failure). *used is the client that answered.
+  Status RingAdmin(int64_t avoid, const std::function<Status(Client&)>& call, Client** used);
 
   // Runs a data call on the ring client (--zk) or on the one instance.
   template <typename Call>
@@ -503,6 +516,7 @@ class Cli {
   const Flags flags_;
   Client client_;
   std::unique_ptr<RingClient> ring_;  // with --zk
+  std::unique_ptr<Client> admin_;     // RingAdmin's instance of the ring
 };
 
 const Cli::Command Cli::kCommands[] = {
@@ -582,6 +596,19 @@ Status Cli::CheckOptions(const std::string& command) const {
   }
   if (command == "admin secure-ring" && (flags_.zookeeper.empty() || flags_.zk_auth_file.empty())) {
     return Status::InvalidArgument("admin secure-ring needs --zk and --zk-auth-file");
+  }
+  // With --zk, data calls and the ring-wide admin commands find their
+  // instance in the ring; the rest act on one instance, which must be named
+  // rather than taken to be the default address.
+  static const char* const kRingWide[] = {"admin remove-mark", "admin abort-change",
+                                          "admin secure-ring"};
+  const bool ring_wide = std::any_of(std::begin(kRingWide), std::end(kRingWide),
+                                     [&](const char* c) { return command == c; });
+  if (!flags_.zookeeper.empty() && !flags_.instance_given && command.rfind("admin ", 0) == 0 &&
+      !ring_wide) {
+    return Status::InvalidArgument(command + " acts on one instance: name it with --host and "
+                                   "--port (--zk finds the instance only for data calls, ring, "
+                                   "admin remove-mark and admin abort-change)");
   }
   return Status::OK();
 }
@@ -867,11 +894,45 @@ int Cli::Verify(const Operands&) {
   return v.corrupt > v.repaired ? kExitCorrupt : kExitOk;
 }
 
+Status Cli::RingAdmin(int64_t avoid, const std::function<Status(Client&)>& call, Client** used) {
+  *used = &client_;
+  if (flags_.zookeeper.empty() || flags_.instance_given) return call(client_);
+  Status st;
+  std::shared_ptr<const partition::Ring> ring = LoadRing(&st);
+  if (!st.ok()) return st;
+  st = Status::Unavailable("the ring has no serving instance" +
+                           (avoid != 0 ? " outside mark " + std::to_string(avoid) : ""));
+  for (const partition::Partition& p : ring->partitions()) {
+    if (p.mark == avoid) continue;
+    for (const partition::Member& m : p.chain) {
+      ClientOptions o = flags_.client;
+      const std::string address = m.address();
+      const size_t colon = address.rfind(':');
+      if (colon == std::string::npos || !ParseInt(address.substr(colon + 1), &o.port)) continue;
+      o.host = address.substr(0, colon);
+      admin_ = std::make_unique<Client>(std::move(o));
+      st = call(*admin_);
+      if (!admin_->network_failed()) {
+        *used = admin_.get();
+        return st;
+      }
+    }
+  }
+  return st;
+}
+
 int Cli::RemoveMark(const Operands& ops) {
   int64_t mark = 0;
   if (!ParseInt(ops[0], &mark)) return Usage("remove-mark wants an integer mark, not '" + ops[0] + "'");
   const std::string token = Token();
-  Status st = client_.Call("removeMark", false, [&](rpc::FlatKVClient& c) { c.removeMark(token, mark); });
+  Client* target = nullptr;
+  Status st = RingAdmin(
+      mark,
+      [&](Client& client) {
+        return client.Call("removeMark", false,
+                           [&](rpc::FlatKVClient& c) { c.removeMark(token, mark); });
+      },
+      &target);
   if (!st.ok()) return Fail(st);
   if (!flags_.wait) {
     std::printf("removal of mark %lld started (flatkv ring, or --wait, to follow)\n",
@@ -880,7 +941,7 @@ int Cli::RemoveMark(const Operands& ops) {
   }
   for (;;) {
     rpc::RingInfo info;
-    if (st = client_.Ring(&info); !st.ok()) return Fail(st);
+    if (st = target->Ring(&info); !st.ok()) return Fail(st);
     const bool present = std::any_of(info.partitions.begin(), info.partitions.end(),
                                      [&](const rpc::Partition& p) { return p.mark == mark; });
     if (!present) break;
@@ -892,7 +953,14 @@ int Cli::RemoveMark(const Operands& ops) {
 
 int Cli::AbortChange(const Operands&) {
   const std::string token = Token();
-  Status st = client_.Call("abortChange", false, [&](rpc::FlatKVClient& c) { c.abortChange(token); });
+  Client* target = nullptr;
+  Status st = RingAdmin(
+      0,
+      [&](Client& client) {
+        return client.Call("abortChange", false,
+                           [&](rpc::FlatKVClient& c) { c.abortChange(token); });
+      },
+      &target);
   if (!st.ok()) return Fail(st);
   std::printf("ring change rolled back\n");
   return kExitOk;

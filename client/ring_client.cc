@@ -222,7 +222,8 @@ Status RingClient::MultiGet(const std::vector<int64_t>& keys,
         }
       }
       if (!parts[i].status.ok()) {
-        moved = moved || c->network_failed() || parts[i].status.IsUnavailable();
+        moved = moved || c->network_failed() || parts[i].status.IsUnavailable() ||
+                parts[i].status.IsNotOwner();
         if (st.ok()) st = parts[i].status;
       }
     }
@@ -261,7 +262,8 @@ Status RingClient::MultiPut(const std::vector<rpc::KvPair>& pairs) {
         });
       }
       if (!parts[i].status.ok()) {
-        moved = moved || c->network_failed() || parts[i].status.IsUnavailable();
+        moved = moved || c->network_failed() || parts[i].status.IsUnavailable() ||
+                parts[i].status.IsNotOwner();
         if (st.ok()) st = parts[i].status;
       }
     }

@@ -34,6 +34,9 @@ packages=(
   # --no-install-recommends leaves it out and -fsanitize=fuzzer,address
   # cannot link)
   clang libfuzzer-14-dev libclang-rt-14-dev
+  # the operator console's test in a real browser (tests/integration/
+  # console_browser_test.py): headless Chromium driven by chromedriver
+  chromium chromium-driver python3-selenium
   # ring tests: ZooKeeper from Python, and XXH64 to know each string key's owner
   python3-kazoo python3-xxhash
   # the Python package client/python: pip-installed into a venv that sees

@@ -36,8 +36,8 @@
 # order) replicating every write (cluster.replication, sync by default). A
 # member that restarts catches up from the tail and rejoins at the tail.
 # To add a mark later, start an instance with a new cluster.mark: it imports
-# its range from the mark that owns it, then registers (README, "Adding a
-# mark live"); `flatkv admin remove-mark M` removes one.
+# its range from the mark that owns it, then registers (docs/ring.md, "Adding a
+# mark"); `flatkv admin remove-mark M` removes one.
 #
 # Files under D: zk/ (ZooKeeper's config, data and log), ring.env (the
 # layout, read by status and down), and per instance node-<p>-<r>/ with data/
@@ -65,7 +65,7 @@ SETS=()
 SERVICE_PATH=/flatkv
 
 usage() {
-  # The header comment: usage, marks, and what replicas mean before issue 10.
+  # The header comment: usage, marks, and what replicas mean.
   awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2
   exit 2
 }
@@ -258,7 +258,7 @@ describe() {
       fi
       prev=$mark
     fi
-    echo "    node-$p-$r  127.0.0.1:$port  data $dir/data  log $dir/server.log$( ((r == 0)) && ((REPLICAS > 1)) && echo "  (starts as head: the member that holds the data until issue 10)")"
+    echo "    node-$p-$r  127.0.0.1:$port  data $dir/data  log $dir/server.log$( ((r == 0)) && ((REPLICAS > 1)) && echo "  (starts as head)")"
   done < <(instances)
 }
 

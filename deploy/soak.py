@@ -2,7 +2,7 @@
 """The soak of deploy/soak.sh (which builds and calls this): one real
 flatkv-server under a mixed load for MINUTES, sampled every SAMPLE seconds.
 Default configuration but for two keys sized to the soak's data: the
-string-key table has 65536 slots (about the string keys: README, "String
+string-key table has 65536 slots (about the string keys: docs/engine.md, "String
 keys"), and segments hold 4096 keys, so the 24,000 integer keys span six
 tables as any store of more than 2^24 keys spans many: compaction rewrites
 one table at a time, so it needs room for one table's live data, not the

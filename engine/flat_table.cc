@@ -412,9 +412,9 @@ Status FlatTable::Get(int64_t key, std::string* value) const {
     // "done" is read before the successor: a miss there means "absent" only
     // if the copy had finished before it. Read after, a key copied between
     // the miss and the switch read as absent although this table still held
-    // it (until 2026-11-25: a get racing a compaction's end could answer
-    // NotFound for a key put long before; a string put could then rewrite
-    // the bucket without its other keys).
+    // it (a get racing a compaction's end would answer NotFound for a key
+    // put long before, and a string put could then rewrite the bucket
+    // without its other keys).
     const bool done = successor_done_.load(std::memory_order_acquire);
     Status st = next->Get(key, value);
     if (!st.IsNotFound() || done) return st;
@@ -959,9 +959,9 @@ void FlatTable::ReleaseWindows() { ForEachLogLocked(&LogFile::ReleaseWindow); }
 Status FlatTable::Sync() {
   // Writes go to the successor while compacting, and after the switch too:
   // a Store::Sync that took this table's pointer before the switch syncs
-  // the successor here, finished or not (until 2026-11-25 only unfinished,
-  // so writes acknowledged between the compaction's own sync and the switch
-  // could miss that Store::Sync).
+  // the successor here, finished or not (syncing only an unfinished one,
+  // writes acknowledged between the compaction's own sync and the switch
+  // would miss that Store::Sync).
   if (FlatTable* next = successor()) FLATKV_RETURN_IF_ERROR(next->Sync());
   FLATKV_RETURN_IF_ERROR(SyncLayout());
   for (int f = 0; f < params_.index.data_files; ++f) {

@@ -25,8 +25,8 @@
 
 namespace flatkv::engine {
 
-// META's text: the range and layout, then (since 2026-11-25) whether an
-// appended value was ever written here and each data file's head.
+// META's text: the range and layout, then (absent in older stores) whether
+// an appended value was ever written here and each data file's head.
 Status FlatTable::WriteMeta(const std::string& dir, const IndexParams& p, bool appends,
                             const std::vector<uint64_t>& heads, bool durable) {
   const std::string path = dir + "/META";

@@ -100,7 +100,7 @@ class LogFile {
   // flush) buys nothing over a pwritev's system call: at 4 KiB values,
   // 2-thread fills ran 1.6-2.3x faster this way and 1-thread ones the
   // same or better; at 1 KiB values a pwritev per record was 35-45 %
-  // slower than the mapping (measured 2026-11-25, 64 KiB before).
+  // slower than the mapping (64 KiB measured worse).
   static constexpr size_t kDirectWriteBytes = 4 * 1024;
   // Read mappings (MappedRange) are made in chunks of this many bytes of the
   // file, each at a fixed address once reserved.

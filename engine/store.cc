@@ -1164,8 +1164,8 @@ Status Store::AppendToBucket(FlatTable* table, int64_t ikey, std::string_view en
   // Append reads the bucket too (its newest record's part list; the whole
   // value when a compaction must move it first): a bad record found there
   // makes a damaged bucket like one found by the read before, and the write
-  // is kept. Before 2026-11-24 the Corruption went back to the caller, and a
-  // chain member applying a replicated sput stopped (exit 3).
+  // is kept: the Corruption must not go back to the caller, for a chain
+  // member applying a replicated sput would stop (exit 3).
   Status appended = table->Append(ikey, entry, &info);
   if (appended.IsCorruption()) return MarkDamaged(table, ikey, entry, appended);
   FLATKV_RETURN_IF_ERROR(appended);

@@ -13,8 +13,8 @@
 //            | (put only) varint value_size | value
 //          | kind u8 (3 = damaged)
 //
-// "Damaged" (written by FlatKV of 2026-11-24 and later; older builds read
-// such a bucket as a bad record) marks a bucket rebuilt after its record
+// "Damaged" (builds without kind 3 read such a bucket as a bad record)
+// marks a bucket rebuilt after its record
 // failed its checksum: the entries before it were lost. A key with an entry
 // after it reads as that entry says; any other key of the bucket is
 // unknown (Corruption) until the bucket is written whole again from a good

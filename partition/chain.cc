@@ -521,29 +521,34 @@ std::vector<const ChainEntry*> ChainMember::Uncommitted() const {
   return out;
 }
 
-ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, int64_t now,
-                                      ChainOutput* out) {
-  (void)out;
-  Clock(now);  // the writes and reads a lapsed lease fails wait for OnTick
+ChainMember::Read ChainMember::ReadRule(uint64_t key, uint64_t* until) const {
   if (fenced_ || !in_chain() || !verified_) return Read::kRefuse;
   if (!config_.sync) return Read::kServe;
   if (!is_tail() || !Recorded() || !Leased()) return Read::kRefuse;
   // A tail with a joiner commits only what the joiner applied: a key with
   // a write after the commit point waits for it (DirtyUntil).
-  uint64_t until = DirtyUntil(key);
-  if (until <= ReadCommitted()) return Read::kServe;
-  parked_.push_back({request, key, until});
-  return Read::kWait;
+  *until = DirtyUntil(key);
+  return *until <= ReadCommitted() ? Read::kServe : Read::kWait;
+}
+
+ChainMember::Read ChainMember::OnRead(uint64_t request, uint64_t key, int64_t now,
+                                      ChainOutput* out) {
+  (void)out;
+  Clock(now);  // the writes and reads a lapsed lease fails wait for OnTick
+  uint64_t until = 0;
+  const Read read = ReadRule(key, &until);
+  if (read == Read::kWait) parked_.push_back({request, key, until});
+  return read;
 }
 
 bool ChainMember::ConfirmRead(uint64_t key, int64_t now) {
   Clock(now);
-  if (fenced_ || !in_chain() || !verified_) return false;
-  if (!config_.sync) return true;
   // Every write the store can have shown was handed to the shell (applied_)
-  // before it read: none of this key's is past the commit point now, so
-  // the one it read was committed, and no later one was before the read.
-  return is_tail() && Recorded() && Leased() && DirtyUntil(key) <= ReadCommitted();
+  // before it read: if the read may be served now, none of this key's is
+  // past the commit point, so the one it read was committed, and no later
+  // one was before the read.
+  uint64_t until = 0;
+  return ReadRule(key, &until) == Read::kServe;
 }
 
 void ChainMember::OnMessage(const std::string& from, const ChainMessage& msg, int64_t now,

@@ -123,6 +123,13 @@ struct ChainConfig {
   // registered again vouches for that member's earlier life, not for what
   // this registration holds.
   int64_t recorded_zxid = 0;
+  // While a ring change adds this mark (shared/DESIGN.md, "Changing the
+  // ring"), the member importing its data, in any state of the change: its
+  // store will be the whole of the mark's data, so no other member may start
+  // the mark's chain (one restarted with a store from an earlier life of the
+  // mark would lead, and the importer would catch up from it and lose the
+  // import). Empty otherwise.
+  std::string importer;
 };
 
 // A message between two members of one mark.
@@ -245,7 +252,19 @@ class ChainMember {
   //
   // "session" names the ZooKeeper session that made the node (as in
   // OnSessionAnswer): the registration lives as long as that session.
-  void OnRegistered(int64_t czxid, uint64_t session = 0) {
+  // "now": when it was made. The ring has joiner_timeout_ms from then to
+  // show it (OnTick), however long ago this member asked: a registration
+  // waits in the shell while its mark node does not exist (a new mark's
+  // importer asks at start and registers at the flip).
+  void OnRegistered(int64_t czxid, uint64_t session, int64_t now) {
+    Clock(now);
+    if (joining_) join_progress_ms_ = now;
+    if (joining_ && !register_sent_ && StartsImport()) {
+      // The ring change registered this importer before it asked itself:
+      // its store is the mark's data, it starts the chain alone.
+      register_sent_ = true;
+      registered_alone_ = true;
+    }
     registration_ = czxid;
     registration_session_ = session;
     if (joining_ && register_sent_ && copy_end_.seq == 0 && !dirty_) intact_ = true;
@@ -349,15 +368,15 @@ class ChainMember {
   const std::string& self() const { return self_; }
   // The shell registers the member node (after out->register_now) only
   // while this holds: a registration that comes too late is withdrawn.
-  bool wants_registration() const { return joining_ && register_sent_; }
+  bool wants_registration() const { return joining_ && (register_sent_ || StartsImport()); }
   ChainPosition applied() const { return applied_; }
   // As head: the epoch of its term (its registration's czxid), which every
   // new head term changes.
   int64_t head_epoch() const { return epoch_; }
   uint64_t committed() const { return committed_; }
   size_t pending_writes() const { return pending_.size(); }
-  // A new mark's first member imported its store from another mark's
-  // (issue 11): its store holds what position "at" names, which no log
+  // A new mark's first member imported its store from another mark's (a
+  // ring change): its store holds what position "at" names, which no log
   // covers, so a joiner from any other position gets a full copy. Only
   // while it is in no chain; whatever it applied or logged before (an
   // earlier life of this instance, whose store the import wiped) is
@@ -430,10 +449,13 @@ class ChainMember {
   // member of the recorded chain with its store intact), or the mark never
   // had a chain.
   bool MayStartAlone() const {
+    if (!config_.importer.empty()) return config_.importer == self_;
     const auto& rec = config_.recorded;
     return imported_ || rec.empty() ||
            (intact_ && std::find(rec.begin(), rec.end(), self_) != rec.end());
   }
+  // This member imports its mark's data and holds the import (Rebase).
+  bool StartsImport() const { return imported_ && config_.importer == self_; }
   // This member may hold the only copy of some acknowledged write: it is
   // in the recorded chain with its store intact, and the current chain has
   // not recorded itself (so it acknowledged nothing yet and may vanish
@@ -459,6 +481,9 @@ class ChainMember {
   }
   // Highest seq in (ReadCommitted(), applied_] touching "key", or 0.
   uint64_t DirtyUntil(uint64_t key) const;
+  // Whether a read of "key" may be served now (OnRead and ConfirmRead):
+  // kWait with "until", the write it waits for.
+  Read ReadRule(uint64_t key, uint64_t* until) const;
   void DropDownstream();
   void HandleReplicate(const std::string& from, const ChainMessage& msg, int64_t now,
                        ChainOutput* out);

@@ -89,6 +89,16 @@ bool Moving(const RingChange& change, int64_t self_mark, int64_t h, bool write, 
   return false;
 }
 
+std::vector<std::string> ReleasedBy(const Ring& ring, const RingChange& change) {
+  std::vector<std::string> members;
+  const Partition* source = ring.Find(change.source);
+  if (source == nullptr) return members;
+  for (auto m = source->chain.rbegin(); m != source->chain.rend(); ++m) {
+    members.push_back(m->address());
+  }
+  return members;
+}
+
 bool MustLeave(const Ring& ring, int64_t self_mark) {
   const RingChange* c = ring.change();
   if (c != nullptr && c->kind == "remove" && c->mark == self_mark && c->state != "copy" &&

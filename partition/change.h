@@ -1,5 +1,4 @@
-// Changing the ring live (shared/DESIGN.md, "Changing the ring"; issue 11)
-// as a pure state machine (STYLE.md §9): no sockets, no threads, no clock.
+// Changing the ring live (shared/DESIGN.md, "Changing the ring") as a pure state machine (STYLE.md §9): no sockets, no threads, no clock.
 // The shell (server/cluster.cc) runs the steps it asks for against
 // ZooKeeper, the source's head and the local store, and reports each
 // outcome; tests/partition/change_sim_test.cc runs the same machine in a
@@ -48,8 +47,11 @@
 //     its release on, and the source is dropping); until then nobody takes
 //     a write, so the source's copy is the newest and reads stay served;
 //   - the importing mark refuses reads and writes until its importer knows
-//     the source has seen state drop (the release answered: "released"),
-//     or the node is gone.
+//     every member of the source's chain has seen state drop (the release
+//     answered: "released"; ReleasedBy), or the node is gone. A member
+//     checks again after it read the store that its view still lets it
+//     serve the key, so a read that began before the member saw the drop
+//     cannot return what the drop or the importer changed since.
 // So at every moment at most one mark serves a hash, given that each
 // member's ring view reads the change node before the members and marks
 // (registry.cc): a view without the node then shows every registration
@@ -89,6 +91,18 @@ Status PlanRemove(const Ring& ring, int64_t removed, RingChange* out);
 // and knows the source has seen the flip (ChangeMachine::Released).
 bool Moving(const RingChange& change, int64_t self_mark, int64_t h, bool write, bool released);
 
+// Who confirms an add's release (ChangeStep::kRelease), in the order to
+// ask them: every member of the source's chain in "ring" (a fresh view),
+// the head last. Each re-reads the ring before it answers, so from its
+// answer on it refuses the ranges (its view shows the change in drop, or
+// the new mark listed); a member that serves reads and kept a view from
+// before the drop would serve a key the head is dropping, or a value older
+// than a write the importer takes once released. The head's answer also
+// drops the first key. A member that does not answer blocks the release
+// until its node is gone (it may still be serving clients it can reach).
+// Empty if the source is not in "ring" or has no member.
+std::vector<std::string> ReleasedBy(const Ring& ring, const RingChange& change);
+
 // True once a member of "self_mark" must stop serving and leave: its mark
 // is being removed and the copy is complete (state flip), or its mark node
 // is gone while the ring still has others (the remove finished while this
@@ -117,9 +131,10 @@ struct ChangeStep {
                   // as writes through this mark's chain)
     kPersist,     // add: flush, sync, adopt the import as the chain's position
     kSetState,    // write "change" (its state is the new one) to the node
-    kRelease,     // add: the source's head re-reads the ring and confirms it
-                  // has let the ranges go (a peerDrop of at most one key);
-                  // from then on this member serves them
+    kRelease,     // add: every member of the source's chain re-reads the ring
+                  // and confirms it has let the ranges go (ReleasedBy), the
+                  // head last with a peerDrop of at most one key; from then
+                  // on this member serves them
     kDrop,        // add: the source drops change.ranges (every page of them)
     kDeleteMark,  // remove: delete the removed mark's node
     kDelete,      // delete the change node (done, or rolled back: "reason")

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <future>
+#include <set>
 #include <thread>
 
 #include <openssl/crypto.h>
@@ -292,18 +293,8 @@ Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring
       return Status::OK();
     }
     case Step::kRelease: {
-      // One peerDrop of at most one key: the source's head re-reads the
-      // ring and answers only once it sees this mark own the ranges.
-      size_t at = 0;
-      FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
-      Target head;
-      FLATKV_RETURN_IF_ERROR(RouteTo(ring, at, /*write=*/true, &head));
-      const auto lo = change.ranges.front().first;
-      const auto hi = change.ranges.front().second;
       int64_t n = 0;
-      FLATKV_RETURN_IF_ERROR(Forward(head, "peerDrop", true, [&](rpc::FlatKVClient& c) {
-        n = c.peerDrop(head.context, lo, hi, 1);
-      }));
+      FLATKV_RETURN_IF_ERROR(ReleaseSource(change, &n));
       int64_t window = -1;
       {
         std::lock_guard<std::mutex> lock(gate_mu_);
@@ -564,6 +555,58 @@ Status Cluster::CopyRanges(const partition::RingChange& change, const partition:
 // Keys one peerDrop removes at the source (see DropAtSource).
 constexpr int32_t kDropBatchKeys = 2000;
 
+Status Cluster::ReleaseSource(const partition::RingChange& change, int64_t* dropped) {
+  const auto lo = change.ranges.front().first;
+  const auto hi = change.ranges.front().second;
+  // The members other than the head confirm first (peerDrop of no key: each
+  // re-reads the ring); a member that registered meanwhile is asked too.
+  std::set<std::string> confirmed;
+  std::string head;
+  for (int round = 0;; ++round) {
+    std::shared_ptr<const partition::Ring> ring;
+    FLATKV_RETURN_IF_ERROR(registry_->Refresh(&ring));
+    const std::vector<std::string> members = partition::ReleasedBy(*ring, change);
+    if (members.empty()) {
+      return Status::Unavailable("ring change: source mark " + std::to_string(change.source) +
+                                 " has no member to let the ranges go");
+    }
+    head = members.back();
+    bool asked = false;
+    for (size_t i = 0; i + 1 < members.size(); ++i) {
+      if (!confirmed.insert(members[i]).second) continue;
+      asked = true;
+      Target member;
+      member.mark = change.source;
+      member.address = members[i];
+      member.context.token = options_.peer_token;
+      member.context.ringVersion = ring->version();
+      member.context.mark = change.source;
+      Status st = Forward(member, "peerDrop", true, [&](rpc::FlatKVClient& c) {
+        c.peerDrop(member.context, lo, hi, 0);
+      });
+      if (!st.ok()) {
+        return Status::Unavailable("ring change: member " + members[i] + " of mark " +
+                                   std::to_string(change.source) +
+                                   " has not confirmed it let the ranges go (it may still serve "
+                                   "them until its node is gone): " + st.message());
+      }
+    }
+    if (!asked) break;
+    if (round == 8) {
+      return Status::Unavailable("ring change: mark " + std::to_string(change.source) +
+                                 "'s chain kept changing while its members let the ranges go");
+    }
+  }
+  Target target;
+  target.mark = change.source;
+  target.address = head;
+  target.context.token = options_.peer_token;
+  target.context.ringVersion = registry_->ring()->version();
+  target.context.mark = change.source;
+  return Forward(target, "peerDrop", true,
+                 [&](rpc::FlatKVClient& c) { *dropped = c.peerDrop(target.context, lo, hi, 1); });
+}
+
 Status Cluster::DropAtSource(const partition::RingChange& change, const partition::Ring& ring) {
   size_t at = 0;
   FLATKV_RETURN_IF_ERROR(IndexOf(ring, change.source, "source", &at));
@@ -644,6 +687,18 @@ Status Cluster::WipeStore() {
   return Status::OK();
 }
 
+
+Status Cluster::CheckStillServed(int64_t hash) const {
+  const auto ring = registry_->ring();
+  if (!ring) return Status::OK();
+  const int64_t owner = ring->partitions()[ring->OwnerIndex(hash)].mark;
+  if (owner != mark()) {
+    return Status::NotOwner("hash " + std::to_string(hash) + " moved to mark " +
+                            std::to_string(owner) + " while it was read here (mark " +
+                            std::to_string(mark()) + "); read it again");
+  }
+  return CheckMoving(ring.get(), hash, /*write=*/false);
+}
 
 Status Cluster::CheckMoving(int64_t hash, bool write) const {
   return CheckMoving(registry_->ring().get(), hash, write);

@@ -12,8 +12,8 @@
 // (cluster.peer_token, the sender's ring version, the mark it routed to);
 // the receiver serves it only if its own ring says its mark owns the key
 // (CheckPeer), else NOT_OWNER, and the sender re-reads the ring and retries
-// once. Until chain replication exists (issue 10), every call for a mark goes
-// to the head of its chain; the other members hold no data yet.
+// once. Writes go to the head of the mark's chain, reads under sync to its
+// tail (server/replicator.h), under async to any member.
 //
 // Thread safety: every method may be called from any thread concurrently.
 #pragma once
@@ -172,6 +172,10 @@ class Cluster : public ChainCoordinator {
   // (until its importer knows the source has seen the flip).
   Status CheckWritable(int64_t hash) const override { return CheckMoving(hash, true); }
   Status CheckReadable(int64_t hash) const { return CheckMoving(hash, false); }
+  // After a local read of "hash": the newest view still has this mark own
+  // it and serve its reads (NotOwner or Unavailable: the answer must not be
+  // given, a ring change moved the key meanwhile).
+  Status CheckStillServed(int64_t hash) const;
 
   // The ring as the IDL's RingInfo.
   void Describe(rpc::RingInfo* info) const;
@@ -208,6 +212,10 @@ class Cluster : public ChainCoordinator {
   // (add) or through this mark's chain (remove).
   Status CopyRanges(const partition::RingChange& change, const partition::Ring& ring);
   // kDrop: the source's head drops the change's ranges.
+  // kRelease: every member of the source's chain confirms it let the
+  // ranges go (partition::ReleasedBy), the head last, dropping one key
+  // ("dropped": how many it did).
+  Status ReleaseSource(const partition::RingChange& change, int64_t* dropped);
   Status DropAtSource(const partition::RingChange& change, const partition::Ring& ring);
   // kFence: the source's head stops writes to the ranges.
   Status FenceSource(const partition::RingChange& change, const partition::Ring& ring);

@@ -101,7 +101,14 @@ void Handler::GatedRead(const int64_t* hashes, size_t n, const Read& read) {
     for (size_t i = 0; i < n && confirmed; ++i) {
       confirmed = replicator_->ConfirmRead(static_cast<uint64_t>(hashes[i]));
     }
-    if (confirmed) return;
+    if (confirmed) {
+      // A ring change may have moved a key while it was read (the source
+      // lets a range go only after its members' views refuse it).
+      if (cluster_ != nullptr) {
+        for (size_t i = 0; i < n; ++i) ThrowIfError(cluster_->CheckStillServed(hashes[i]));
+      }
+      return;
+    }
     for (size_t i = 0; i < n; ++i) CheckRead(hashes[i]);
     read();
   }
@@ -520,8 +527,28 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["engine.write_stalls"] = static_cast<int64_t>(e.write_stalls);
   result["engine.write_stall_ms"] = static_cast<int64_t>(e.write_stall_us / 1000);
   result["cache.flush_failing"] = c.flush_failing ? 1 : 0;
+  AddRecentLoad(&result);
   if (cluster_ != nullptr) cluster_->AddStats(&result);
   if (server_stats_) server_stats_(&result);
+}
+
+// The data calls, a client's and those forwarded here, as one histogram:
+// a member's load, whichever instance the clients talk to.
+void Handler::AddRecentLoad(std::map<std::string, int64_t>* out) const {
+  static constexpr Method kData[] = {
+      kGet, kPut, kRemove, kAppend, kMultiGet, kMultiPut, kScan, kScanLog, kSGet, kSPut, kSRemove,
+      kPeerGet, kPeerPut, kPeerRemove, kPeerAppend, kPeerMultiGet, kPeerMultiPut, kPeerScan,
+      kPeerScanLog, kPeerSGet, kPeerSPut, kPeerSRemove};
+  LatencyHistogram::Snapshot total;
+  for (Method m : kData) {
+    const LatencyHistogram::Snapshot s = latency_[m].Read();
+    total.count += s.count;
+    for (size_t i = 0; i < total.cumulative.size(); ++i) total.cumulative[i] += s.cumulative[i];
+  }
+  const RecentLoad::Result r = recent_.Sample(std::chrono::steady_clock::now(), total);
+  (*out)["recent.window_ms"] = r.window_ms;
+  (*out)["recent.ops_per_sec"] = r.ops_per_sec;
+  (*out)["recent.p99_us"] = r.p99_us;
 }
 
 std::string Handler::Degraded() const {

@@ -156,6 +156,7 @@ class Handler : public rpc::FlatKVIf {
   // Makes this handler a member of a ring: set once before serving; null
   // (the default) is standalone. The Cluster outlives the handler's calls.
   void SetCluster(Cluster* cluster) { cluster_ = cluster; }
+  Cluster* cluster() const { return cluster_; }
   // Chain replication (server/replicator.h): local writes go through it and
   // local reads ask it first. Set once before serving, with SetCluster.
   void SetReplicator(Replicator* replicator) { replicator_ = replicator; }
@@ -200,6 +201,8 @@ class Handler : public rpc::FlatKVIf {
   Status ValueSize(size_t size) const;  // ValueTooLarge over max_value_bytes()
   void CheckValue(size_t size) const;    // throws it
   void CheckAdmin(const std::string& token) const;
+  // recent.window_ms, recent.ops_per_sec, recent.p99_us (CollectStats).
+  void AddRecentLoad(std::map<std::string, int64_t>* out) const;
 
   // This instance's own data, whatever the ring says; each throws KvError.
   void LocalGet(rpc::GetResult& result, int64_t key);
@@ -274,6 +277,7 @@ class Handler : public rpc::FlatKVIf {
   std::array<std::atomic<int64_t>, kMethods> calls_{};
   std::array<std::atomic<int64_t>, kMethods> errors_{};
   std::array<LatencyHistogram, kMethods> latency_;
+  mutable RecentLoad recent_;  // the data methods' "recent.*" stats
   std::function<void(std::map<std::string, int64_t>*)> server_stats_;
   Cluster* cluster_ = nullptr;
   Replicator* replicator_ = nullptr;

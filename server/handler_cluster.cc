@@ -774,11 +774,18 @@ void Handler::peerDelta(rpc::DeltaPage& result, const rpc::PeerContext& ctx,
 int64_t Handler::peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, int32_t limit) {
   int64_t dropped = 0;
   Run(kPeerDrop, [&] {
-    if (limit <= 0 || lo > hi) {
+    if (limit < 0 || lo > hi) {
       throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT,
-                      "peerDrop: limit must be positive and lo at most hi");
+                      "peerDrop: limit must not be negative and lo must be at most hi");
     }
-    CheckHeadOf(ctx, "peerDrop");
+    // Limit 0 asks any member to confirm it lets the hashes go: from its
+    // answer on its view refuses them (partition::ReleasedBy).
+    if (limit > 0) {
+      CheckHeadOf(ctx, "peerDrop");
+    } else {
+      if (cluster_ == nullptr) ThrowKvError(Status::NotOwner("this instance is not a ring member"));
+      ThrowIfError(cluster_->CheckPeerMark(ctx));
+    }
     cluster_->Refresh();
     const auto ring = cluster_->ring();
     // Never drop what this mark still owns.
@@ -790,6 +797,7 @@ int64_t Handler::peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t hi, i
             std::to_string(std::max(lo, r.lo)) + ", " + std::to_string(std::min(hi, r.hi)) + "]"));
       }
     }
+    if (limit == 0) return;
     replicator_->StopTracking();  // the change is past its copy: the record is done with
     ThrowIfError(cache_->Flush());
     ThrowIfError(DropRange(*store_, replicator_, ring->settings().hash_bound, lo, hi, limit,

@@ -38,9 +38,15 @@
 #include <openssl/ssl.h>
 #include <spdlog/spdlog.h>
 
+#include "server/console.h"
 #include "server/tls.h"
 
 namespace flatkv::server {
+
+// The console's page (server/console.html, embedded by server/embed.cmake).
+extern const unsigned char kConsolePage[];
+extern const size_t kConsolePageSize;
+
 namespace {
 
 // Room above the value limit before evhttp refuses a body unread, so that a
@@ -75,7 +81,7 @@ struct HttpError {
   const char* name;  // the ErrorCode, for the X-FlatKV-Error header
 };
 
-// The one place a KvError code becomes an HTTP status (README: "HTTP port").
+// The one place a KvError code becomes an HTTP status (docs/application.md, "HTTP port").
 HttpError StatusForError(rpc::ErrorCode::type code) {
   switch (code) {
     case rpc::ErrorCode::KEY_OUT_OF_RANGE: return {422, "KEY_OUT_OF_RANGE"};
@@ -323,8 +329,11 @@ void ServeWriteMode(Handler* h, evhttp_request* req) {
   SendEmpty(req, 204);
 }
 
-void ServeAdmin(Handler* h, evhttp_request* req, const std::string& what) {
+bool ServeConsole(Console* console, evhttp_request* req, const std::string& what);
+
+void ServeAdmin(Handler* h, Console* console, evhttp_request* req, const std::string& what) {
   const int cmd = evhttp_request_get_command(req);  // int: see IsRead
+  if (ServeConsole(console, req, what)) return;
   if (what == "write-mode") {
     ServeWriteMode(h, req);
   } else if (what == "compact") {
@@ -339,6 +348,120 @@ void ServeAdmin(Handler* h, evhttp_request* req, const std::string& what) {
   } else {
     SendText(req, 404, "no such admin route: /admin/" + what);
   }
+}
+
+std::string Trimmed(std::string body) {
+  const size_t first = body.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return "";
+  return body.substr(first, body.find_last_not_of(" \t\r\n") + 1 - first);
+}
+
+// GET /ui: the page, which may talk to this origin only.
+void ServePage(evhttp_request* req) {
+  if (!IsRead(evhttp_request_get_command(req))) return SendMethodNotAllowed(req, "GET, HEAD");
+  AddHeader(req, "Content-Type", "text/html; charset=utf-8");
+  AddHeader(req, "Cache-Control", "no-store");
+  AddHeader(req, "X-Frame-Options", "DENY");
+  AddHeader(req, "Content-Security-Policy",
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+            "connect-src 'self'; img-src data:; frame-ancestors 'none'");
+  evbuffer_add_reference(evhttp_request_get_output_buffer(req), kConsolePage, kConsolePageSize,
+                         nullptr, nullptr);
+  evhttp_send_reply(req, 200, "OK", nullptr);
+}
+
+void SendJsonText(evhttp_request* req, int code, const std::string& text) {
+  AddHeader(req, "Content-Type", "application/json");
+  AddHeader(req, "Cache-Control", "no-store");
+  evbuffer_add(evhttp_request_get_output_buffer(req), text.data(), text.size());
+  evhttp_send_reply(req, code, ReasonPhrase(code), nullptr);
+}
+
+// A console action's answer: {"ok":true,"message":...}, or the error as
+// the CLI prints it ("flatkv: Unauthorized: wrong admin token") with the
+// HTTP status and headers of that error.
+void SendOutcome(evhttp_request* req, const Status& st, const std::string& done) {
+  JsonObject json;
+  json.Add("ok", st.ok());
+  if (st.ok()) {
+    json.Add("message", done);
+    return SendJsonText(req, 200, json.Done() + "\n");
+  }
+  HttpError h = StatusForError(ToKvError(st).code);
+  if (st.IsNotFound()) h = {404, "NOT_FOUND"};  // no such member: not an ErrorCode
+  else AddHeader(req, "X-FlatKV-Error", h.name);
+  if (h.status == 401) AddHeader(req, "WWW-Authenticate", "Bearer");
+  json.Add("code", std::string(h.name));
+  json.Add("error", "flatkv: " + st.ToString());
+  SendJsonText(req, h.status, json.Done() + "\n");
+}
+
+// An action's usage error (as the CLI's usage errors read).
+void SendUsage(evhttp_request* req, const std::string& message) {
+  SendOutcome(req, Status::InvalidArgument(message), "");
+}
+
+// /admin/members/<host:port>/write-mode | compact.
+void ServeMemberAction(Console* console, evhttp_request* req, const std::string& rest) {
+  const size_t slash = rest.rfind('/');
+  if (slash == std::string::npos || slash == 0) {
+    return SendText(req, 404, "no such admin route: /admin/members/" + rest);
+  }
+  std::unique_ptr<char, decltype(&std::free)> decoded(
+      evhttp_uridecode(rest.substr(0, slash).c_str(), 0, nullptr), &std::free);
+  if (decoded == nullptr) return SendText(req, 500, "out of memory");
+  const std::string member = decoded.get();
+  const std::string action = rest.substr(slash + 1);
+  const int cmd = evhttp_request_get_command(req);  // int: see IsRead
+  if (action == "write-mode") {
+    if (cmd != EVHTTP_REQ_PUT) return SendMethodNotAllowed(req, "PUT");
+    const std::string mode = Trimmed(ReadBody(req));
+    if (mode != "safe" && mode != "async") {
+      return SendUsage(req, "write mode must be safe or async, not '" + mode.substr(0, 64) + "'");
+    }
+    const Status st = console->SetWriteMode(
+        member, AdminToken(req), mode == "safe" ? rpc::WriteMode::SAFE : rpc::WriteMode::ASYNC);
+    SendOutcome(req, st, "write mode of " + member + " is now " + mode);
+  } else if (action == "compact") {
+    if (cmd != EVHTTP_REQ_POST) return SendMethodNotAllowed(req, "POST");
+    SendOutcome(req, console->Compact(member, AdminToken(req)), "compaction started on " + member);
+  } else {
+    SendText(req, 404, "no such member action: " + action + " (write-mode, compact)");
+  }
+}
+
+// The console's routes under /admin/; false if "what" is none of them.
+bool ServeConsole(Console* console, evhttp_request* req, const std::string& what) {
+  const int cmd = evhttp_request_get_command(req);  // int: see IsRead
+  std::string rest;
+  if (what == "ring" || what == "members") {
+    if (!IsRead(cmd)) {
+      SendMethodNotAllowed(req, "GET, HEAD");
+    } else {
+      SendJsonText(req, 200, what == "ring" ? console->RingJson() : console->MembersJson());
+    }
+  } else if (what.compare(0, 8, "members/") == 0) {
+    ServeMemberAction(console, req, what.substr(8));
+  } else if (what == "ring/remove-mark") {
+    if (cmd != EVHTTP_REQ_POST) {
+      SendMethodNotAllowed(req, "POST");
+      return true;
+    }
+    const std::string text = Trimmed(ReadBody(req));
+    int64_t mark = 0;
+    if (!ParseKey(text, &mark)) {
+      SendUsage(req, "remove-mark wants an integer mark, not '" + text.substr(0, 64) + "'");
+    } else {
+      SendOutcome(req, console->RemoveMark(AdminToken(req), mark),
+                  "removal of mark " + std::to_string(mark) + " started");
+    }
+  } else if (what == "ring/abort-change") {
+    if (cmd != EVHTTP_REQ_POST) SendMethodNotAllowed(req, "POST");
+    else SendOutcome(req, console->AbortChange(AdminToken(req)), "ring change rolled back");
+  } else {
+    return false;
+  }
+  return true;
 }
 
 // libevent's diagnostics (a bind failure, a malformed request) go to the
@@ -390,6 +513,7 @@ HttpServer::~HttpServer() { Stop(); }
 
 Status HttpServer::Start() {
   event_set_log_callback(LibeventLog);
+  console_ = std::make_unique<Console>(handler_, config_);
   const std::string address =
       config_.server.host + ":" + std::to_string(config_.server.http_port);
   base_ = event_base_new();
@@ -445,6 +569,7 @@ void HttpServer::Stop() {
     thread_.join();
   }
   Free();
+  if (console_) console_->Stop();  // after the HTTP thread: nothing asks it any more
 }
 
 void HttpServer::Free() {
@@ -508,7 +633,9 @@ void HttpServer::Route(evhttp_request* req, const std::string& path) {
   } else if (HasPrefix(path, "/skv/", &rest)) {
     ServeStringKey(handler_, req, rest);
   } else if (HasPrefix(path, "/admin/", &rest)) {
-    ServeAdmin(handler_, req, rest);
+    ServeAdmin(handler_, console_.get(), req, rest);
+  } else if (path == "/ui") {
+    ServePage(req);
   } else {
     SendText(req, 404, "no such path: " + path);
   }

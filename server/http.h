@@ -11,7 +11,16 @@
 //   GET  /admin/write-mode        "safe" or "async"
 //   PUT  /admin/write-mode        body safe|async       (admin token)
 //   POST /admin/compact           start a compaction    (admin token)
+//   GET  /ui                      the operator console (server/console.html)
+//   GET  /admin/ring | /admin/members       its JSON (server/console.h)
+//   PUT  /admin/members/<host:port>/write-mode   body safe|async (admin token)
+//   POST /admin/members/<host:port>/compact      (admin token)
+//   POST /admin/ring/remove-mark  body: the mark     (admin token)
+//   POST /admin/ring/abort-change                    (admin token)
 //
+// The console's actions answer JSON: {"ok":true,"message":...}, or with
+// the error's HTTP status {"ok":false,"code":...,"error":...} where
+// "error" is the line the CLI prints for the same failure.
 // Every data and admin route calls the same Handler method as the Thrift
 // service, so limits, counters, latency histograms and errors are the same.
 // A KvError becomes an HTTP status (see StatusForError in http.cc and the
@@ -52,6 +61,7 @@ struct evhttp_request;
 
 namespace flatkv::server {
 
+class Console;
 class TlsContext;
 
 class HttpServer {
@@ -100,6 +110,7 @@ class HttpServer {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::shared_ptr<TlsContext> tls_;  // null: plain HTTP
+  std::unique_ptr<Console> console_;  // the /ui page's routes (from Start())
 
   std::thread thread_;
 };

@@ -8,6 +8,7 @@
 // never missing from /metrics.
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <bit>
 #include <charconv>
 
@@ -37,6 +38,44 @@ LatencyHistogram::Snapshot LatencyHistogram::Read() const {
   s.count = total;
   s.sum_seconds = static_cast<double>(sum_nanos_.load(std::memory_order_relaxed)) / 1e9;
   return s;
+}
+
+double QuantileMicros(const LatencyHistogram::Snapshot& s, double q) {
+  if (s.count == 0) return 0;
+  const double rank = q * static_cast<double>(s.count);
+  constexpr int kLast = LatencyHistogram::kBuckets - 1;
+  for (int i = 0; i <= kLast; ++i) {
+    if (static_cast<double>(s.cumulative[i]) < rank) continue;
+    const double below = i == 0 ? 0 : static_cast<double>(s.cumulative[i - 1]);
+    const double in = static_cast<double>(s.cumulative[i]) - below;
+    const double lo = i == 0 ? 0 : static_cast<double>(LatencyHistogram::BoundMicros(i - 1));
+    const double hi = static_cast<double>(LatencyHistogram::BoundMicros(i));
+    return in <= 0 ? hi : lo + (hi - lo) * (rank - below) / in;
+  }
+  return static_cast<double>(LatencyHistogram::BoundMicros(kLast));
+}
+
+RecentLoad::Result RecentLoad::Sample(std::chrono::steady_clock::time_point now,
+                                      const LatencyHistogram::Snapshot& total) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (points_.size() >= 2 && now - points_[1].first >= kWindow) points_.pop_front();
+  const Point base = points_.empty() ? Point{start_, {}} : points_.front();
+  if (points_.empty() || now - points_.back().first >= std::chrono::seconds(1)) {
+    points_.emplace_back(now, total);
+  }
+  LatencyHistogram::Snapshot delta;
+  delta.count = total.count >= base.second.count ? total.count - base.second.count : 0;
+  for (size_t i = 0; i < delta.cumulative.size(); ++i) {
+    const uint64_t a = total.cumulative[i];
+    const uint64_t b = base.second.cumulative[i];
+    delta.cumulative[i] = a >= b ? a - b : 0;
+  }
+  Result r;
+  r.window_ms = std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::milliseconds>(now - base.first).count());
+  r.ops_per_sec = static_cast<int64_t>(delta.count * 1000 / static_cast<uint64_t>(r.window_ms));
+  r.p99_us = static_cast<int64_t>(QuantileMicros(delta, 0.99) + 0.5);
+  return r;
 }
 
 namespace {
@@ -95,6 +134,12 @@ constexpr KnownStat kKnownStats[] = {
      "Rounds of compaction in place (each data file's oldest part freed) since the server started."},
     {"compaction.bytes_reclaimed", "compaction_bytes_reclaimed_total", "counter",
      "Log bytes compaction gave back since the server started."},
+    {"recent.window_ms", "recent_window_ms", "gauge",
+     "The span (about the last 10 s) the recent.* figures cover."},
+    {"recent.ops_per_sec", "recent_ops_per_sec", "gauge",
+     "Data calls (client and forwarded) finished per second over recent.window_ms."},
+    {"recent.p99_us", "recent_p99_us", "gauge",
+     "99th percentile latency of those calls in microseconds (interpolated in its bucket)."},
     {"disk.total_bytes", "disk_total_bytes", "gauge", "Size of the file system holding storage.path."},
     {"disk.free_bytes", "disk_free_bytes", "gauge",
      "Bytes available to the server on the file system holding storage.path."},

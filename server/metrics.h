@@ -16,7 +16,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +52,38 @@ class LatencyHistogram {
  private:
   std::array<std::atomic<uint64_t>, kBuckets + 1> buckets_{};
   std::atomic<uint64_t> sum_nanos_{0};
+};
+
+// The value below which a fraction "q" (0..1) of the calls of "s" fall,
+// in microseconds, interpolated linearly inside its bucket as Prometheus's
+// histogram_quantile() does (so at most a factor of two off). A quantile
+// in the +Inf bucket is the largest finite bound; 0 for no calls.
+double QuantileMicros(const LatencyHistogram::Snapshot& s, double q);
+
+// The calls of a histogram (several methods' added up) over about the last
+// ten seconds, from successive reads of it: the console's ops/s and p99 of
+// a member (Handler::CollectStats, "recent.*").
+//
+// Thread safety: Sample() may be called from any thread.
+class RecentLoad {
+ public:
+  static constexpr std::chrono::seconds kWindow{10};
+
+  struct Result {
+    int64_t window_ms = 0;    // the span the figures cover
+    int64_t ops_per_sec = 0;  // calls finished per second in it
+    int64_t p99_us = 0;       // their 99th percentile latency
+  };
+  // "now": when "total" (the cumulative histogram) was read. The window
+  // starts at the oldest read kept that is at most kWindow old (or the
+  // newest older one, or construction): reads are kept one a second.
+  Result Sample(std::chrono::steady_clock::time_point now, const LatencyHistogram::Snapshot& total);
+
+ private:
+  using Point = std::pair<std::chrono::steady_clock::time_point, LatencyHistogram::Snapshot>;
+  std::mutex mu_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::deque<Point> points_;  // GUARDED_BY(mu_), oldest first
 };
 
 // Records the time from construction to destruction into a histogram, so

@@ -1,5 +1,5 @@
 // Moving a hash range between marks (shared/DESIGN.md, "Changing the
-// ring"; issue 11): what the owner of a range exports (peerExport, peerDrop)
+// ring"): what the owner of a range exports (peerExport, peerDrop)
 // for a ring change (partition/change.h says which ranges move and when).
 //
 // Thread safety: free functions on caller-owned data; the Store is

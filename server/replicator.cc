@@ -798,7 +798,7 @@ void Replicator::OnRegistered(int64_t czxid, uint64_t session) {
       out->deregister = true;
       return;
     }
-    member_->OnRegistered(czxid, session);
+    member_->OnRegistered(czxid, session, now);
     intact_ = true;
     if (ring_) member_->OnConfig(ConfigOf(*ring_), now, out);
   });
@@ -808,6 +808,10 @@ partition::ChainConfig Replicator::ConfigOf(const partition::Ring& ring) const {
   partition::ChainConfig c;
   c.version = ring.version();
   c.sync = options_.sync;
+  const partition::RingChange* change = ring.change();
+  if (change != nullptr && change->kind == "add" && change->mark == options_.mark) {
+    c.importer = change->importer;
+  }
   const partition::Partition* p = ring.Find(options_.mark);
   if (p == nullptr) return c;
   uint64_t id = 0xcbf29ce484222325ull;  // FNV-1a over members and czxids

@@ -198,11 +198,11 @@ class Replicator {
   Status RepairBucket(int64_t slots, int64_t slot, const std::function<Status(std::string*)>& fetch,
                       std::string* bucket);
   // This member's store now holds a range imported from another mark
-  // (issue 11; before it registers): its position becomes (epoch, 0),
+  // (a ring change's import, before it registers): its position becomes (epoch, 0),
   // intact, made durable with the store (a checkpoint). InvalidArgument if
   // it is in a chain or applied writes already.
   Status AdoptImport(int64_t epoch);
-  // A ring change's pre-copy (issue 11; peerTrack), at the head: from the
+  // A ring change's pre-copy (peerTrack), at the head: from the
   // moment this write is sequenced, every write sequenced here to a key in
   // change.ranges (integer keys by key, string keys by hash with
   // "hash_bound") is recorded; answers (*token) once every write sequenced

@@ -127,8 +127,8 @@ struct PeerContext {
 // "slots" is "key" are exactly the pairs of "value" (a bucket of puts,
 // engine/string_keys.h). A member whose storage.string_slots is "slots"
 // writes that bucket whole; another one holds the same pairs already (only
-// a member with a damaged bucket needs it) and skips it. Builds before
-// 2026-11-24 refuse it (unknown op kind).
+// a member with a damaged bucket needs it) and skips it. Builds without
+// SBUCKET refuse it (unknown op kind).
 enum ChainOpKind { PUT = 0, REMOVE = 1, SPUT = 2, SREMOVE = 3, SBUCKET = 4 }
 struct ChainOp {
   1: required ChainOpKind kind,
@@ -260,7 +260,8 @@ service FlatKV {
   // Key order from fromKey: ascending (keys >= fromKey), or with reverse
   // descending (keys <= fromKey).
   ScanResult scan(1: required i64 fromKey, 2: required i32 limit, 3: required bool reverse) throws (1: KvError err),
-  // Insertion order; an empty cursor starts.
+  // Log order: segment by segment, each data file in write order, live
+  // records only (not one global insertion order); an empty cursor starts.
   LogScanResult scanLog(1: required binary cursor, 2: required i32 limit) throws (1: KvError err),
 
   GetResult sget(1: required binary key) throws (1: KvError err),
@@ -291,8 +292,8 @@ service FlatKV {
   // Key order within the hash range [lo, hi] (inclusive), which peer.mark
   // owns whole; otherwise as scan.
   ScanResult peerScan(1: required PeerContext peer, 2: required i64 fromKey, 3: required i32 limit, 4: required bool reverse, 5: required i64 lo, 6: required i64 hi) throws (1: KvError err),
-  // Insertion order over this partition's store (a cursor of scanLog's
-  // standalone form).
+  // Log order over this partition's store, as scanLog (a cursor of
+  // scanLog's standalone form).
   LogScanResult peerScanLog(1: required PeerContext peer, 2: required binary cursor, 3: required i32 limit) throws (1: KvError err),
   GetResult peerSGet(1: required PeerContext peer, 2: required binary key) throws (1: KvError err),
   void peerSPut(1: required PeerContext peer, 2: required binary key, 3: required binary value) throws (1: KvError err),
@@ -342,7 +343,10 @@ service FlatKV {
   void peerFence(1: required PeerContext peer) throws (1: KvError err),
   // Once the new mark serves [lo, hi] (this mark no longer owns any of it):
   // removes up to "limit" keys this mark still holds there, through its
-  // chain, and returns how many (0: none left).
+  // chain, and returns how many (0: none left). Limit 0, to any member of
+  // the mark: re-reads the ring and answers 0 once this member's view no
+  // longer gives it any of [lo, hi], so it serves none of it from then on
+  // (INVALID_ARGUMENT while the view still does).
   i64 peerDrop(1: required PeerContext peer, 2: required i64 lo, 3: required i64 hi, 4: required i32 limit) throws (1: KvError err),
   // A ring change in state precopy (czxid), served by the head of
   // peer.mark: from now on this head records the keys written to the

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Measures a live add of a mark (README, "Adding a mark live"): a ring of
+"""Measures a live add of a mark (docs/ring.md, "Adding a mark"): a ring of
 one mark A = 1e9 holding MEAS_KEYS (default 100,000) values of 10 kB in
 [A, A + N), which a new mark M = 2e9 imports; the import rate, the time
 from starting M's instance to the change being done, and a flatkv-bench

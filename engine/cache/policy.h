@@ -1,5 +1,5 @@
 // A replacement policy: a byte-bounded cache of clean (key, value) pairs.
-// LruPolicy and ArcPolicy implement it; the write-back cache (issue 4) keeps
+// LruPolicy and ArcPolicy implement it; the write-back cache (write_back.h) keeps
 // dirty entries outside the policy, so eviction can never drop an
 // unwritten value, and inserts an entry here once it is clean.
 //

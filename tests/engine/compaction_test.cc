@@ -212,10 +212,10 @@ TEST_CASE("Reads and writes go on while a rate-limited compaction runs", "[engin
 TEST_CASE("Gets and scans never miss a key no one changes while compactions finish and switch",
           "[engine][compaction][concurrency]") {
   // A get that missed in the successor and then found the copy finished
-  // answered NotFound, although the old table still held the key (found by
-  // CI on 2026-11-25 through string keys). The window is a reader paused
-  // between the two steps while the copy ends: many short compactions and
-  // more readers than cores make that happen.
+  // must not answer NotFound while the old table still holds the key (a
+  // string put then rewrote the bucket without it). The window is a reader
+  // paused between the two steps while the copy ends: many short
+  // compactions and more readers than cores make that happen.
   flatkv::test::TempDir dir;
   EngineOptions o = Options(dir / "s");
   o.key_max = 4000;
@@ -566,7 +566,7 @@ ChurnResult Churn(const EngineOptions& o, double seconds, double pace = 0) {
   return r;
 }
 
-// The figures of a churn, printed by the tests (they are the README's).
+// The figures of a churn, printed by the tests (docs/engine.md and docs/performance.md quote them).
 std::string Describe(const ChurnResult& r) {
   char text[256];
   std::snprintf(text, sizeof(text),

@@ -716,7 +716,7 @@ TEST_CASE("Store estimates the live bytes of a key range from the index",
 
 TEST_CASE("Every kind of operation runs beside table closes, reopens and compactions",
           "[engine][store][open_files]") {
-  // For ThreadSanitizer above all (README, "Testing"): a budget of two
+  // For ThreadSanitizer above all (docs/testing.md, "Running the tests"): a budget of two
   // tables for 24 segments, so nearly every operation reopens a table that
   // CloseIdle is closing or has closed, while the compactor (automatic, and
   // rounds on request) replaces tables under them. Each writer owns its

@@ -385,10 +385,10 @@ TEST_CASE("A write into a bad bucket while its table compacts is kept",
           "[engine][strings][repair]") {
   // While the string-key table compacts, a put into a bucket not yet
   // copied moves the whole bucket to the new generation (FlatTable::Append
-  // reads it). Finding it bad there returned Corruption to the writer before
-  // 2026-11-24, and a chain member applying the put stopped (exit 3; found
-  // by repair_test's repairs under writes). Now the bucket is marked
-  // damaged and the write kept, as when the read before the append finds it.
+  // reads it). Finding it bad there must not return Corruption to the
+  // writer (a chain member applying the put would stop, exit 3): the bucket
+  // is marked damaged and the write kept, as when the read before the
+  // append finds it.
   flatkv::test::TempDir dir;
   EngineOptions o = Options(dir / "s", 2);
   o.compaction_mb_per_sec = 1;       // slow: the put lands mid-compaction

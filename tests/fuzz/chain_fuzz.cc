@@ -48,7 +48,7 @@ struct Member {
     config.sync = true;
     config.recorded = config.members;
     config.recorded_zxid = 201;
-    member.OnRegistered(200);
+    member.OnRegistered(200, 0, 1000);
     member.OnSessionAnswer(1000, int64_t{1} << 60, 1000, &sink);
     member.OnConfig(config, 1000, &sink);
   }

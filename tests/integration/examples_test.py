@@ -1,5 +1,5 @@
 """A client example (client/examples/<lang>) against a real flatkv-server:
-it prints exactly what the README says, its writes are on the server
+it prints exactly what docs/application.md shows, its writes are on the server
 (read back through another client), its KvError is typed, and it used one
 connection for all its calls. Then the same against one member of a real
 ring of two marks (ZooKeeper, forwarding): the example needs one address.

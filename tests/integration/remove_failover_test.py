@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Process test of a remove-mark whose importer dies mid-copy (issue 11,
-partition/change.h: a remove is imported by whoever heads the inheriting
+"""Process test of a remove-mark whose importer dies mid-copy
+(partition/change.h: a remove is imported by whoever heads the inheriting
 mark when the change node is read).
 
 Marks A = 1000 (one member) and B = 2000 (a chain of two, b0 head, b1);

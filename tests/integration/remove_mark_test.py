@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Process test of `flatkv admin remove-mark` under write load (issue 11,
-server/cluster.h: StartRemoveMark, RemoveStep).
+"""Process test of `flatkv admin remove-mark` under write load
+(server/cluster.h: StartRemoveMark, RemoveStep).
 
 Marks A = 1000 (a chain of two) and B = 2000 (one member); keys 0..2999, so
 B owns [1000, 1999] and A the rest. Writers call random instances with
@@ -77,16 +77,29 @@ r = subprocess.run([cli_bin, "--port", str(b0.port), "admin", "remove-mark", str
 check(r.returncode == 3 and b"another ring change runs" in r.stderr,
       "remove-mark while another change runs: refused, naming it (%r)" % r.stderr[-200:])
 kz.delete("/flatkv/.cluster/change")
-r = subprocess.run([cli_bin, "--port", str(b0.port), "admin", "remove-mark", "7"],
-                   capture_output=True, timeout=30)
-check(r.returncode == 3 and b"not in the ring" in r.stderr, "remove-mark of an unknown mark: refused")
+# With --zk and no --host/--port the CLI finds an instance in the ring
+# (nothing listens on the default address here): a refusal from a member
+# shows the call got there.
+zk_flags = ["--zk", zk.hosts, "--path", "/flatkv"]
+r = subprocess.run([cli_bin] + zk_flags + ["admin", "remove-mark", "7"], capture_output=True,
+                   timeout=30)
+check(r.returncode == 3 and b"not in the ring" in r.stderr,
+      "remove-mark of an unknown mark through --zk: refused by a member (%r)" % r.stderr[-200:])
+r = subprocess.run([cli_bin] + zk_flags + ["admin", "stats"], capture_output=True, timeout=30)
+check(r.returncode == 2 and b"name it with --host and --port" in r.stderr,
+      "admin stats with --zk and no instance named: a usage error (%r)" % r.stderr[-200:])
 
+# Through --zk: the call goes to an instance outside mark A (B's), which
+# imports A's range, and --wait follows the ring there.
+asked_b = b0.call(lambda c: c.stats()).get("calls.removeMark", 0)
 t0 = time.monotonic()
-r = subprocess.run([cli_bin, "--port", str(b0.port), "admin", "remove-mark", str(A), "--wait"],
+r = subprocess.run([cli_bin] + zk_flags + ["admin", "remove-mark", str(A), "--wait"],
                    capture_output=True, timeout=120)
 took = time.monotonic() - t0
 check(r.returncode == 0 and b"removed" in r.stdout,
-      "flatkv admin remove-mark 1000 --wait through B (%.1f s): %r %r" % (took, r.stdout, r.stderr[-200:]))
+      "flatkv --zk admin remove-mark 1000 --wait (%.1f s): %r %r" % (took, r.stdout, r.stderr[-200:]))
+check(b0.call(lambda c: c.stats()).get("calls.removeMark", 0) == asked_b + 1,
+      "the removal was asked of B's member, not of A's")
 check(ring() == {B: [b0.port]}, "the ring is B alone")
 check(a0.proc.wait(30) == 0 and a1.proc.wait(30) == 0, "A's members exited with status 0")
 check(str(A) not in zk.children("/flatkv/.cluster/marks") and

@@ -23,15 +23,14 @@ member's copy; `flatkv admin verify` on the head repairs a key bad only
 there; a key bad on every member is STORAGE_ERROR, and nothing else is
 lost. String keys are repaired by bucket the same way (bad on the tail;
 bad on head and tail), and a replicated sput into a bucket bad on the
-middle member (an sremove: it reads the bucket) no longer stops it
-(exit 3 before 2026-11-24): the bucket keeps the write with a
+middle member (an sremove: it reads the bucket) does not stop it (no
+exit 3): the bucket keeps the write with a
 damaged mark, `flatkv admin verify` there repairs it from the chain.
 Then a bucket is damaged on the tail and repaired by a read in 12 rounds
 while a writer puts 30 other string keys through the head (some into that
 bucket; the string-key table compacts meanwhile): every put is
-acknowledged, no member stops (before 2026-11-24 a put into a bad bucket
-not yet copied by a running compaction stopped the member applying it),
-and every key reads its last acknowledged value afterwards.
+acknowledged, no member stops (not even one applying a put into a bad
+bucket that a running compaction has not copied yet), and every key reads its last acknowledged value afterwards.
 Afterwards every key reads its value from every member and the chain's
 digests are equal.
 
@@ -266,7 +265,7 @@ got = tail.call(lambda c: c.sget(b"skey-02"))
 check(got.found and got.value == svalue(b"skey-02"),
       "a bucket bad on head and tail is repaired from the middle member's copy")
 # Bad on the middle member, then a write into that bucket passes through
-# it: before 2026-11-24 that stopped the member (exit 3) at every restart.
+# it: the member must not stop (exit 3), then or at a restart.
 check(corrupt(middle.data, b"skey-03") >= 1, "the bucket of skey-03 damaged on the middle")
 head.call(lambda c: c.sremove(b"skey-03"))  # reads the bucket on every member
 check(not tail.call(lambda c: c.sget(b"skey-03")).found,

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Process test of adding marks live under write load (issue 11,
+"""Process test of adding marks live under write load (partition/change.h,
 server/migration.h): real ZooKeeper, real members, kill -9.
 
 Mark A = 1,000,000 (a chain of two, sync) owns every key at first and holds

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""TLS on the Thrift port (server.tls_*; README, "TLS") against a real
+"""TLS on the Thrift port (server.tls_*; docs/operating.md, "TLS and secret files") against a real
 flatkv-server, with certificates this test makes with the openssl command.
 
 A TLS client works (put/get through the flatkv CLI, which is the C++

@@ -1,7 +1,7 @@
 """The YCSB binding (client/ycsb) through client/ycsb/run.sh against a real
 flatkv-server: workload A with integer keys (every record loaded, every
-operation OK, and an update costing exactly one get and one put as the
-README says), workload E's scans, and workload A with string keys. Then a
+operation OK, and an update costing exactly one get and one put as
+docs/performance.md, "YCSB against Redis", says), workload E's scans, and workload A with string keys. Then a
 real ring of two marks: ring-aware (flatkv.ring=true) calls go straight to
 their owners, so nothing is forwarded.
 

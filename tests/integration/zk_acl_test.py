@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """ZooKeeper ACLs of a ring (cluster.zookeeper_auth_file, `flatkv admin
-secure-ring`; README, "Securing the ring") against a real ZooKeeper and real
+secure-ring`; docs/operating.md, "Securing the ring") against a real ZooKeeper and real
 members: two marks, mark A a chain of two.
 
 An open ring is secured in place and rolling-restarted with credentials
@@ -225,7 +225,7 @@ check(c.exists(ROOT + "/.cluster/marks/%d" % B) is not None and
 c.stop()
 c.close()
 
-# README, "Securing the ring": the transitional ACL first, so the members
+# docs/operating.md, "Securing the ring": the transitional ACL first, so the members
 # still without credentials keep writing the ring (a chain's head records
 # its new membership) while the others restart with them.
 secure_ring("open ring", "--transitional")

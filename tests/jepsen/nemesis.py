@@ -217,9 +217,26 @@ def ring_change(nem):
     if not wait_chain(nem, via, b[0].mark, len(b)):
         nem.errors.append("ring-change: mark %d did not come back within 90 s" % b[0].mark)
         return None, 0.1
-    proc = subprocess.Popen([nem.cli, "--host", via.addr, "--port", str(cluster.PORT), "admin",
-                             "remove-mark", str(b[0].mark), "--wait"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Its chain may be complete while its add still drops the range at the
+    # source: the ring answers Busy until that change is done, as it would
+    # an operator, who asks again.
+    t0 = time.monotonic()
+    done = None  # (out, err) of a remove that finished within the first look
+    while True:
+        proc = subprocess.Popen([nem.cli, "--host", via.addr, "--port", str(cluster.PORT),
+                                 "admin", "remove-mark", str(b[0].mark), "--wait"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            done = proc.communicate(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            break  # started: it waits for the remove
+        if proc.returncode == 0:
+            break
+        if "another ring change runs" not in done[1] or time.monotonic() - t0 > 60:
+            nem.errors.append("ring-change: remove-mark exited %s: %s" %
+                              (proc.returncode, done[1][-300:]))
+            return None, 0.1
+        time.sleep(0.5)
     nem.log("fault", "ring-change", None, "remove-mark %d via %s" % (b[0].mark, via.name))
     time.sleep(nem.rng.uniform(0.1, 1.0))
     victim = nem.rng.choice([m for m in a if m is not via])  # the CLI waits through via
@@ -230,7 +247,7 @@ def ring_change(nem):
         victim.start()
         nem.log("heal", "kill", victim, "restarted")
         try:
-            out, err = proc.communicate(timeout=120)
+            out, err = done if done is not None else proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()

@@ -12,8 +12,8 @@ process on this host) and its outcome:
         sent: fail.
 
 A KvError answered to a get is a fail (a read changes nothing). A KvError
-answered to a write is judged by the server's retry contract (README,
-"Errors and retries"): a definite code (UNAVAILABLE, NOT_OWNER,
+answered to a write is judged by the server's retry contract (docs/application.md,
+"Errors and what each means for a retry"): a definite code (UNAVAILABLE, NOT_OWNER,
 OVERLOADED, ...) is a fail unless its message says the write "may or may
 not have been applied"; that message, and STORAGE_ERROR, make it info. The
 checker thereby tests the contract too: a write answered "not applied"

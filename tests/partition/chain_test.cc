@@ -120,7 +120,7 @@ ChainConfig Make(int64_t version, uint64_t id, std::vector<std::string> members,
 
 // Registers each member of "names" with its epoch, as the shell would.
 void Register(Net& net, const std::vector<std::string>& names, const std::vector<int64_t>& epochs) {
-  for (size_t i = 0; i < names.size(); ++i) net.members.at(names[i])->OnRegistered(epochs[i]);
+  for (size_t i = 0; i < names.size(); ++i) net.members.at(names[i])->OnRegistered(epochs[i], 0, net.now);
 }
 
 void Net::Start(const std::vector<std::string>& names, uint64_t id, bool sync) {
@@ -762,7 +762,7 @@ ChainMember& CaughtUpFromA(Net& net, const std::string& name) {
   net.Take(name, out);
   net.Deliver();
   REQUIRE(j.wants_registration());
-  j.OnRegistered(9);
+  j.OnRegistered(9, 0, 0);
   return j;
 }
 
@@ -806,7 +806,7 @@ TEST_CASE("a member that registered alone on a stale view leaves when the ring n
   m.OnConfig(empty, 0, &out);
   m.StartJoin(0, &out);
   REQUIRE(out.register_now);
-  m.OnRegistered(20);
+  m.OnRegistered(20, 0, 0);
   ChainConfig now = Make(3, 9, {"m"}, {20});
   now.recorded = {"x"};
   now.recorded_zxid = 15;
@@ -826,7 +826,7 @@ TEST_CASE("a new mark's importer starts its chain whatever an earlier life of th
   m.StartJoin(0, &out);
   REQUIRE(out.register_now);
   REQUIRE(m.Rebase({42, 0}));
-  m.OnRegistered(50);
+  m.OnRegistered(50, 0, 0);
   ChainConfig c = Make(2, 9, {"m"}, {50});
   c.recorded = {"old1", "old2"};
   c.recorded_zxid = 10;
@@ -835,6 +835,47 @@ TEST_CASE("a new mark's importer starts its chain whatever an earlier life of th
   CHECK_FALSE(landed.deregister);
   CHECK(std::string(m.role()) == "single");
   CHECK(landed.record == std::vector<std::string>{"m"});  // and records itself
+}
+
+TEST_CASE("while a ring change adds a mark, only its importer starts the mark's chain") {
+  // Members of an earlier life of the mark, restarted with their stores,
+  // wait for the importer: leading, one would make the importer catch up
+  // from it and lose the import.
+  ChainConfig c;
+  c.version = 5;
+  c.id = 1;
+  c.recorded = {"old", "imp"};
+  c.importer = "imp";
+  for (const char* name : {"old", "other"}) {
+    ChainMember m(name, ChainOptions{}, ChainPosition{3, 10}, /*intact=*/true);
+    ChainOutput out;
+    m.OnConfig(c, 0, &out);
+    m.StartJoin(0, &out);
+    for (int64_t now = 50; now <= 10000; now += 50) m.OnTick(now, &out);
+    CHECK_FALSE(out.register_now);
+    CHECK(out.sends.empty());
+  }
+  // The importer asks at start; its registration is made only at the flip
+  // (the mark node appears then), long after: the ring has the joiner
+  // timeout from then on to show it, and it starts the chain.
+  ChainMember imp("imp", ChainOptions{}, ChainPosition{3, 10}, /*intact=*/true);
+  ChainOutput out;
+  imp.OnConfig(c, 0, &out);
+  imp.StartJoin(0, &out);
+  REQUIRE(out.register_now);
+  REQUIRE(imp.Rebase({42, 0}));
+  for (int64_t now = 50; now < 5000; now += 50) imp.OnTick(now, &out);
+  imp.OnRegistered(50, 0, 5000);
+  for (int64_t now = 5050; now <= 6500; now += 50) imp.OnTick(now, &out);
+  ChainConfig listed = c;
+  listed.version = 6;
+  listed.id = 2;
+  listed.members = {"imp"};
+  listed.epochs = {50};
+  imp.OnConfig(listed, 6500, &out);
+  CHECK_FALSE(out.deregister);
+  CHECK(std::string(imp.role()) == "single");
+  CHECK(out.record == std::vector<std::string>{"imp"});
 }
 
 TEST_CASE("a refused connection to a chain member asks once to evict that registration") {
@@ -912,7 +953,7 @@ TEST_CASE("a joiner's registration is gone with the session that made it") {
     net.Config(Make(1, 7, {"a"}, {1}));
     ChainOutput out;
     j.StartJoin(net.now, &out);
-    j.OnRegistered(30, /*session=*/1);
+    j.OnRegistered(30, /*session=*/1, net.now);
     j.OnSessionAnswer(net.now, kSessionMs, net.now, &out, answering);
     ChainOutput later;
     j.OnConfig(Make(2, 8, {"a", "j"}, {1, 30}), net.now, &later);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -181,15 +182,47 @@ TEST_CASE("server.workers auto runs calls on the I/O threads unless every write 
   REQUIRE(st.message().find("server.workers") != std::string::npos);
 }
 
-TEST_CASE("The README's configuration reference lists every key", "[server][config]") {
-  const std::string readme = flatkv::test::ReadFile(std::string(FLATKV_SOURCE_DIR) + "/README.md");
+TEST_CASE("The configuration reference lists every key", "[server][config]") {
+  // docs/configuration.md's table and the code's table of keys, equal both
+  // ways: every key of the code is documented with the code's default, and
+  // every documented key exists.
+  const std::string page =
+      flatkv::test::ReadFile(std::string(FLATKV_SOURCE_DIR) + "/docs/configuration.md");
+  std::map<std::string, std::string> code;  // key -> default, as --describe-config prints them
   std::istringstream described(flatkv::server::DescribeConfig());
   std::string line;
   while (std::getline(described, line)) {
     if (line.empty() || line[0] == ' ') continue;
-    const std::string key = line.substr(0, line.find(" = "));
-    INFO(key);
-    REQUIRE(readme.find("| `" + key + "` |") != std::string::npos);
+    const size_t eq = line.find(" = ");
+    REQUIRE(eq != std::string::npos);
+    code[line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  REQUIRE(code.size() > 40);
+
+  // The page's rows: "| `key` | `default` | meaning |".
+  std::map<std::string, std::string> documented;
+  std::istringstream rows(page);
+  while (std::getline(rows, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const size_t key_end = line.find("` | `", 3);
+    if (key_end == std::string::npos) continue;
+    const std::string key = line.substr(3, key_end - 3);
+    const size_t default_begin = key_end + 5;
+    const size_t default_end = line.find("` |", default_begin);
+    REQUIRE(default_end != std::string::npos);
+    INFO(line);
+    REQUIRE(documented.count(key) == 0);  // documented once
+    documented[key] = line.substr(default_begin, default_end - default_begin);
+  }
+
+  for (const auto& [key, default_text] : code) {
+    INFO("in the code, not documented (or with another default): " << key);
+    REQUIRE(documented.count(key) == 1);
+    REQUIRE(documented[key] == default_text);
+  }
+  for (const auto& [key, default_text] : documented) {
+    INFO("documented, not in the code: " << key);
+    REQUIRE(code.count(key) == 1);
   }
 }
 

@@ -111,3 +111,37 @@ TEST_CASE("PrometheusText has HELP and TYPE per family, labels and cumulative bu
   }
   REQUIRE(types == 8);
 }
+
+TEST_CASE("QuantileMicros interpolates inside the bucket that holds the rank",
+          "[server][metrics]") {
+  LatencyHistogram h;
+  REQUIRE(flatkv::server::QuantileMicros(h.Read(), 0.99) == 0);  // no calls
+  for (int i = 0; i < 100; ++i) h.Record(microseconds(3));        // bucket (2, 4]
+  REQUIRE(flatkv::server::QuantileMicros(h.Read(), 0.5) == Approx(3.0));
+  REQUIRE(flatkv::server::QuantileMicros(h.Read(), 1.0) == Approx(4.0));
+  h.Record(std::chrono::seconds(100));  // +Inf: the largest finite bound
+  REQUIRE(flatkv::server::QuantileMicros(h.Read(), 1.0) ==
+          Approx(static_cast<double>(LatencyHistogram::BoundMicros(LatencyHistogram::kBuckets - 1))));
+}
+
+TEST_CASE("RecentLoad reports the calls of the last seconds, not since the start",
+          "[server][metrics]") {
+  using Clock = std::chrono::steady_clock;
+  flatkv::server::RecentLoad recent;
+  LatencyHistogram h;
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < 1000; ++i) h.Record(microseconds(1000));  // ~1 ms each
+  flatkv::server::RecentLoad::Result r = recent.Sample(t0 + std::chrono::seconds(1), h.Read());
+  REQUIRE(r.ops_per_sec > 0);
+  REQUIRE(r.p99_us > 512);
+  REQUIRE(r.p99_us <= 1024);
+  // Then one call a second of 3 us for 20 s: the slow ones leave the window.
+  for (int s = 2; s <= 21; ++s) {
+    h.Record(microseconds(3));
+    r = recent.Sample(t0 + std::chrono::seconds(s), h.Read());
+  }
+  REQUIRE(r.window_ms >= 9000);
+  REQUIRE(r.window_ms <= 11000);
+  REQUIRE(r.ops_per_sec == 1);
+  REQUIRE(r.p99_us <= 4);
+}

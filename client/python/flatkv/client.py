@@ -14,7 +14,7 @@ that, and so on (at most half a second, so a call notices a new ring
 soon), reading the ring again before each. OVERLOADED is tried again the
 same way. The defaults (6, 0.1 s: 2.2 s of waits) ride over a member
 killed on a live host, which leaves the ring within a fraction of a second
-(README.md, "Running a ring"); a member whose host is down leaves only
+(docs/ring.md, "A member's process dies"); a member whose host is down leaves only
 after cluster.session_timeout_ms, and its calls fail once the retries are
 spent.
 

@@ -14,8 +14,8 @@ Every error says what the caller may do next:
   but ``append``: retrying a ``put`` or ``remove`` writes the same thing).
   An ``append`` in doubt is not retryable: it may append twice.
 
-This is the server's contract (README.md, "Limits, overload and bad input",
-"Errors and retries"); the client retries by itself only what is
+This is the server's contract (docs/application.md, "Errors and what each means
+for a retry"); the client retries by itself only what is
 retryable (see Client).
 """
 

@@ -207,8 +207,8 @@ def test_kill9_of_a_head_mid_run_fails_over_to_the_new_head(ring):
     head_a.kill9()
     time.sleep(4.0)
     w.finish()
-    # Writes to mark A are acknowledged again soon after (README, "Running a
-    # ring": a member killed on a live host leaves within a fraction of a
+    # Writes to mark A are acknowledged again soon after (docs/ring.md, "A
+    # member's process dies": a member killed on a live host leaves within a fraction of a
     # second) and the other mark never noticed.
     after = [end for start, end in w.acks[MARK_A] if start > killed_at]
     print("mark A: %d errors, first ack %.3f s after the kill; %d acks" %

@@ -65,7 +65,7 @@ def test_scan_is_a_generator_that_asks_for_one_page_at_a_time(standalone):
         [k for k in sorted(keys) if mid <= k < mid + 5000]
     assert [k for k, _ in kv.scan(start=mid, reverse=True, page_size=7)] == \
         [k for k in sorted(keys, reverse=True) if k <= mid]
-    # scan_log: the store in write order (README, "Iteration"), every key
+    # scan_log: the store in write order (docs/engine.md, "Iteration"), every key
     # once, a page per call.
     before = s.stats()["calls.scanLog"]
     logged = [k for k, _ in kv.scan_log(page_size=300)]
@@ -112,7 +112,7 @@ def test_server_errors_are_typed_and_not_retried(standalone):
 
 def test_overloaded_is_typed_not_applied_and_retried_with_backoff(standalone):
     # One worker, a queue of one and a fdatasync per put: calls sent at once
-    # find the queue full (README, "Limits, overload and bad input").
+    # find the queue full (docs/application.md, "Limits, overload and bad input").
     s = standalone("--set", "server.workers=1", "--set", "server.max_queued_calls=1",
                    "--set", "storage.sync=always")
 

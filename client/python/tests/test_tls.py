@@ -1,5 +1,5 @@
 """The client against a real flatkv-server with TLS on its Thrift port
-(README, "TLS and secret files") and client certificates required, with
+(docs/operating.md, "TLS and secret files") and client certificates required, with
 certificates made here by the openssl command: a client with the CA and a
 client certificate is served; one that trusts another CA, that calls the
 server by a name its certificate does not hold, that has no client

@@ -1,7 +1,7 @@
 """The parts of the package that need no server: the generated code matches
 the IDL, routing decisions match the server's (partition/ring.h,
 partition/router.h), each ErrorCode becomes the error class and the retry
-verdict the README's contract gives, and the client acts on them against
+verdict docs/application.md's contract gives, and the client acts on them against
 scripted instances (NOT_OWNER, UNAVAILABLE in doubt or not), which no
 healthy ring answers on demand."""
 import os
