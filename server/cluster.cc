@@ -690,7 +690,9 @@ Status Cluster::WipeStore() {
 
 Status Cluster::CheckStillServed(int64_t hash) const {
   const auto ring = registry_->ring();
-  if (!ring) return Status::OK();
+  if (!ring || ring->empty()) {
+    return Status::Unavailable("the ring this read was served under is gone; read again");
+  }
   const int64_t owner = ring->partitions()[ring->OwnerIndex(hash)].mark;
   if (owner != mark()) {
     return Status::NotOwner("hash " + std::to_string(hash) + " moved to mark " +

@@ -149,6 +149,10 @@ def call(addr, fn, timeout_ms=2000):
         t.close()
 
 
+# cluster.service_path: the members run with its default.
+SERVICE_PATH = "/flatkv"
+
+
 def ring_of(addr):
     """{mark: ["host:port", ...]} as the member at "addr" sees it; None on failure."""
     try:
@@ -170,7 +174,7 @@ class ZkWatch:
     them: [(monotonic ns, frozenset of "host:port")]. Its own kazoo session
     in the root namespace; re-reads on reconnect (kazoo's ChildrenWatch)."""
 
-    def __init__(self, zk, path="/flatkv"):
+    def __init__(self, zk, path=SERVICE_PATH):
         from kazoo.client import KazooClient
         self.events = []
         self._lock = threading.Lock()

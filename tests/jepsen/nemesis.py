@@ -202,6 +202,23 @@ def wait_chain(nem, via, mark, n, timeout=90.0):
     return False
 
 
+def wait_no_change(nem, timeout=90.0):
+    """Until ZooKeeper holds no ring change node; False on timeout."""
+    from kazoo.client import KazooClient
+    zk = KazooClient(hosts=nem.zk.hosts, timeout=10.0)
+    zk.start(timeout=10)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if not zk.exists(cluster.SERVICE_PATH + "/.cluster/change"):
+                return True
+            time.sleep(0.2)
+        return False
+    finally:
+        zk.stop()
+        zk.close()
+
+
 @fault("ring-change")
 def ring_change(nem):
     """flatkv admin remove-mark of the second mark (its range goes to the
@@ -218,25 +235,13 @@ def ring_change(nem):
         nem.errors.append("ring-change: mark %d did not come back within 90 s" % b[0].mark)
         return None, 0.1
     # Its chain may be complete while its add still drops the range at the
-    # source: the ring answers Busy until that change is done, as it would
-    # an operator, who asks again.
-    t0 = time.monotonic()
-    done = None  # (out, err) of a remove that finished within the first look
-    while True:
-        proc = subprocess.Popen([nem.cli, "--host", via.addr, "--port", str(cluster.PORT),
-                                 "admin", "remove-mark", str(b[0].mark), "--wait"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            done = proc.communicate(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            break  # started: it waits for the remove
-        if proc.returncode == 0:
-            break
-        if "another ring change runs" not in done[1] or time.monotonic() - t0 > 60:
-            nem.errors.append("ring-change: remove-mark exited %s: %s" %
-                              (proc.returncode, done[1][-300:]))
-            return None, 0.1
-        time.sleep(0.5)
+    # source (one ring change at a time): wait for the change node to go.
+    if not wait_no_change(nem):
+        nem.errors.append("ring-change: the previous ring change did not finish within 90 s")
+        return None, 0.1
+    proc = subprocess.Popen([nem.cli, "--host", via.addr, "--port", str(cluster.PORT), "admin",
+                             "remove-mark", str(b[0].mark), "--wait"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     nem.log("fault", "ring-change", None, "remove-mark %d via %s" % (b[0].mark, via.name))
     time.sleep(nem.rng.uniform(0.1, 1.0))
     victim = nem.rng.choice([m for m in a if m is not via])  # the CLI waits through via
@@ -247,7 +252,7 @@ def ring_change(nem):
         victim.start()
         nem.log("heal", "kill", victim, "restarted")
         try:
-            out, err = done if done is not None else proc.communicate(timeout=120)
+            out, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
