@@ -772,6 +772,7 @@ Status Store::Abandon(uint64_t segment, FlatTable* old, Room* room, const Status
 }
 
 void Store::CompactorLoop() {
+  RunAsBackground();
   std::unique_lock<std::mutex> lock(compact_mu_);
   bool busy = false;  // the last automatic pick found a table: look again at once
   while (!stopping_.load()) {

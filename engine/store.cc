@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 #include <sys/mman.h>
@@ -1538,7 +1539,18 @@ Status Store::Checkpoint() {
   return Status::OK();
 }
 
+// Without wakeup preemption: a compaction's removal of a table's files
+// waits for one discard per freed extent on a file system mounted with
+// "discard", and each completion woke the compactor ahead of the I/O
+// thread it shares a core with (about 800 forced switches a second under
+// overwrites). Best effort: a refusal leaves the thread as it was.
+void Store::RunAsBackground() {
+  sched_param param{};
+  (void)sched_setscheduler(static_cast<pid_t>(gettid()), SCHED_BATCH, &param);
+}
+
 void Store::BackgroundLoop() {
+  RunAsBackground();
   using Clock = std::chrono::steady_clock;
   const auto sync_every = std::chrono::milliseconds(options_.sync_interval_ms);
   const auto checkpoint_every = std::chrono::milliseconds(options_.checkpoint_interval_ms);

@@ -450,6 +450,12 @@ class Store {
   uint64_t WriteProgress() const;
   std::string SegmentDir(uint64_t segment) const;
   void BackgroundLoop();
+  // Called first on the store's own threads (periodic sync, compactor):
+  // marks the calling thread SCHED_BATCH, so that waking up (an fdatasync
+  // or a discard of a removed file completing) does not preempt a thread
+  // serving calls on the same core; it runs at the next tick or when that
+  // thread waits, with the same CPU share as before.
+  static void RunAsBackground();
   void PublishTablesLocked();
   // Every published array but the newest, taken out of arrays_ for the
   // caller to free after a SynchronizeReaders() that begins after this

@@ -5,9 +5,12 @@
 // libevent's writing of answers the socket could not take at once) plus a
 // read event of our own: the bufferevent's reading would ask the kernel
 // for FIONREAD before each read, one system call more per call. OnReadable
-// reads with one recv() into the thread's scratch buffer, appends that to
-// the input, answers every complete frame into the output, then writes the
-// output to the socket itself (evbuffer_write). Only if the socket does not
+// reads with one recv() straight into space reserved at the end of the
+// input (evbuffer_reserve_space: 16 KiB, or what a large partial frame
+// still lacks, so one read takes every frame a client has sent, and a
+// request is never copied on its way to the decoder), answers every
+// complete frame into the output, then writes the output to the socket
+// itself (evbuffer_write: one writev for all the answers). Only if the socket does not
 // take it all is the bufferevent's EV_WRITE enabled, and OnWrite disables
 // it again once the output drained, so a connection whose answers fit the
 // socket buffer never changes its epoll registration: a call costs an
@@ -109,7 +112,8 @@ namespace {
 
 constexpr int kBacklog = 1024;
 constexpr size_t kFrameHeader = 4;
-constexpr size_t kMaxSingleRead = 64 << 10;  // the scratch buffer
+constexpr size_t kMaxSingleRead = 64 << 10;  // the most one recv() asks for
+constexpr size_t kReadChunk = 16 << 10;      // what it asks for between large frames
 // The per-thread answer buffer is reused; one grown past this by a large
 // answer is replaced after that call, so memory follows the calls in flight.
 constexpr uint32_t kAnswerKeep = 64 << 10;
@@ -414,6 +418,7 @@ class EventServer::IoThread {
   void DrainPipe(bool stopped);
   void TakeAnswers();
   void Read(Connection* conn, evutil_socket_t fd);
+  static size_t ReadSize(evbuffer* input, size_t have);
   void ServeFrames(Connection* conn);
   bool WantsWorker(const uint8_t* message, uint32_t len) const;
   bool Offload(Connection* conn, const uint8_t* message, uint32_t len);
@@ -453,7 +458,6 @@ class EventServer::IoThread {
   std::thread thread_;
   // Served connections, and closed ones whose call is still on a worker.
   std::unordered_set<Connection*> connections_;
-  std::unique_ptr<uint8_t[]> scratch_{new uint8_t[kMaxSingleRead]};
   Caller caller_;
   std::unique_ptr<AsyncCalls> async_;  // SetAsync(): this thread's
   std::mutex answered_mu_;
@@ -702,11 +706,14 @@ void EventServer::IoThread::OnReadable(evutil_socket_t fd, short, void* arg) {
   conn->io->Read(conn, fd);
 }
 
-// One recv(), at most up to one largest frame plus its header buffered;
-// end of stream or an error closes the connection.
+// One recv(), at most up to one largest frame plus its header buffered,
+// straight into the input's own memory (no copy of the request between
+// the socket and the frame the call is decoded from); end of stream or an
+// error closes the connection.
 void EventServer::IoThread::Read(Connection* conn, evutil_socket_t fd) {
   evbuffer* input = bufferevent_get_input(conn->bev);
-  const size_t room = max_frame_ + kFrameHeader - evbuffer_get_length(input);
+  const size_t have = evbuffer_get_length(input);
+  const size_t room = max_frame_ + kFrameHeader - have;
   // A full input holds a complete frame, answered (and drained) before the
   // connection reads again; only a connection waiting for its call's
   // answer gets here with no room: it stops reading until the answer.
@@ -715,18 +722,47 @@ void EventServer::IoThread::Read(Connection* conn, evutil_socket_t fd) {
     event_del(conn->read_event);
     return;
   }
-  const ssize_t got = recv(fd, scratch_.get(), std::min(room, kMaxSingleRead), 0);
-  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   // A socket bufferevent keeps its input's end frozen outside its own read
-  // callback; thawed here for this one append on the same thread.
+  // callback; thawed here for this one read on the same thread.
   evbuffer_unfreeze(input, 0);
-  const bool ok = got > 0 && evbuffer_add(input, scratch_.get(), got) == 0;
+  evbuffer_iovec space;
+  const size_t want = std::min(room, ReadSize(input, have));
+  const bool reserved = evbuffer_reserve_space(input, static_cast<ev_ssize_t>(want), &space, 1) == 1;
+  ssize_t got = -1;
+  int err = ENOMEM;
+  if (reserved) {
+    got = recv(fd, space.iov_base, std::min(want, space.iov_len), 0);
+    err = errno;
+    space.iov_len = got > 0 ? static_cast<size_t>(got) : 0;
+    if (got > 0 && evbuffer_commit_space(input, &space, 1) != 0) {
+      got = -1;
+      err = ENOMEM;
+    }
+  }
   evbuffer_freeze(input, 0);
-  if (!ok) {
+  if (got < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR)) return;
+  if (got <= 0) {
     Close(conn);  // end of stream, a reset, or out of memory
     return;
   }
   ServeFrames(conn);
+}
+
+// How much the next read asks for: what the partial frame at the front of
+// the input still lacks when that is more than kReadChunk (a large frame
+// arrives in few reads), else kReadChunk (a few small frames, pipelined
+// ones too, per read; a chunk this size comes from the allocator's
+// thread cache), never more than kMaxSingleRead.
+size_t EventServer::IoThread::ReadSize(evbuffer* input, size_t have) {
+  size_t want = kReadChunk;
+  if (have >= kFrameHeader) {
+    uint8_t head[kFrameHeader];
+    evbuffer_copyout(input, head, kFrameHeader);
+    const uint64_t len = uint64_t{head[0]} << 24 | uint64_t{head[1]} << 16 |
+                         uint64_t{head[2]} << 8 | uint64_t{head[3]};
+    if (kFrameHeader + len > have) want = std::max<uint64_t>(want, kFrameHeader + len - have);
+  }
+  return std::min(want, kMaxSingleRead);
 }
 
 // Libevent wrote the last pending answer: back to reading only, and serve

@@ -7,8 +7,8 @@
 // latency histogram serve both targets, so their figures compare.
 //
 //   flatkv-loadgen --target flatkv|redis [--host H] [--port P] [--threads T]
-//                  [--workload fill,put,get] [--ops N] [--num K]
-//                  [--value-size B] [--seed S]
+//                  [--workload fill,put,get,mput,mget] [--ops N] [--num K]
+//                  [--value-size B] [--batch M] [--seed S]
 //
 // Workloads, each timed on its own (all threads connect first, then start
 // together; the time runs until the last thread finishes):
@@ -17,15 +17,24 @@
 //   get   N reads of uniform keys in [0, K): each value found is checked
 //         against what fill and put write for its key (its 8-byte key and a
 //         filler derived from it), so a wrong value counts as an error
+//   mput  N batch writes of M uniform keys each: FlatKV multiPut, Redis MSET
+//   mget  N batch reads of M uniform keys each: FlatKV multiGet, Redis MGET,
+//         every value checked as for get
 // FlatKV keys are the integers; Redis keys are their decimal strings.
 //
-// Prints one JSON line per workload: target, workload, threads, ops,
-// seconds, ops_per_sec, p50_us, p99_us, p999_us, max_us, mean_us, errors,
-// found (gets that found their key), value_size, num. Exit status 0; 1 if
+// Prints one JSON line per workload: target, workload, threads, ops (calls),
+// keys (ops times the batch size for mput and mget), seconds, ops_per_sec
+// (calls a second), p50_us, p99_us, p999_us, max_us, mean_us (per call),
+// errors, found (keys read that were found), value_size, num, batch, and
+// client_cpu_us (this process's user + system CPU time for the workload,
+// from getrusage: with the generator pinned to its own cores, it tells
+// whether the generator or the server was the limit). Exit status 0; 1 if
 // any call failed (an error reply, a lost connection, a wrong value: the
 // first few are printed); 2 for a bad command line.
 #include <hiredis/hiredis.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -61,15 +70,29 @@ struct Flags {
   uint64_t ops = 200000;
   uint64_t num = 100000;
   size_t value_size = 100;
+  uint64_t batch = 10;  // keys per mput / mget call
   uint64_t seed = 301;
 };
 
 // The value written for "key": its 8 bytes (little-endian), then a filler
 // that depends on the key, so a value read back under another key fails.
+// Byte i >= 8 is 'a' + (key + i) % 26: a slice of a repeating alphabet,
+// copied rather than computed byte by byte (a 4 KiB value computed that way
+// cost the generator several microseconds a call).
 std::string ValueFor(uint64_t key, size_t size) {
+  static const std::string kAlphabets = [] {
+    std::string a;
+    for (int i = 0; i < 26 * 2 + 64; ++i) a.push_back(static_cast<char>('a' + i % 26));
+    return a;
+  }();
   std::string v(size, '\0');
-  for (size_t i = 0; i < size; ++i) {
-    v[i] = i < 8 ? static_cast<char>(key >> (8 * i)) : static_cast<char>('a' + (key + i) % 26);
+  for (size_t i = 0; i < size && i < 8; ++i) v[i] = static_cast<char>(key >> (8 * i));
+  for (size_t i = 8; i < size;) {
+    const size_t from = (key + i) % 26;
+    const size_t n = std::min(size - i, kAlphabets.size() - from) / 26 * 26;
+    const size_t take = n > 0 ? n : size - i;
+    std::memcpy(&v[i], kAlphabets.data() + from, take);
+    i += take;
   }
   return v;
 }
@@ -82,6 +105,12 @@ class Conn {
   virtual void Put(uint64_t key, const std::string& value) = 0;
   // Returns whether the key was found, its value in *value.
   virtual bool Get(uint64_t key, std::string* value) = 0;
+  // One call writing every pair (keys[i], values[i]).
+  virtual void MultiPut(const std::vector<uint64_t>& keys,
+                        const std::vector<std::string>& values) = 0;
+  // One call reading every key: (*found)[i] and (*values)[i] for keys[i].
+  virtual void MultiGet(const std::vector<uint64_t>& keys, std::vector<std::string>* values,
+                        std::vector<bool>* found) = 0;
 };
 
 class FlatKVConn : public Conn {
@@ -111,11 +140,38 @@ class FlatKVConn : public Conn {
     if (result_.found) value->swap(result_.value);
     return result_.found;
   }
+  void MultiPut(const std::vector<uint64_t>& keys,
+                const std::vector<std::string>& values) override {
+    pairs_.resize(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      pairs_[i].key = static_cast<int64_t>(keys[i]);
+      pairs_[i].value = values[i];
+    }
+    client_->multiPut(pairs_);
+  }
+  void MultiGet(const std::vector<uint64_t>& keys, std::vector<std::string>* values,
+                std::vector<bool>* found) override {
+    ikeys_.assign(keys.begin(), keys.end());
+    client_->multiGet(results_, ikeys_);
+    if (results_.size() != keys.size()) {
+      throw std::runtime_error("multiGet: " + std::to_string(results_.size()) + " results for " +
+                               std::to_string(keys.size()) + " keys");
+    }
+    values->resize(keys.size());
+    found->assign(keys.size(), false);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      (*found)[i] = results_[i].found;
+      (*values)[i].swap(results_[i].value);
+    }
+  }
 
  private:
   std::shared_ptr<apache::thrift::transport::TTransport> transport_;
   std::unique_ptr<flatkv::rpc::FlatKVClient> client_;
   flatkv::rpc::GetResult result_;
+  std::vector<flatkv::rpc::KvPair> pairs_;
+  std::vector<int64_t> ikeys_;
+  std::vector<flatkv::rpc::GetResult> results_;
 };
 
 class RedisConn : public Conn {
@@ -145,6 +201,34 @@ class RedisConn : public Conn {
     value->assign(r->str, r->len);
     return true;
   }
+  void MultiPut(const std::vector<uint64_t>& keys,
+                const std::vector<std::string>& values) override {
+    Args("MSET");
+    for (size_t i = 0; i < keys.size(); ++i) {
+      AddKey(keys[i]);
+      Add(values[i]);
+    }
+    Reply r(CallArgs());
+    if (r->type != REDIS_REPLY_STATUS) throw std::runtime_error("MSET: " + Describe(r.get()));
+  }
+  void MultiGet(const std::vector<uint64_t>& keys, std::vector<std::string>* values,
+                std::vector<bool>* found) override {
+    Args("MGET");
+    for (uint64_t key : keys) AddKey(key);
+    Reply r(CallArgs());
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != keys.size()) {
+      throw std::runtime_error("MGET: " + Describe(r.get()));
+    }
+    values->resize(keys.size());
+    found->assign(keys.size(), false);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const redisReply* e = r->element[i];
+      if (e->type == REDIS_REPLY_NIL) continue;
+      if (e->type != REDIS_REPLY_STRING) throw std::runtime_error("MGET: " + Describe(e));
+      (*found)[i] = true;
+      (*values)[i].assign(e->str, e->len);
+    }
+  }
 
  private:
   struct FreeReply {
@@ -162,9 +246,40 @@ class RedisConn : public Conn {
     if (r->type == REDIS_REPLY_ERROR) return std::string(r->str, r->len);
     return "unexpected reply type " + std::to_string(r->type);
   }
+  // An argument vector for redisCommandArgv, kept between calls: the
+  // command name, then keys (decimal, as Put and Get send them) and values.
+  void Args(const char* command) {
+    strings_.clear();
+    strings_.emplace_back(command);
+  }
+  void AddKey(uint64_t key) { strings_.push_back(std::to_string(key)); }
+  void Add(const std::string& value) { strings_.push_back(value); }
+  redisReply* CallArgs() {
+    argv_.clear();
+    lens_.clear();
+    for (const std::string& a : strings_) {
+      argv_.push_back(a.data());
+      lens_.push_back(a.size());
+    }
+    void* reply = redisCommandArgv(ctx_, static_cast<int>(argv_.size()), argv_.data(),
+                                   lens_.data());
+    if (reply == nullptr) throw std::runtime_error(std::string("connection: ") + ctx_->errstr);
+    return static_cast<redisReply*>(reply);
+  }
 
   redisContext* ctx_ = nullptr;
+  std::vector<std::string> strings_;
+  std::vector<const char*> argv_;
+  std::vector<size_t> lens_;
 };
+
+// This process's user + system CPU time so far, in seconds.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
 
 // Starts the threads together: each calls Arrive() once connected, and
 // the last one in records the start time and lets them all go.
@@ -192,6 +307,7 @@ class StartLine {
 struct ThreadResult {
   LatencyHistogram hist;
   uint64_t ops = 0;
+  uint64_t keys = 0;
   uint64_t errors = 0;
   uint64_t found = 0;
   std::vector<std::string> messages;  // the first errors, to print
@@ -218,37 +334,63 @@ void RunThread(const Flags& f, const std::string& workload, int index, StartLine
 
   const uint64_t n = static_cast<uint64_t>(f.threads);
   const uint64_t i = static_cast<uint64_t>(index);
-  // fill: keys [first, last); put and get: a share of --ops, keys drawn.
+  // fill: keys [first, last); the others: a share of --ops, keys drawn.
   const uint64_t total = workload == "fill" ? f.num : f.ops;
   const uint64_t first = total * i / n;
   const uint64_t last = total * (i + 1) / n;
-  const uint64_t stream = workload == "put" ? 1 : 2;  // put and get draw different keys
+  // Each workload draws its own keys.
+  const uint64_t stream = workload == "put"    ? 1
+                          : workload == "get"  ? 2
+                          : workload == "mput" ? 3
+                                               : 4;
   std::mt19937_64 rng(f.seed * 1000003 + stream * 104729 + i * 7919);
   std::uniform_int_distribution<uint64_t> pick(0, f.num - 1);
+  const bool batch = workload == "mput" || workload == "mget";
   std::string got;
+  std::vector<uint64_t> keys;
+  std::vector<std::string> values;
+  std::vector<bool> found;
   for (uint64_t op = first; op < last; ++op) {
-    const uint64_t key = workload == "fill" ? op : pick(rng);
+    keys.clear();
+    if (workload == "fill") keys.push_back(op);
+    else for (uint64_t k = 0; k < (batch ? f.batch : 1); ++k) keys.push_back(pick(rng));
+    if (workload == "put" || workload == "fill") got = ValueFor(keys[0], f.value_size);
+    if (workload == "mput") {
+      values.resize(keys.size());
+      for (size_t k = 0; k < keys.size(); ++k) values[k] = ValueFor(keys[k], f.value_size);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     try {
       if (workload == "get") {
-        if (conn->Get(key, &got)) {
-          ++r->found;
-          if (got != ValueFor(key, f.value_size)) {
-            NoteError(r, "get " + std::to_string(key) + ": a wrong value of " +
-                             std::to_string(got.size()) + " bytes");
-          }
-        }
+        found.assign(1, conn->Get(keys[0], &got));
+      } else if (workload == "mget") {
+        conn->MultiGet(keys, &values, &found);
+      } else if (workload == "mput") {
+        conn->MultiPut(keys, values);
       } else {
-        conn->Put(key, ValueFor(key, f.value_size));
+        conn->Put(keys[0], got);
       }
     } catch (const std::exception& e) {
-      NoteError(r, workload + " " + std::to_string(key) + ": " + e.what());
+      NoteError(r, workload + " " + std::to_string(keys[0]) + ": " + e.what());
       if (r->errors >= 100) break;  // the connection is likely gone
+      found.clear();
     }
     const auto t1 = std::chrono::steady_clock::now();
     r->hist.Record(static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
     ++r->ops;
+    r->keys += keys.size();
+    if (workload != "get" && workload != "mget") continue;
+    // Checked after the clock stopped: the check is the generator's work.
+    for (size_t k = 0; k < found.size(); ++k) {
+      if (!found[k]) continue;
+      ++r->found;
+      const std::string& v = workload == "get" ? got : values[k];
+      if (v != ValueFor(keys[k], f.value_size)) {
+        NoteError(r, workload + " " + std::to_string(keys[k]) + ": a wrong value of " +
+                         std::to_string(v.size()) + " bytes");
+      }
+    }
   }
   r->end = std::chrono::steady_clock::now();
 }
@@ -256,6 +398,7 @@ void RunThread(const Flags& f, const std::string& workload, int index, StartLine
 // Runs one workload on every thread; prints its JSON line. Returns the
 // number of errors.
 uint64_t RunWorkload(const Flags& f, const std::string& workload) {
+  const double cpu_before = CpuSeconds();
   StartLine line(f.threads);
   std::vector<ThreadResult> results(static_cast<size_t>(f.threads));
   std::vector<std::thread> threads;
@@ -264,13 +407,15 @@ uint64_t RunWorkload(const Flags& f, const std::string& workload) {
     threads.emplace_back(RunThread, std::cref(f), std::cref(workload), t, &line, &results[t]);
   }
   for (auto& t : threads) t.join();
+  const double cpu = CpuSeconds() - cpu_before;
 
   LatencyHistogram hist;
-  uint64_t ops = 0, errors = 0, found = 0;
+  uint64_t ops = 0, keys = 0, errors = 0, found = 0;
   auto end = line.start();
   for (const auto& r : results) {
     hist.Merge(r.hist);
     ops += r.ops;
+    keys += r.keys;
     errors += r.errors;
     found += r.found;
     if (r.end > end) end = r.end;
@@ -283,11 +428,13 @@ uint64_t RunWorkload(const Flags& f, const std::string& workload) {
       "\"threads\": %d, \"ops\": %" PRIu64 ", \"seconds\": %.3f, \"ops_per_sec\": %.0f, "
       "\"p50_us\": %.1f, \"p99_us\": %.1f, \"p999_us\": %.1f, \"max_us\": %.1f, "
       "\"mean_us\": %.1f, \"errors\": %" PRIu64 ", \"found\": %" PRIu64
-      ", \"value_size\": %zu, \"num\": %" PRIu64 "}\n",
+      ", \"value_size\": %zu, \"num\": %" PRIu64 ", \"keys\": %" PRIu64
+      ", \"batch\": %" PRIu64 ", \"client_cpu_us\": %.0f}\n",
       f.target.c_str(), workload.c_str(), f.threads, ops, seconds,
       seconds > 0 ? static_cast<double>(ops) / seconds : 0.0, us(hist.Percentile(0.5)),
       us(hist.Percentile(0.99)), us(hist.Percentile(0.999)), us(hist.max()), hist.Mean() / 1000.0,
-      errors, found, f.value_size, f.num);
+      errors, found, f.value_size, f.num, keys,
+      workload == "mput" || workload == "mget" ? f.batch : uint64_t{1}, cpu * 1e6);
   std::fflush(stdout);
   return errors;
 }
@@ -295,8 +442,8 @@ uint64_t RunWorkload(const Flags& f, const std::string& workload) {
 int Usage(const std::string& why) {
   std::fprintf(stderr,
                "flatkv-loadgen: %s\nusage: flatkv-loadgen --target flatkv|redis [--host H] "
-               "[--port P] [--threads T] [--workload fill,put,get] [--ops N] [--num K] "
-               "[--value-size B] [--seed S]\n",
+               "[--port P] [--threads T] [--workload fill,put,get,mput,mget] [--ops N] "
+               "[--num K] [--value-size B] [--batch M] [--seed S]\n",
                why.c_str());
   return 2;
 }
@@ -339,7 +486,9 @@ int main(int argc, char** argv) {
         size_t comma = v.find(',', start);
         if (comma == std::string::npos) comma = v.size();
         const std::string w = v.substr(start, comma - start);
-        if (w != "fill" && w != "put" && w != "get") return Usage("unknown workload '" + w + "'");
+        if (w != "fill" && w != "put" && w != "get" && w != "mput" && w != "mget") {
+          return Usage("unknown workload '" + w + "'");
+        }
         f.workloads.push_back(w);
         start = comma + 1;
       }
@@ -351,6 +500,7 @@ int main(int argc, char** argv) {
     else if (a == "--ops" && x > 0) f.ops = x;
     else if (a == "--num" && x > 0) f.num = x;
     else if (a == "--value-size" && x >= 8 && x <= (64u << 20)) f.value_size = x;
+    else if (a == "--batch" && x > 0 && x <= 100000) f.batch = x;
     else if (a == "--seed") f.seed = x;
     else return Usage("bad option or value: " + a + " " + v);
   }

@@ -239,12 +239,12 @@ void WriteBackCache::DropDirtyLocked(Shard& s, const Key& key) {
   drained_cv_.notify_all();
 }
 
-Status WriteBackCache::WriteSafe(const Key& key, const Dirty& op) {
+Status WriteBackCache::WriteSafe(const Key& key, bool remove, std::string_view value) {
   Shard& s = ShardOf(key);
   std::lock_guard<std::mutex> stripe(StripeOf(key));
-  FLATKV_RETURN_IF_ERROR(op.remove ? StoreRemove(key) : StorePut(key, op.value));
-  if (!op.remove) {
-    AfterSafePut(key, op.value);
+  FLATKV_RETURN_IF_ERROR(remove ? StoreRemove(key) : StorePut(key, value));
+  if (!remove) {
+    AfterSafePut(key, value);
     return Status::OK();
   }
   std::lock_guard<std::mutex> lock(s.mu);
@@ -304,7 +304,7 @@ Status WriteBackCache::PutBatch(const std::vector<KeyValueRef>& pairs) {
     op.value.assign(p.value.data(), p.value.size());
     WaitForRoom();
     const Key key = Key::Int(p.key);
-    if (!TryWriteAsync(key, &op)) FLATKV_RETURN_IF_ERROR(WriteSafe(key, op));
+    if (!TryWriteAsync(key, &op)) FLATKV_RETURN_IF_ERROR(WriteSafe(key, false, p.value));
   }
   return Status::OK();
 }
@@ -368,14 +368,17 @@ Status WriteBackCache::SWriteBucket(int64_t slot, const std::vector<StringKeyVal
   return store_->SWriteBucket(slot, live);
 }
 
+// Safe mode writes the caller's bytes straight to the Store: the only copy
+// of the value is the one into the log. Async mode copies it into the
+// dirty entry.
 Status WriteBackCache::PutKey(const Key& key, std::string_view value) {
-  Dirty op;
-  op.value.assign(value.data(), value.size());
   if (mode_.load() == WriteMode::kAsync) {
+    Dirty op;
+    op.value.assign(value.data(), value.size());
     WaitForRoom();
     if (TryWriteAsync(key, &op)) return Status::OK();
   }
-  return WriteSafe(key, op);
+  return WriteSafe(key, false, value);
 }
 
 Status WriteBackCache::Remove(int64_t key, bool* existed) {

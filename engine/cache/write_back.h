@@ -169,7 +169,9 @@ class WriteBackCache {
   Status GetKey(const Key& key, std::string* value);
   Status PutKey(const Key& key, std::string_view value);
   Status RemoveKey(const Key& key, bool* existed);
-  Status WriteSafe(const Key& key, const Dirty& op);
+  // Writes a put of "value" (or a remove) through to the Store, then the
+  // cache, under the key's stripe.
+  Status WriteSafe(const Key& key, bool remove, std::string_view value);
   // The cache side of a safe put that reached the Store (stripe held).
   void AfterSafePut(const Key& key, std::string_view value);
   Status WriteSafeBatch(const std::vector<KeyValueRef>& pairs);

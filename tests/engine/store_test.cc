@@ -915,7 +915,12 @@ TEST_CASE("Gets read new records while the data file grows and compactions repla
   constexpr int64_t kKeys = 20000;
   std::atomic<int64_t> written{0};
   std::atomic<bool> failed{false};
+  // The writer starts once both readers run: on a busy machine the readers
+  // could otherwise be scheduled only after its last put, read nothing,
+  // and fail the reads > 0 check below without an engine fault.
+  std::atomic<int> readers_running{0};
   std::thread writer([&] {
+    while (readers_running.load() < 2) std::this_thread::yield();
     for (int64_t k = 0; k < kKeys && !failed; ++k) {
       if (!store->Put(k, UniqueValue(k, 100 + k % 300)).ok()) failed = true;
       written.store(k + 1, std::memory_order_release);
@@ -927,6 +932,7 @@ TEST_CASE("Gets read new records while the data file grows and compactions repla
   for (int t = 0; t < 2; ++t) {
     readers.emplace_back([&, t] {
       std::mt19937_64 rng(t);
+      readers_running.fetch_add(1);
       while (!failed && written.load(std::memory_order_acquire) < kKeys) {
         const int64_t n = written.load(std::memory_order_acquire);
         if (n == 0) continue;
