@@ -231,12 +231,6 @@ Status ZkError(std::string_view what, const std::string& path, int rc) {
   return rc == ZNOAUTH ? Status::InvalidArgument(msg) : Status::Unavailable(msg);
 }
 
-std::vector<std::string> TakeStrings(String_vector* v) {
-  std::vector<std::string> out(v->data, v->data + v->count);
-  deallocate_String_vector(v);
-  return out;
-}
-
 }  // namespace
 
 int64_t BootTimeMs() {
@@ -1166,7 +1160,8 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
       if (results[k + 1].err != ZNONODE) continue;
       spdlog::info("registry: not recording {}: {} left since (the chain changed)", json,
                    others[k].member);
-      need_read_ = true;
+      MarkDirty(chain_path_);
+      MarkDirty(chains_path_);
       return Status::OK();
     }
     if (write == ZBADVERSION || write == ZNODEEXISTS) continue;

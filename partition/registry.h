@@ -216,7 +216,7 @@ class Registry {
   // no answer within "timeout_ms". Blocks the caller.
   Status Ping(int timeout_ms);
 
-  // The ring change node (.cluster/change, RingChange in ring.h; issue 11),
+  // The ring change node (.cluster/change, RingChange in ring.h),
   // written on the registry's thread; each returns once ring() shows the
   // result. CreateChange is Busy, naming the change, while another one
   // exists (one change at a time). UpdateChange overwrites the data and
