@@ -464,8 +464,14 @@ void Registry::Impl::OnEvent(int type, int state, const char* path) {
     // A child of the service path, .cluster/marks or .cluster/chains came
     // or went, one of those two was created, a chain node was written, or
     // the change node came, went or was written: read that path again.
-    MarkDirtyLocked(path != nullptr && path[0] == '/' ? std::string(path) : kAllPaths,
-                    /*urgent=*/false);
+    // The change node at once, not after kCoalesceMs: every member decides
+    // from it what it serves (change.h, Moving), and an importer goes from
+    // writing it to acting on it within one round trip to the source's
+    // head (whose Refresh reads at once), so a member waiting for a burst
+    // would lag the change it must follow. It is written a few times per
+    // ring change: there is no burst to merge.
+    const std::string dirty = path != nullptr && path[0] == '/' ? std::string(path) : kAllPaths;
+    MarkDirtyLocked(dirty, /*urgent=*/dirty == change_path_ || dirty == kAllPaths);
     ring_event_ = true;
   }
   wake_.notify_one();

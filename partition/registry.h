@@ -17,7 +17,8 @@
 //     on an event re-reads only what the event names, and of that only what
 //     is new: a member's creation zxid is read once per registration (a
 //     live node's never changes), a chain node only when its watch fired.
-//     A burst of events is read as one (kCoalesceMs), with asynchronous
+//     A burst of events is read as one (kCoalesceMs; the change node's at
+//     once: members must follow a ring change promptly), with asynchronous
 //     calls sent together (one round trip per step, not one per node); on a
 //     reconnect the listings are read again. It then builds a new Ring and
 //     publishes it (ring() swaps a shared_ptr<const Ring>; on_ring is

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -1407,6 +1408,72 @@ TEST_CASE("A ring without the change node shows every member registered before i
     }
   }
   CHECK(checked >= 1);
+}
+
+// Every member decides what it serves from the change node (change.h,
+// Moving), and an importer goes from creating it to copying within one
+// round trip to the source's head (whose Refresh reads at once): a member
+// that waited kCoalesceMs for a burst would still be without the node
+// while the copy runs. So the change node's events are read at once; only
+// the others wait for the burst.
+TEST_CASE("The change node is read as soon as its watch fires and not after the coalescing delay",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::mutex mu;
+  std::vector<std::pair<Clock::time_point, bool>> published;  // when; with a change node
+  RegistryOptions o = Options(zk, 100, 9001);
+  o.on_ring = [&](std::shared_ptr<const Ring> ring) {
+    std::lock_guard<std::mutex> lock(mu);
+    published.emplace_back(Clock::now(), ring->change() != nullptr);
+  };
+  std::unique_ptr<Registry> a = StartRegistry(o);
+  REQUIRE(a->WaitRegistered(5000).ok());
+  REQUIRE(AllSee({a.get()}, "100=[127.0.0.1:9001]", 1s));
+  Inspector zoo(zk.address());
+  RingChange change;
+  change.kind = "add";
+  change.mark = 300;
+  change.into = 300;
+  change.source = 100;
+  change.ranges = {{0, 299}};
+  change.importer = "127.0.0.1:11999";
+  change.state = "precopy";
+  const auto shows = [&](bool with) {
+    const std::shared_ptr<const Ring> ring = a->ring();
+    return ring && (ring->change() != nullptr) == with;
+  };
+  // Milliseconds from the write to the first ring that shows it.
+  const auto lag_since = [&](Clock::time_point sent, bool with) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [at, has] : published) {
+      if (at >= sent && has == with) {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(at - sent).count();
+      }
+    }
+    return int64_t{-1};
+  };
+  std::vector<int64_t> lags;
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(50ms);  // nothing else left to read
+    const Clock::time_point created = Clock::now();
+    zoo.Create("/flatkv/.cluster/change", change.ToJson());
+    REQUIRE(Eventually([&] { return shows(true); }, 2s));
+    lags.push_back(lag_since(created, true));
+    std::this_thread::sleep_for(50ms);
+    const Clock::time_point deleted = Clock::now();
+    REQUIRE(zoo.Delete("/flatkv/.cluster/change") == ZOK);
+    REQUIRE(Eventually([&] { return shows(false); }, 2s));
+    lags.push_back(lag_since(deleted, false));
+  }
+  std::sort(lags.begin(), lags.end());
+  std::string all;
+  for (int64_t lag : lags) all += std::to_string(lag) + " ";
+  INFO("ms from each write of the change node to a ring showing it: " << all);
+  CHECK(lags.front() >= 0);
+  // Coalesced, none of them is read in less than kCoalesceMs (20 ms); read
+  // at once, one ZooKeeper round trip after the event on loopback (a few
+  // ms), so even on a loaded machine some of the 20 are.
+  CHECK(lags.front() < 15);
 }
 
 }  // namespace flatkv::partition
