@@ -4,7 +4,10 @@
 # Used by the registry tests and by deploy/ring.sh; not for production (one
 # server, no ensemble). ZK_HOST (default 127.0.0.1) is the address it listens
 # on and is probed at: the fault-injection suite runs it inside a network
-# namespace on that namespace's address.
+# namespace on that namespace's address. ZK_MAX_CLIENT_CNXNS (default 60,
+# ZooKeeper's own; 0 = no limit) caps the connections from one address, and
+# ZK_HEAP (default 256m) is the JVM's heap: the registry benchmark runs a
+# thousand sessions from loopback.
 #
 #   bash deploy/zookeeper.sh start DIR PORT   # returns once it serves (<= ~20 s)
 #   bash deploy/zookeeper.sh stop DIR         # SIGTERM, SIGKILL after 5 s
@@ -51,6 +54,7 @@ admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr,stat,mntr
 minSessionTimeout=400
 maxSessionTimeout=20000
+maxClientCnxns=${ZK_MAX_CLIENT_CNXNS:-60}
 EOF
   echo "$port" >"$dir/port"
 }
@@ -86,7 +90,7 @@ start() {
   write_config "$dir" "$port"
   # setsid: the server leaves the caller's process group, so a test runner's
   # Ctrl-C or group kill does not take it down mid-test; stop() ends it.
-  setsid java -Xmx256m -cp "$JAVA_CP" org.apache.zookeeper.server.ZooKeeperServerMain \
+  setsid java -Xmx${ZK_HEAP:-256m} -cp "$JAVA_CP" org.apache.zookeeper.server.ZooKeeperServerMain \
     "$dir/zoo.cfg" >>"$dir/zookeeper.log" 2>&1 </dev/null &
   echo $! >"$dir/zookeeper.pid"
   [[ -z "${ZK_OWNER_PID:-}" ]] || watch_owner "$ZK_OWNER_PID" "$!"

@@ -16,7 +16,11 @@
 //         -> deregistered?
 //         -> registered? -> chains to record -> ring read?
 //
-//     The lease probe is the one asynchronous call: an exists() sent every
+//     The ring read is asynchronous too (its own section below): its
+//     requests go out together and the registry thread waits for their
+//     answers, which the completion thread records.
+//
+//     The lease probe is asynchronous as well: an exists() sent every
 //     session timeout / 8 while connected, whose answer (on the completion
 //     thread) records its send time for lease(). One is in flight at a time;
 //     a lost connection fails it, and a new session starts with no lease.
@@ -34,8 +38,10 @@
 //     state the registry sends nothing but the client's own pings.
 //
 // ZooKeeper facts this relies on (ZooKeeper Programmer's Guide):
-//   - watches fire once and events are lost while disconnected: every read of
-//     the children re-arms the watch, and every (re)connect re-reads;
+//   - watches fire once: every read of a path re-arms its watch; on a
+//     reconnect the client sets the session's watches again and the server
+//     fires those whose node changed meanwhile, and the registry reads the
+//     listings again besides;
 //   - the same session survives a disconnection (and a server restart) as
 //     long as the client reconnects within the session timeout: its
 //     ephemeral node stays and nothing needs re-registering;
@@ -86,6 +92,10 @@ constexpr int kInitRetryMs = 1000;      // zookeeper_init2 itself failed (bad ho
 constexpr int kClusterDataMax = 4096;   // .cluster holds ~60 bytes of JSON
 constexpr int kChainDataMax = 16384;    // a chain node: ~25 bytes per member
 constexpr int kRecordAttempts = 5;      // RecordChain: re-reads after a lost race
+constexpr int kCoalesceMs = 20;         // a burst of watch events is read as one
+constexpr int kReadPasses = 3;          // read steps before a view is published anyway
+constexpr int kCloseWaitMs = 1000;      // Close(): answers in flight still read for this long
+const std::string kAllPaths = "*";      // a dirty_ key: read everything
 constexpr int kLogBurst = 5;            // ZooKeeper log lines per window...
 constexpr int64_t kLogWindowMs = 10000; // ...then one "suppressed" line
 
@@ -221,12 +231,6 @@ Status ZkError(std::string_view what, const std::string& path, int rc) {
   return rc == ZNOAUTH ? Status::InvalidArgument(msg) : Status::Unavailable(msg);
 }
 
-std::vector<std::string> TakeStrings(String_vector* v) {
-  std::vector<std::string> out(v->data, v->data + v->count);
-  deallocate_String_vector(v);
-  return out;
-}
-
 }  // namespace
 
 int64_t BootTimeMs() {
@@ -260,7 +264,7 @@ struct Registry::Impl {
 
   // Completion thread.
   static void Watch(zhandle_t* zh, int type, int state, const char* path, void* ctx);
-  void OnEvent(int type, int state);
+  void OnEvent(int type, int state, const char* path);
   struct Probe {
     Impl* impl;
     uint64_t session;  // session_gen_ when sent
@@ -299,12 +303,51 @@ struct Registry::Impl {
   Status RecordNow(const RecordedChain& chain);
   std::vector<std::shared_ptr<Request>> ServeChanges();
   Status ChangeNow(const Request& request);
-  Status ReadChange(std::optional<RingChange>* change);
+  // Reading the ring (the section "reading the ring" below).
+  enum class ReadKind { kGet, kExists, kChildren };
+  struct ReadOp;
+  struct ReadBatch;
+  struct PendingRead;
+  struct MemberNode {
+    Ring::Registration reg;  // with the node's czxid
+    int64_t owner = 0;       // its ephemeralOwner (session)
+  };
+  struct ChainNode {
+    int32_t version = 0;     // data version: a term of the ring's version
+    bool parsed = false;     // else no recorded chain (empty or malformed)
+    RecordedChain chain;     // zxid = the node's mzxid
+  };
+  // What the current ring was built from. Registry thread only.
+  struct View {
+    bool valid = false;                       // read once in this session
+    std::optional<RingChange> change;         // .cluster/change
+    bool children_read = false;
+    std::vector<std::string> children;        // of <service_path>
+    int32_t children_cversion = 0;
+    std::map<std::string, MemberNode> members;  // member node name -> its node
+    std::vector<int64_t> marks;               // .cluster/marks
+    int32_t marks_cversion = 0;
+    int32_t chains_cversion = 0;              // .cluster/chains
+    std::map<std::string, ChainNode> chains;  // child name -> its node
+  };
+  static void ReadAnswered(const void* data, int rc, const Stat* stat);
+  static void DataDone(int rc, const char* value, int len, const Stat* stat, const void* data);
+  static void StatDone(int rc, const Stat* stat, const void* data);
+  static void ChildrenDone(int rc, const String_vector* strings, const Stat* stat,
+                           const void* data);
+  ReadOp* Send(const std::shared_ptr<ReadBatch>& batch, ReadKind kind, const std::string& path,
+               bool watch);
+  Status Wait(const std::shared_ptr<ReadBatch>& batch);
+  void MarkDirty(const std::string& path);
+  void MarkDirtyLocked(const std::string& path, bool urgent);
+  void MarkListingsLocked();
+  int ReadDelayMs();
   Status ReadRing();
-  Status ReadMembers(const std::vector<std::string>& children,
-                     std::vector<Ring::Registration>* regs);
-  Status ReadMarks(std::vector<int64_t>* marks, int64_t* version);
-  Status ReadChains(std::map<int64_t, RecordedChain>* chains, int64_t* version);
+  Status ReadPass(const std::map<std::string, uint64_t>& dirty);
+  RingChange ParseChange(const std::string& data, const Stat& stat);
+  ChainNode ParseChainNode(const std::string& name, const ReadOp& op);
+  void CheckOwnNode();
+  std::shared_ptr<const Ring> BuildRing() const;
   int GetData(const std::string& path, bool watch, std::string* data, Stat* stat);
   void Publish(std::shared_ptr<const Ring> ring, uint64_t ticket);
   void WarnOnce(const std::string& child, std::string_view why);
@@ -343,6 +386,14 @@ struct Registry::Impl {
   int zk_state_ = 0;                  // GUARDED_BY(mu_): last session state seen
   bool state_event_ = false;          // GUARDED_BY(mu_): zk_state_ changed
   bool ring_event_ = false;           // GUARDED_BY(mu_): a watched node changed
+  // Events and read answers, numbered in the order the completion thread
+  // saw them (reading the ring, below).
+  uint64_t seq_ = 0;                  // GUARDED_BY(mu_)
+  std::map<std::string, uint64_t> dirty_;  // GUARDED_BY(mu_): path to read -> seq of its first event
+  bool urgent_ = false;               // GUARDED_BY(mu_): read dirty_ without waiting for more
+  int64_t dirty_since_ms_ = 0;        // GUARDED_BY(mu_): when dirty_ became non-empty
+  uint64_t change_seq_ = 0;           // GUARDED_BY(mu_): seq of the change node's last answer
+  std::condition_variable reads_cv_;  // the registry thread waits on it for answers
   bool register_event_ = false;       // GUARDED_BY(mu_): Register() was called
   bool refresh_event_ = false;        // GUARDED_BY(mu_): Refresh() was called
   bool request_event_ = false;        // GUARDED_BY(mu_): a Request was queued
@@ -368,7 +419,7 @@ struct Registry::Impl {
   // Registry thread only.
   zhandle_t* zh_ = nullptr;
   bool settings_ok_ = false;     // .cluster checked in this process
-  bool need_read_ = true;        // the children must be (re)read
+  View view_;                    // what the current ring was built from
   bool need_register_ = false;   // a copy of want_register_ && !registered_
   bool was_connected_ = false;   // for logging transitions
   int64_t next_probe_ms_ = 0;    // BootTimeMs() at which the next lease probe is due
@@ -391,15 +442,16 @@ Registry::Impl::Impl(RegistryOptions o)
       chain_path_(chains_path_ + "/" + std::to_string(opt_.mark)),
       disconnected_since_ms_(NowMs()) {
   stats_.ring_version = -1;
+  MarkDirtyLocked(kAllPaths, /*urgent=*/true);
 }
 
 // ---- completion thread ----------------------------------------------------
 
-void Registry::Impl::Watch(zhandle_t*, int type, int state, const char*, void* ctx) {
-  static_cast<Impl*>(ctx)->OnEvent(type, state);
+void Registry::Impl::Watch(zhandle_t*, int type, int state, const char* path, void* ctx) {
+  static_cast<Impl*>(ctx)->OnEvent(type, state, path);
 }
 
-void Registry::Impl::OnEvent(int type, int state) {
+void Registry::Impl::OnEvent(int type, int state, const char* path) {
   std::lock_guard<std::mutex> lock(mu_);
   if (type == ZOO_SESSION_EVENT) {
     const bool now_connected = state == ZOO_CONNECTED_STATE;
@@ -410,7 +462,16 @@ void Registry::Impl::OnEvent(int type, int state) {
     state_event_ = true;
   } else {
     // A child of the service path, .cluster/marks or .cluster/chains came
-    // or went, one of those two was created, or a chain node was written.
+    // or went, one of those two was created, a chain node was written, or
+    // the change node came, went or was written: read that path again.
+    // The change node at once, not after kCoalesceMs: every member decides
+    // from it what it serves (change.h, Moving), and an importer goes from
+    // writing it to acting on it within one round trip to the source's
+    // head (whose Refresh reads at once), so a member waiting for a burst
+    // would lag the change it must follow. It is written a few times per
+    // ring change: there is no burst to merge.
+    const std::string dirty = path != nullptr && path[0] == '/' ? std::string(path) : kAllPaths;
+    MarkDirtyLocked(dirty, /*urgent=*/dirty == change_path_ || dirty == kAllPaths);
     ring_event_ = true;
   }
   wake_.notify_one();
@@ -494,9 +555,10 @@ int Registry::Impl::Step() {
     state_event = std::exchange(state_event_, false);
     request_event_ = false;  // the queue itself says what is left
     deregister = deregister_;
-    // A Refresh() is served by the next successful read, however late.
-    need_read_ = std::exchange(ring_event_, false) || std::exchange(refresh_event_, false) ||
-                 need_read_;
+    // What to read is in dirty_; a Refresh() is served by the next
+    // successful read, however late.
+    ring_event_ = false;
+    refresh_event_ = false;
     register_event_ = false;
     need_register_ = want_register_ && !registered_;
   }
@@ -527,12 +589,20 @@ int Registry::Impl::Step() {
     std::vector<std::shared_ptr<Request>> changes = ServeChanges();
     records.insert(records.end(), changes.begin(), changes.end());
   }
-  if (s.ok() && need_read_) s = ReadRing();
+  int read_wait = -1;  // a burst of events still coming in
+  if (s.ok()) {
+    read_wait = ReadDelayMs();
+    if (read_wait == 0) {
+      s = ReadRing();
+      read_wait = -1;
+    }
+  }
   Answer(records);
   if (!s.ok()) return or_probe(Failed(s));
   backoff_ms_ = kRetryMinMs;
   // The read found our node gone: register again at once.
-  return or_probe(need_register_ && !yielded_ ? 0 : -1);
+  const int wait = need_register_ && !yielded_ ? 0 : -1;
+  return or_probe(wait < 0 ? read_wait : read_wait < 0 ? wait : std::min(wait, read_wait));
 }
 
 int Registry::Impl::Failed(const Status& s) {
@@ -607,8 +677,9 @@ void Registry::Impl::CloseSession() {
   SetRegistered(false);
   yielded_ = false;
   was_connected_ = false;
-  need_read_ = true;
+  view_ = View();  // a new session has none of the old one's watches
   std::lock_guard<std::mutex> lock(mu_);
+  MarkDirtyLocked(kAllPaths, /*urgent=*/true);
   connected_ = false;
   stats_.connected = 0;
   disconnected_since_ms_ = NowMs();
@@ -629,10 +700,17 @@ void Registry::Impl::NoteState(int state) {
 }
 
 // Connected, or reconnected: events may have been lost meanwhile, so read
-// again. A new session id means a new session (the first, or one after
-// expiry); the same id means the old one survived the disconnection.
+// the listings and the change node again (the client sets the session's
+// watches again on reconnecting, and the server fires those whose node
+// changed meanwhile; a member node's czxid cannot have changed, and a name
+// that went and came back shows in the listing's cversion). A new session
+// id means a new session (the first, or one after expiry); the same id
+// means the old one survived the disconnection.
 void Registry::Impl::OnConnected() {
-  need_read_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MarkListingsLocked();
+  }
   const clientid_t* id = zoo_client_id(zh_);
   const int timeout_ms = zoo_recv_timeout(zh_);
   std::lock_guard<std::mutex> lock(mu_);
@@ -808,6 +886,8 @@ Status Registry::Impl::RegisterNode() {
     std::lock_guard<std::mutex> lock(mu_);
     gen = session_gen_;
   }
+  MarkDirty(opt_.service_path);
+  MarkDirty(marks_path_);
   if (opt_.on_registered) opt_.on_registered(czxid, gen);
   return Status::OK();
 }
@@ -897,7 +977,7 @@ Status Registry::Impl::RemoveNode() {
     deregister_ = false;
   }
   SetRegistered(false);
-  need_read_ = true;
+  MarkDirty(opt_.service_path);
   return Status::OK();
 }
 
@@ -1026,11 +1106,13 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
       if (current.ring_version > chain.ring_version) {
         spdlog::info("registry: not recording {} for ring version {}: {} holds ring version {}",
                      json, chain.ring_version, chain_path_, current.ring_version);
-        need_read_ = true;
+        MarkDirty(chain_path_);
+        MarkDirty(chains_path_);
         return Status::OK();
       }
       if (current == chain) {
-        need_read_ = true;
+        MarkDirty(chain_path_);
+        MarkDirty(chains_path_);
         return Status::OK();
       }
     }  // else absent, empty or unreadable: ours replaces it
@@ -1068,7 +1150,8 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
         std::lock_guard<std::mutex> lock(mu_);
         ++stats_.chains_recorded;
       }
-      need_read_ = true;
+      MarkDirty(chain_path_);
+      MarkDirty(chains_path_);
       spdlog::info("registry: recorded {} in {}", json, chain_path_);
       return Status::OK();
     }
@@ -1083,7 +1166,8 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
       if (results[k + 1].err != ZNONODE) continue;
       spdlog::info("registry: not recording {}: {} left since (the chain changed)", json,
                    others[k].member);
-      need_read_ = true;
+      MarkDirty(chain_path_);
+      MarkDirty(chains_path_);
       return Status::OK();
     }
     if (write == ZBADVERSION || write == ZNODEEXISTS) continue;
@@ -1103,6 +1187,163 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
 }
 
 // ---- registry thread: reading the ring ----------------------------------
+//
+// What was read stays in view_ between reads, and each watch event names
+// the path it is about, so a read asks ZooKeeper only for what changed: the
+// listing whose watch fired, a chain node whose watch fired, and the
+// creation zxid of a member name not seen before (a live node's czxid
+// never changes). A name deleted and created again between two listings
+// shows in both; the listing's cversion (one per child created or deleted)
+// then grows by more than the names that came and went, and every member's
+// czxid is read again.
+//
+// The reads of one step are sent together with the asynchronous API and
+// answered on the completion thread, in the order sent, after every watch
+// event the server sent before them (one session's replies and events
+// arrive in order, and both go through the completion thread). seq_ numbers
+// events and answers in that order, so "this node changed before that read
+// was answered" is a comparison.
+//
+// The change node first: a view without it must show every member and mark
+// registered before it went (partition/change.h relies on it). Its read is
+// sent before the others of its step; what is not read again in that step
+// is used only if no event about it came before the change node's answer
+// (else another step reads it). A view whose every path is clean when the
+// last answer came is ZooKeeper's state at that answer; after kReadPasses
+// steps a view is published as long as the change node rule holds.
+
+struct Registry::Impl::ReadOp {
+  ReadKind kind = ReadKind::kGet;
+  std::string path;
+  // Written on the completion thread before the batch's count drops, read
+  // by the registry thread once it is zero (both under mu_).
+  int rc = ZOK;
+  Stat stat{};
+  std::string data;
+  std::vector<std::string> children;
+  uint64_t seq = 0;  // seq_ when answered
+};
+
+struct Registry::Impl::ReadBatch {
+  std::vector<std::unique_ptr<ReadOp>> ops;  // registry thread only
+  int pending = 0;                           // GUARDED_BY(Impl::mu_)
+};
+
+// One request in flight: the completion's data.
+struct Registry::Impl::PendingRead {
+  Impl* impl;
+  std::shared_ptr<ReadBatch> batch;  // kept alive until answered
+  ReadOp* op;
+};
+
+void Registry::Impl::ReadAnswered(const void* data, int rc, const Stat* stat) {
+  std::unique_ptr<const PendingRead> p(static_cast<const PendingRead*>(data));
+  p->op->rc = rc;
+  if (stat != nullptr) p->op->stat = *stat;
+  std::lock_guard<std::mutex> lock(p->impl->mu_);
+  p->op->seq = ++p->impl->seq_;
+  if (--p->batch->pending == 0) p->impl->reads_cv_.notify_all();
+}
+
+void Registry::Impl::DataDone(int rc, const char* value, int len, const Stat* stat,
+                              const void* data) {
+  const auto* p = static_cast<const PendingRead*>(data);
+  if (rc == ZOK && value != nullptr && len > 0) p->op->data.assign(value, static_cast<size_t>(len));
+  ReadAnswered(data, rc, stat);
+}
+
+void Registry::Impl::StatDone(int rc, const Stat* stat, const void* data) {
+  ReadAnswered(data, rc, stat);
+}
+
+void Registry::Impl::ChildrenDone(int rc, const String_vector* strings, const Stat* stat,
+                                  const void* data) {
+  const auto* p = static_cast<const PendingRead*>(data);
+  if (rc == ZOK && strings != nullptr) {
+    p->op->children.assign(strings->data, strings->data + strings->count);
+  }
+  ReadAnswered(data, rc, stat);
+}
+
+Registry::Impl::ReadOp* Registry::Impl::Send(const std::shared_ptr<ReadBatch>& batch,
+                                             ReadKind kind, const std::string& path,
+                                             bool watch) {
+  auto op = std::make_unique<ReadOp>();
+  op->kind = kind;
+  op->path = path;
+  ReadOp* raw = op.get();
+  batch->ops.push_back(std::move(op));
+  auto* pending = new PendingRead{this, batch, raw};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++batch->pending;
+    ++stats_.zk_reads;
+  }
+  watcher_fn watcher = watch ? &Impl::Watch : nullptr;
+  int rc = ZOK;
+  switch (kind) {
+    case ReadKind::kGet:
+      rc = zoo_awget(zh_, path.c_str(), watcher, this, &Impl::DataDone, pending);
+      break;
+    case ReadKind::kExists:
+      rc = zoo_awexists(zh_, path.c_str(), watcher, this, &Impl::StatDone, pending);
+      break;
+    case ReadKind::kChildren:
+      rc = zoo_awget_children2(zh_, path.c_str(), watcher, this, &Impl::ChildrenDone, pending);
+      break;
+  }
+  if (rc != ZOK) {  // not sent: the completion never runs
+    delete pending;
+    raw->rc = rc;
+    std::lock_guard<std::mutex> lock(mu_);
+    --batch->pending;
+  }
+  return raw;
+}
+
+// Waits for every answer of "batch". A lost connection fails the requests
+// in flight (ZCONNECTIONLOSS) within the session timeout.
+// Closing: the answers on their way still get a moment to come in, since
+// zookeeper_close() drops an answer the client received but had not yet
+// handed to its completion (never calling it: a leak).
+Status Registry::Impl::Wait(const std::shared_ptr<ReadBatch>& batch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  reads_cv_.wait(lock, [&] { return batch->pending == 0 || stop_; });
+  if (batch->pending > 0) {
+    reads_cv_.wait_for(lock, std::chrono::milliseconds(kCloseWaitMs),
+                       [&] { return batch->pending == 0; });
+  }
+  return batch->pending == 0 ? Status::OK() : Status::Unavailable("the registry is closed");
+}
+
+void Registry::Impl::MarkDirty(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MarkDirtyLocked(path, /*urgent=*/true);
+}
+
+// The change node and the three listings: what a reconnect or a Refresh()
+// reads again.
+void Registry::Impl::MarkListingsLocked() {
+  MarkDirtyLocked(change_path_, /*urgent=*/true);
+  MarkDirtyLocked(opt_.service_path, /*urgent=*/true);
+  MarkDirtyLocked(marks_path_, /*urgent=*/true);
+  MarkDirtyLocked(chains_path_, /*urgent=*/true);
+}
+
+void Registry::Impl::MarkDirtyLocked(const std::string& path, bool urgent) {
+  if (dirty_.empty()) dirty_since_ms_ = NowMs();
+  dirty_.emplace(path, ++seq_);
+  urgent_ = urgent_ || urgent;
+}
+
+// -1: nothing to read; 0: read now; else the milliseconds until the burst
+// of events that made paths dirty is read as one.
+int Registry::Impl::ReadDelayMs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dirty_.empty()) return -1;
+  if (urgent_) return 0;
+  return static_cast<int>(std::max<int64_t>(0, dirty_since_ms_ + kCoalesceMs - NowMs()));
+}
 
 Status Registry::Impl::ReadRing() {
   uint64_t ticket;
@@ -1110,173 +1351,284 @@ Status Registry::Impl::ReadRing() {
     std::lock_guard<std::mutex> lock(mu_);
     ticket = refresh_asked_;
   }
-  // The change node first: a view without it then shows every member and
-  // mark written before it went (partition/change.h relies on it).
-  std::optional<RingChange> change;
-  Status cs = ReadChange(&change);
-  if (!cs.ok()) return cs;
-  String_vector children{};
-  Stat stat{};
-  int rc = zoo_wget_children2(zh_, opt_.service_path.c_str(), &Impl::Watch, this, &children,
-                              &stat);
-  if (rc == ZNONODE) settings_ok_ = false;  // the service path was deleted: recreate it
-  if (rc != ZOK) return ZkError("get children", opt_.service_path, rc);
-  std::vector<Ring::Registration> regs;
-  Status s = ReadMembers(TakeStrings(&children), &regs);
-  // The version: registry.h. Each read below adds its terms.
-  int64_t version = stat.cversion;
-  std::vector<int64_t> marks;
-  if (s.ok()) s = ReadMarks(&marks, &version);
-  std::map<int64_t, RecordedChain> chains;
-  if (s.ok()) s = ReadChains(&chains, &version);
-  if (!s.ok()) return s;
-  need_read_ = false;
-  Publish(Ring::Make(version, opt_.settings, std::move(marks), std::move(regs), std::move(chains),
-                     std::move(change)),
-          ticket);
-  return Status::OK();
-}
-
-// The member nodes among "children", each with its creation zxid. Also
-// notices whether our own node is still there and still ours.
-Status Registry::Impl::ReadMembers(const std::vector<std::string>& children,
-                                   std::vector<Ring::Registration>* regs) {
-  bool mine_seen = false;
-  for (const std::string& child : children) {
-    Ring::Registration r;
-    if (!ParseMemberNode(child, &r.mark, &r.member.host, &r.member.port)) {
-      if (child != ".cluster") {
-        WarnOnce(child, child.starts_with(kMemberPrefix) ? "a malformed member name"
-                                                         : "not a member");
-      }
-      continue;
-    }
-    const std::string path = opt_.service_path + "/" + child;
-    Stat stat{};
-    const int rc = zoo_exists(zh_, path.c_str(), 0, &stat);
-    if (rc == ZNONODE) continue;  // gone since the listing; a watch event follows
-    if (rc != ZOK) return ZkError("exists", path, rc);
-    r.member.czxid = stat.czxid;
-    regs->push_back(std::move(r));
-    if (child == member_name_) {
+  for (int pass = 1;; ++pass) {
+    std::map<std::string, uint64_t> dirty;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      mine_seen = stat.ephemeralOwner == session_id_;
+      dirty.swap(dirty_);
+      urgent_ = false;
     }
-  }
-  bool registered;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    registered = registered_;
-  }
-  if (registered && !mine_seen) {
-    // Deleted by hand, or replaced by another process that advertises our
-    // address. Re-create it in the first case; do not fight in the second.
-    yielded_ = std::any_of(children.begin(), children.end(),
-                           [this](const std::string& c) { return c == member_name_; });
-    spdlog::warn("registry: our member node {} {}", member_path_,
-                 yielded_ ? "is now held by another session (same cluster.advertise?)"
-                          : "is gone; registering again");
-    SetRegistered(false);
-  }
-  return Status::OK();
-}
-
-// The recorded marks (.cluster/marks/<mark>). Watches the children, or, if
-// no mark was ever recorded, the creation of .cluster/marks.
-Status Registry::Impl::ReadMarks(std::vector<int64_t>* marks, int64_t* version) {
-  String_vector children{};
-  Stat stat{};  // the synchronous *_children2 calls write it unchecked: never nullptr
-  int rc = zoo_wget_children2(zh_, marks_path_.c_str(), &Impl::Watch, this, &children, &stat);
-  if (rc == ZNONODE) {
-    rc = zoo_wexists(zh_, marks_path_.c_str(), &Impl::Watch, this, &stat);
-    // ZOK: created since; the watch event makes the next pass read it.
-    return rc == ZNONODE || rc == ZOK ? Status::OK() : ZkError("exists", marks_path_, rc);
-  }
-  if (rc != ZOK) return ZkError("get children", marks_path_, rc);
-  *version += stat.cversion;
-  for (const std::string& child : TakeStrings(&children)) {
-    int64_t mark;
-    if (ParseMark(child, &mark)) {
-      marks->push_back(mark);
-    } else {
-      WarnOnce(".cluster/marks/" + child, "not a decimal mark");
-    }
-  }
-  return Status::OK();
-}
-
-// The recorded chains (.cluster/chains/<mark>), watching the children (or
-// the creation of .cluster/chains) and each node's data. A node that cannot
-// be parsed counts as no recorded chain (warned once per write).
-Status Registry::Impl::ReadChains(std::map<int64_t, RecordedChain>* chains, int64_t* version) {
-  String_vector children{};
-  Stat stat{};
-  int rc = zoo_wget_children2(zh_, chains_path_.c_str(), &Impl::Watch, this, &children, &stat);
-  if (rc == ZNONODE) {
-    rc = zoo_wexists(zh_, chains_path_.c_str(), &Impl::Watch, this, &stat);
-    return rc == ZNONODE || rc == ZOK ? Status::OK() : ZkError("exists", chains_path_, rc);
-  }
-  if (rc != ZOK) return ZkError("get children", chains_path_, rc);
-  *version += stat.cversion;
-  for (const std::string& child : TakeStrings(&children)) {
-    int64_t mark;
-    if (!ParseMark(child, &mark)) {
-      WarnOnce(".cluster/chains/" + child, "not a decimal mark");
-      continue;
-    }
-    const std::string path = chains_path_ + "/" + child;
-    std::string data;
-    Stat node{};
-    rc = GetData(path, /*watch=*/true, &data, &node);
-    if (rc == ZNONODE) continue;  // deleted since the listing; the children watch fires
-    if (rc != ZOK) return ZkError("get", path, rc);
-    *version += node.version;
-    if (data.empty()) continue;  // created empty (by hand): nothing recorded
-    RecordedChain chain;
-    Status s = node.dataLength > kChainDataMax
-                   ? Status::InvalidArgument(std::to_string(node.dataLength) + " bytes, over " +
-                                             std::to_string(kChainDataMax))
-                   : RecordedChain::FromJson(data, &chain);
+    const Status s = ReadPass(dirty);
     if (!s.ok()) {
-      WarnOnce(".cluster/chains/" + child + " (data version " + std::to_string(node.version) + ")",
-               s.message() + "; no recorded chain for mark " + child);
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [path, seq] : dirty) dirty_.emplace(path, seq);
+      return s;
+    }
+    bool again = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [path, seq] : dirty_) {
+        if (seq < change_seq_) again = true;  // changed before the change node was read
+      }
+      if (!dirty_.empty() && pass < kReadPasses) again = true;
+    }
+    if (!again) break;
+  }
+  CheckOwnNode();
+  Publish(BuildRing(), ticket);
+  return Status::OK();
+}
+
+// One step: reads what "dirty" names (everything if the view is new or
+// "dirty" holds kAllPaths), then what those answers show to be new.
+Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
+  const bool all = !view_.valid || dirty.count(kAllPaths) > 0;
+  const auto wanted = [&](const std::string& path) { return all || dirty.count(path) > 0; };
+  using Kind = ReadKind;
+  View next = view_;
+
+  auto first = std::make_shared<ReadBatch>();
+  ReadOp* change = wanted(change_path_) ? Send(first, Kind::kGet, change_path_, true) : nullptr;
+  ReadOp* children = wanted(opt_.service_path)
+                         ? Send(first, Kind::kChildren, opt_.service_path, true)
+                         : nullptr;
+  ReadOp* marks = wanted(marks_path_) ? Send(first, Kind::kChildren, marks_path_, true) : nullptr;
+  ReadOp* chains = wanted(chains_path_) ? Send(first, Kind::kChildren, chains_path_, true)
+                                        : nullptr;
+  std::vector<std::pair<std::string, ReadOp*>> chain_reads;
+  for (const auto& [name, node] : view_.chains) {
+    const std::string path = chains_path_ + "/" + name;
+    if (wanted(path)) chain_reads.emplace_back(name, Send(first, Kind::kGet, path, true));
+  }
+  FLATKV_RETURN_IF_ERROR(Wait(first));
+
+  auto second = std::make_shared<ReadBatch>();
+  ReadOp* change_exists = nullptr;
+  if (change != nullptr) {
+    if (change->rc == ZNONODE) {
+      next.change.reset();
+      // No watch was left by the get: watch its creation.
+      change_exists = Send(second, Kind::kExists, change_path_, true);
+    } else if (change->rc != ZOK) {
+      return ZkError("get", change_path_, change->rc);
+    } else {
+      next.change = ParseChange(change->data, change->stat);
+    }
+  }
+  std::vector<std::pair<std::string, ReadOp*>> member_reads;
+  if (children != nullptr) {
+    if (children->rc == ZNONODE) settings_ok_ = false;  // the service path was deleted: recreate it
+    if (children->rc != ZOK) return ZkError("get children", opt_.service_path, children->rc);
+    const std::set<std::string> before(view_.children.begin(), view_.children.end());
+    const std::set<std::string> after(children->children.begin(), children->children.end());
+    int64_t came = 0;
+    int64_t went = 0;
+    for (const std::string& c : after) came += before.count(c) == 0 ? 1 : 0;
+    for (const std::string& c : before) went += after.count(c) == 0 ? 1 : 0;
+    const int64_t ops = int64_t{children->stat.cversion} - view_.children_cversion;
+    // Some name went and came back (or the path was made again): its node
+    // may be a new one. Read every czxid again.
+    const bool churn = !view_.children_read || ops != came + went;
+    // One child created since the last listing and nothing else: its czxid
+    // is the listing's pzxid (the zxid of the newest child created or
+    // deleted). Our own node is read all the same: the check of it needs
+    // its session.
+    const bool one_new = view_.children_read && ops == 1 && came == 1 && went == 0;
+    next.children = std::move(children->children);
+    next.children_cversion = children->stat.cversion;
+    next.children_read = true;
+    next.members.clear();
+    for (const std::string& child : next.children) {
+      Ring::Registration r;
+      if (!ParseMemberNode(child, &r.mark, &r.member.host, &r.member.port)) {
+        if (child != ".cluster") {
+          WarnOnce(child, child.starts_with(kMemberPrefix) ? "a malformed member name"
+                                                           : "not a member");
+        }
+        continue;
+      }
+      const auto known = view_.members.find(child);
+      if (!churn && known != view_.members.end()) {
+        next.members.emplace(child, known->second);
+      } else if (one_new && child != member_name_) {
+        MemberNode m;
+        m.reg = std::move(r);
+        m.reg.member.czxid = children->stat.pzxid;
+        next.members.emplace(child, std::move(m));
+      } else {
+        member_reads.emplace_back(
+            child, Send(second, Kind::kExists, opt_.service_path + "/" + child, false));
+      }
+    }
+  }
+  ReadOp* marks_exists = nullptr;
+  if (marks != nullptr) {
+    next.marks.clear();
+    next.marks_cversion = 0;
+    if (marks->rc == ZNONODE) {
+      // No mark was ever recorded: watch the creation of .cluster/marks.
+      marks_exists = Send(second, Kind::kExists, marks_path_, true);
+    } else if (marks->rc != ZOK) {
+      return ZkError("get children", marks_path_, marks->rc);
+    } else {
+      next.marks_cversion = marks->stat.cversion;
+      for (const std::string& child : marks->children) {
+        int64_t mark;
+        if (ParseMark(child, &mark)) {
+          next.marks.push_back(mark);
+        } else {
+          WarnOnce(".cluster/marks/" + child, "not a decimal mark");
+        }
+      }
+    }
+  }
+  for (const auto& [name, op] : chain_reads) {
+    if (op->rc == ZNONODE) {  // deleted: the listing's watch tells if it comes back
+      next.chains.erase(name);
       continue;
     }
-    chain.zxid = node.mzxid;
-    (*chains)[mark] = std::move(chain);
+    if (op->rc != ZOK) return ZkError("get", op->path, op->rc);
+    next.chains[name] = ParseChainNode(name, *op);
+  }
+  ReadOp* chains_exists = nullptr;
+  std::vector<std::pair<std::string, ReadOp*>> new_chains;
+  if (chains != nullptr) {
+    next.chains_cversion = 0;
+    if (chains->rc == ZNONODE) {
+      next.chains.clear();
+      chains_exists = Send(second, Kind::kExists, chains_path_, true);
+    } else if (chains->rc != ZOK) {
+      return ZkError("get children", chains_path_, chains->rc);
+    } else {
+      next.chains_cversion = chains->stat.cversion;
+      std::map<std::string, ChainNode> kept;
+      for (const std::string& child : chains->children) {
+        int64_t mark;
+        if (!ParseMark(child, &mark)) {
+          WarnOnce(".cluster/chains/" + child, "not a decimal mark");
+          continue;
+        }
+        const auto known = next.chains.find(child);
+        if (known != next.chains.end()) {
+          kept.emplace(child, known->second);
+        } else {
+          new_chains.emplace_back(child,
+                                  Send(second, Kind::kGet, chains_path_ + "/" + child, true));
+        }
+      }
+      next.chains = std::move(kept);
+    }
+  }
+  FLATKV_RETURN_IF_ERROR(Wait(second));
+
+  for (const auto& [name, op] : member_reads) {
+    if (op->rc == ZNONODE) continue;  // gone since the listing; its watch event follows
+    if (op->rc != ZOK) return ZkError("exists", op->path, op->rc);
+    MemberNode m;
+    ParseMemberNode(name, &m.reg.mark, &m.reg.member.host, &m.reg.member.port);
+    m.reg.member.czxid = op->stat.czxid;
+    m.owner = op->stat.ephemeralOwner;
+    next.members.emplace(name, std::move(m));
+  }
+  for (const auto& [name, op] : new_chains) {
+    if (op->rc == ZNONODE) continue;  // deleted since the listing, whose watch fires
+    if (op->rc != ZOK) return ZkError("get", op->path, op->rc);
+    next.chains[name] = ParseChainNode(name, *op);
+  }
+  // ZOK: created since the read; its watch event makes the next step read it.
+  for (ReadOp* op : {change_exists, marks_exists, chains_exists}) {
+    if (op == nullptr) continue;
+    if (op->rc == ZOK) MarkDirty(op->path);
+    if (op->rc != ZOK && op->rc != ZNONODE) return ZkError("exists", op->path, op->rc);
+  }
+  next.valid = true;
+  view_ = std::move(next);
+  if (change != nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    change_seq_ = change->seq;
   }
   return Status::OK();
 }
 
-// The ring change in progress (.cluster/change), watched (its creation
-// while there is none). A node that does not parse counts as a change
-// nobody can finish: it is logged and kept, so writes stay safe.
-Status Registry::Impl::ReadChange(std::optional<RingChange>* change) {
-  std::string data;
-  Stat node{};
-  int rc = GetData(change_path_, /*watch=*/true, &data, &node);
-  if (rc == ZNONODE) {
-    Stat stat{};
-    rc = zoo_wexists(zh_, change_path_.c_str(), &Impl::Watch, this, &stat);
-    if (rc == ZOK) need_read_ = true;  // created since: read it on the next pass
-    return rc == ZNONODE || rc == ZOK ? Status::OK() : ZkError("exists", change_path_, rc);
-  }
-  if (rc != ZOK) return ZkError("get", change_path_, rc);
+// The ring change in progress (.cluster/change). A node that does not
+// parse counts as a change nobody can finish: it is logged and kept, so
+// writes stay safe.
+RingChange Registry::Impl::ParseChange(const std::string& data, const Stat& stat) {
   RingChange c;
   Status s = RingChange::FromJson(data, &c);
   if (!s.ok()) {
-    WarnOnce(".cluster/change (data version " + std::to_string(node.version) + ")",
+    WarnOnce(".cluster/change (data version " + std::to_string(stat.version) + ")",
              s.message() + "; delete the node once no ring change runs");
     c = RingChange();
     c.kind = "unknown";
   }
-  c.czxid = node.czxid;
-  *change = std::move(c);
-  return Status::OK();
+  c.czxid = stat.czxid;
+  return c;
+}
+
+// A recorded chain (.cluster/chains/<mark>). One that cannot be parsed
+// counts as no recorded chain (warned once per write); its data version
+// still counts in the ring's version.
+Registry::Impl::ChainNode Registry::Impl::ParseChainNode(const std::string& name,
+                                                         const ReadOp& op) {
+  ChainNode node;
+  node.version = op.stat.version;
+  if (op.data.empty()) return node;  // created empty (by hand): nothing recorded
+  Status s = op.stat.dataLength > kChainDataMax
+                 ? Status::InvalidArgument(std::to_string(op.stat.dataLength) + " bytes, over " +
+                                           std::to_string(kChainDataMax))
+                 : RecordedChain::FromJson(op.data, &node.chain);
+  if (!s.ok()) {
+    WarnOnce(".cluster/chains/" + name + " (data version " + std::to_string(op.stat.version) + ")",
+             s.message() + "; no recorded chain for mark " + name);
+    return node;
+  }
+  node.chain.zxid = op.stat.mzxid;
+  node.parsed = true;
+  return node;
+}
+
+// Notices whether our own node is still there and still ours.
+void Registry::Impl::CheckOwnNode() {
+  bool registered;
+  int64_t session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered = registered_;
+    session = session_id_;
+  }
+  if (!registered) return;
+  const auto mine = view_.members.find(member_name_);
+  if (mine != view_.members.end() && mine->second.owner == session) return;
+  // Deleted by hand, or replaced by another process that advertises our
+  // address. Re-create it in the first case; do not fight in the second.
+  yielded_ = std::find(view_.children.begin(), view_.children.end(), member_name_) !=
+             view_.children.end();
+  spdlog::warn("registry: our member node {} {}", member_path_,
+               yielded_ ? "is now held by another session (same cluster.advertise?)"
+                        : "is gone; registering again");
+  SetRegistered(false);
+}
+
+// The ring as view_ holds it. The version: registry.h.
+std::shared_ptr<const Ring> Registry::Impl::BuildRing() const {
+  std::vector<Ring::Registration> regs;
+  regs.reserve(view_.members.size());
+  for (const auto& [name, m] : view_.members) regs.push_back(m.reg);
+  int64_t version = int64_t{view_.children_cversion} + view_.marks_cversion +
+                    view_.chains_cversion;
+  std::map<int64_t, RecordedChain> chains;
+  for (const auto& [name, node] : view_.chains) {
+    version += node.version;
+    int64_t mark;
+    if (node.parsed && ParseMark(name, &mark)) chains[mark] = node.chain;
+  }
+  return Ring::Make(version, opt_.settings, view_.marks, std::move(regs), std::move(chains),
+                    view_.change);
 }
 
 // Creates, updates or deletes .cluster/change for each queued request;
-// answered after the ring read that follows (need_read_), like records.
+// answered after the ring read that follows (MarkDirty), like records.
 std::vector<std::shared_ptr<Request>> Registry::Impl::ServeChanges() {
   std::vector<std::shared_ptr<Request>> changes = Take(Request::Kind::kChange);
   for (const auto& change : changes) {
@@ -1284,7 +1636,10 @@ std::vector<std::shared_ptr<Request>> Registry::Impl::ServeChanges() {
     std::lock_guard<std::mutex> lock(mu_);
     change->status = s;
   }
-  if (!changes.empty()) need_read_ = true;
+  if (!changes.empty()) {
+    MarkDirty(change_path_);
+    MarkDirty(marks_path_);
+  }
   return changes;
 }
 
@@ -1385,7 +1740,10 @@ void Registry::Impl::Publish(std::shared_ptr<const Ring> ring, uint64_t ticket) 
   }
   progress_.notify_all();
   if (!changed) return;
-  spdlog::info("registry: ring version {}: {}", ring->version(), ring->ToString());
+  // ToString() is a line per member: only when it is logged.
+  if (spdlog::should_log(spdlog::level::info)) {
+    spdlog::info("registry: ring version {}: {}", ring->version(), ring->ToString());
+  }
   if (opt_.on_ring) opt_.on_ring(std::move(ring));
 }
 
@@ -1566,6 +1924,9 @@ Status Registry::Refresh(std::shared_ptr<const Ring>* ring) {
   if (impl_->fatal_set_) return impl_->fatal_status_;
   if (impl_->stop_) return Status::Unavailable("the registry is closed");
   const uint64_t ticket = ++impl_->refresh_asked_;
+  // The listings (events in flight before their answers make the nodes
+  // they name dirty too, read in the same refresh).
+  impl_->MarkListingsLocked();
   impl_->refresh_event_ = true;
   impl_->wake_.notify_one();
   const bool done = impl_->progress_.wait_for(
@@ -1606,6 +1967,7 @@ void Registry::Close() {
     std::lock_guard<std::mutex> lock(impl_->mu_);
     impl_->stop_ = true;
     impl_->wake_.notify_one();
+    impl_->reads_cv_.notify_all();
   }
   impl_->progress_.notify_all();
   if (impl_->thread_.joinable()) impl_->thread_.join();

@@ -13,10 +13,16 @@
 //     .cluster/chains/<mark> (persistent; JSON, RecordedChain in ring.h),
 //     only through the session that holds this instance's member node;
 //   - watches the children of <service_path>, .cluster/marks and
-//     .cluster/chains and the data of each chain node, and re-reads them (and
-//     each member's creation zxid) on every event and on every reconnect,
-//     builds a new Ring and publishes it (ring() swaps a
-//     shared_ptr<const Ring>; on_ring is told);
+//     .cluster/chains, the data of each chain node and .cluster/change, and
+//     on an event re-reads only what the event names, and of that only what
+//     is new: a member's creation zxid is read once per registration (a
+//     live node's never changes), a chain node only when its watch fired.
+//     A burst of events is read as one (kCoalesceMs; the change node's at
+//     once: members must follow a ring change promptly), with asynchronous
+//     calls sent together (one round trip per step, not one per node); on a
+//     reconnect the listings are read again. It then builds a new Ring and
+//     publishes it (ring() swaps a shared_ptr<const Ring>; on_ring is
+//     told). partition/README.md, "What a change costs ZooKeeper";
 //   - after session expiry makes a new session by itself and, if it was
 //     registered (and not deregistered since), registers again;
 //   - Close() closes the session so the member node goes at once;
@@ -100,7 +106,8 @@ struct RegistryOptions {
 struct RegistryStats {
   int64_t sessions = 0;          // sessions established (1 + re-connections after expiry)
   int64_t registrations = 0;     // member nodes created
-  int64_t ring_reads = 0;        // times the children were read
+  int64_t ring_reads = 0;        // times the ring was read (and published if it changed)
+  int64_t zk_reads = 0;          // ZooKeeper reads sent for those (listings, nodes, czxids)
   int64_t connected = 0;         // 1 while the session is connected
   int64_t members_seen = 0;      // members in the current ring
   int64_t ring_version = 0;      // version of the current ring (-1: none yet)
@@ -210,7 +217,7 @@ class Registry {
   // no answer within "timeout_ms". Blocks the caller.
   Status Ping(int timeout_ms);
 
-  // The ring change node (.cluster/change, RingChange in ring.h; issue 11),
+  // The ring change node (.cluster/change, RingChange in ring.h),
   // written on the registry's thread; each returns once ring() shows the
   // result. CreateChange is Busy, naming the change, while another one
   // exists (one change at a time). UpdateChange overwrites the data and

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -1261,6 +1262,218 @@ TEST_CASE("A transitional ACL lets members without credentials write while other
   REQUIRE(SecureRing(zk.address(), "/flatkv", credentials, false, 5000, &nodes).ok());
   CHECK(zoo.Acl("/flatkv/.cluster/chains/100") == "digest:flatkv:x:31 world:anyone:1");
   CHECK(zoo.Delete("/flatkv/.cluster/marks/100") == ZNOAUTH);
+}
+
+// ---- what a change costs ZooKeeper ----------------------------------------
+
+// The czxid "ring" shows for "member" of "mark" (0 if absent).
+int64_t CzxidIn(const std::shared_ptr<const Ring>& ring, int64_t mark, const std::string& member) {
+  const Partition* p = ring ? ring->Find(mark) : nullptr;
+  if (p == nullptr) return 0;
+  for (const Member& m : p->chain) {
+    if (m.address() == member) return m.czxid;
+  }
+  return 0;
+}
+int64_t CzxidIn(const Registry& r, int64_t mark, const std::string& member) {
+  return CzxidIn(r.ring(), mark, member);
+}
+
+TEST_CASE("A member node deleted and created again between two reads is read with its new czxid",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
+  Inspector zoo(zk.address());
+  const std::string path = "/flatkv/thriftbinary100:127.0.0.1:9002";
+  zoo.Create(path, "thriftbinary100:127.0.0.1:9002", ZOO_EPHEMERAL);
+  Stat first{};
+  REQUIRE(zoo.Exists(path, &first) == ZOK);
+  REQUIRE(Eventually([&] { return CzxidIn(*a, 100, "127.0.0.1:9002") == first.czxid; }, 1s));
+  CHECK(RingOf(*a) == "100=[127.0.0.1:9001,127.0.0.1:9002]");
+
+  // One transaction: the listing never lacks the name, only its cversion
+  // tells that the node is a new one (a new registration: the chain's tail
+  // is that process now, not the one a's ring knew).
+  zoo.Replace(path, "thriftbinary100:127.0.0.1:9002");
+  Stat second{};
+  REQUIRE(zoo.Exists(path, &second) == ZOK);
+  REQUIRE(second.czxid != first.czxid);
+  CHECK(Eventually([&] { return CzxidIn(*a, 100, "127.0.0.1:9002") == second.czxid; }, 1s));
+
+  // And the same when a's own node is replaced by another session: a
+  // notices it no longer holds its node (and yields the address).
+  zoo.Replace("/flatkv/thriftbinary100:127.0.0.1:9001", "thriftbinary100:127.0.0.1:9001");
+  CHECK(Eventually([&] { return a->registration_czxid() == 0; }, 1s));
+}
+
+TEST_CASE("A burst of member changes is read as a few reads, and one change costs one listing",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
+  REQUIRE(AllSee({a.get()}, "100=[127.0.0.1:9001]", 1s));
+  const RegistryStats before = a->stats();
+  Inspector zoo(zk.address());
+  constexpr int kBurst = 50;
+  std::string expected = "100=[127.0.0.1:9001";
+  for (int i = 0; i < kBurst; ++i) {
+    const std::string name = "thriftbinary100:127.0.0.1:" + std::to_string(10000 + i);
+    zoo.Create("/flatkv/" + name, name, ZOO_EPHEMERAL);
+    expected += ",127.0.0.1:" + std::to_string(10000 + i);
+  }
+  expected += "]";
+  REQUIRE(AllSee({a.get()}, expected, 2s));
+  std::this_thread::sleep_for(200ms);  // any read still due is done
+  const RegistryStats after = a->stats();
+  // At most one czxid per new node, plus a listing per step (a read takes
+  // up to three steps while events keep coming); the creates take a few
+  // milliseconds each, so the 50 events come in a handful of bursts.
+  const int64_t reads = after.ring_reads - before.ring_reads;
+  CHECK(reads >= 1);
+  CHECK(reads <= kBurst / 3);
+  CHECK(after.zk_reads - before.zk_reads <= kBurst + 3 * reads);
+
+  // A member that goes costs every other member one listing: no czxid and
+  // no chain node is read again.
+  const RegistryStats steady = a->stats();
+  REQUIRE(zoo.Delete("/flatkv/thriftbinary100:127.0.0.1:10000") == ZOK);
+  REQUIRE(Eventually([&] { return CzxidIn(*a, 100, "127.0.0.1:10000") == 0; }, 1s));
+  std::this_thread::sleep_for(200ms);
+  CHECK(a->stats().zk_reads - steady.zk_reads == 1);
+
+  // One that comes costs one listing too: its czxid is the listing's pzxid.
+  const RegistryStats before_join = a->stats();
+  zoo.Create("/flatkv/thriftbinary100:127.0.0.1:10000", "thriftbinary100:127.0.0.1:10000",
+             ZOO_EPHEMERAL);
+  Stat joined{};
+  REQUIRE(zoo.Exists("/flatkv/thriftbinary100:127.0.0.1:10000", &joined) == ZOK);
+  CHECK(Eventually([&] { return CzxidIn(*a, 100, "127.0.0.1:10000") == joined.czxid; }, 1s));
+  std::this_thread::sleep_for(200ms);
+  CHECK(a->stats().zk_reads - before_join.zk_reads == 1);
+}
+
+TEST_CASE("A ring without the change node shows every member registered before it went",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::mutex mu;
+  std::vector<std::shared_ptr<const Ring>> rings;
+  RegistryOptions o = Options(zk, 100, 9001);
+  o.on_ring = [&](std::shared_ptr<const Ring> ring) {
+    std::lock_guard<std::mutex> lock(mu);
+    rings.push_back(std::move(ring));
+  };
+  std::unique_ptr<Registry> a = StartRegistry(o);
+  REQUIRE(a->WaitRegistered(5000).ok());
+  Inspector zoo(zk.address());
+  RingChange change;
+  change.kind = "add";
+  change.mark = 300;
+  change.into = 300;
+  change.source = 100;
+  change.ranges = {{0, 299}};
+  change.importer = "127.0.0.1:11999";
+  change.state = "copy";
+  constexpr int kRounds = 20;
+  std::map<int64_t, int> round_of;  // the change node's czxid -> its round
+  for (int i = 0; i < kRounds; ++i) {
+    // A change, a member registered during it, the change gone: as a new
+    // mark's import does it; with varied pauses so reads fall in between.
+    zoo.Create("/flatkv/.cluster/change", change.ToJson());
+    Stat stat{};
+    REQUIRE(zoo.Exists("/flatkv/.cluster/change", &stat) == ZOK);
+    round_of[stat.czxid] = i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * (i % 7)));
+    const std::string name = "thriftbinary300:127.0.0.1:" + std::to_string(11000 + i);
+    zoo.Create("/flatkv/" + name, name, ZOO_EPHEMERAL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * (i % 5)));
+    REQUIRE(zoo.Delete("/flatkv/.cluster/change") == ZOK);
+    std::this_thread::sleep_for(std::chrono::milliseconds(i % 4 == 0 ? 30 : 2));
+  }
+  const std::string last = "127.0.0.1:" + std::to_string(11000 + kRounds - 1);
+  REQUIRE(Eventually([&] { return CzxidIn(*a, 300, last) != 0 && a->ring()->change() == nullptr; },
+                     2s));
+  std::lock_guard<std::mutex> lock(mu);
+  // A ring after one that showed round i's change node, and that shows no
+  // change node, was read after that node went: round i's member, which
+  // registered before, must be in it.
+  int round = -1;  // of the last change node a ring showed
+  int checked = 0;
+  for (const auto& ring : rings) {
+    if (ring->change() != nullptr) {
+      REQUIRE(round_of.count(ring->change()->czxid) == 1);
+      round = round_of[ring->change()->czxid];
+    } else if (round >= 0) {
+      INFO("ring version " << ring->version() << " after round " << round << "'s change");
+      CHECK(CzxidIn(ring, 300, "127.0.0.1:" + std::to_string(11000 + round)) != 0);
+      ++checked;
+    }
+  }
+  CHECK(checked >= 1);
+}
+
+// Every member decides what it serves from the change node (change.h,
+// Moving), and an importer goes from creating it to copying within one
+// round trip to the source's head (whose Refresh reads at once): a member
+// that waited kCoalesceMs for a burst would still be without the node
+// while the copy runs. So the change node's events are read at once; only
+// the others wait for the burst.
+TEST_CASE("The change node is read as soon as its watch fires and not after the coalescing delay",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::mutex mu;
+  std::vector<std::pair<Clock::time_point, bool>> published;  // when; with a change node
+  RegistryOptions o = Options(zk, 100, 9001);
+  o.on_ring = [&](std::shared_ptr<const Ring> ring) {
+    std::lock_guard<std::mutex> lock(mu);
+    published.emplace_back(Clock::now(), ring->change() != nullptr);
+  };
+  std::unique_ptr<Registry> a = StartRegistry(o);
+  REQUIRE(a->WaitRegistered(5000).ok());
+  REQUIRE(AllSee({a.get()}, "100=[127.0.0.1:9001]", 1s));
+  Inspector zoo(zk.address());
+  RingChange change;
+  change.kind = "add";
+  change.mark = 300;
+  change.into = 300;
+  change.source = 100;
+  change.ranges = {{0, 299}};
+  change.importer = "127.0.0.1:11999";
+  change.state = "precopy";
+  const auto shows = [&](bool with) {
+    const std::shared_ptr<const Ring> ring = a->ring();
+    return ring && (ring->change() != nullptr) == with;
+  };
+  // Milliseconds from the write to the first ring that shows it.
+  const auto lag_since = [&](Clock::time_point sent, bool with) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [at, has] : published) {
+      if (at >= sent && has == with) {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(at - sent).count();
+      }
+    }
+    return int64_t{-1};
+  };
+  std::vector<int64_t> lags;
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(50ms);  // nothing else left to read
+    const Clock::time_point created = Clock::now();
+    zoo.Create("/flatkv/.cluster/change", change.ToJson());
+    REQUIRE(Eventually([&] { return shows(true); }, 2s));
+    lags.push_back(lag_since(created, true));
+    std::this_thread::sleep_for(50ms);
+    const Clock::time_point deleted = Clock::now();
+    REQUIRE(zoo.Delete("/flatkv/.cluster/change") == ZOK);
+    REQUIRE(Eventually([&] { return shows(false); }, 2s));
+    lags.push_back(lag_since(deleted, false));
+  }
+  std::sort(lags.begin(), lags.end());
+  std::string all;
+  for (int64_t lag : lags) all += std::to_string(lag) + " ";
+  INFO("ms from each write of the change node to a ring showing it: " << all);
+  CHECK(lags.front() >= 0);
+  // Coalesced, none of them is read in less than kCoalesceMs (20 ms); read
+  // at once, one ZooKeeper round trip after the event on loopback (a few
+  // ms), so even on a loaded machine some of the 20 are.
+  CHECK(lags.front() < 15);
 }
 
 }  // namespace flatkv::partition
