@@ -20,7 +20,10 @@ spent.
 
 Only what is retryable is retried (errors.py): an append whose connection
 broke after it was sent, or that failed with an UNAVAILABLE in doubt, is
-raised at once. A timeout is tried again at most once. Errors the caller
+raised at once. An idempotent write in doubt (a put, remove or multi_put
+whose connection broke after it was sent) is retried, as the contract
+allows, unless the client was made with retry_in_doubt=False: then every
+write in doubt is raised at once, for the caller to read back and decide. A timeout is tried again at most once. Errors the caller
 must fix (KEY_OUT_OF_RANGE, VALUE_TOO_LARGE, INVALID_ARGUMENT,
 UNAUTHORIZED), STORAGE_ERROR and PoolTimeout are raised at once.
 """
@@ -75,7 +78,9 @@ class Client:
     max_connections: per member (None: no bound); a thread that finds all
     in use waits up to pool_timeout seconds, then gets PoolTimeout.
     retries, retry_backoff: see the module's comment (0 retries: the one
-    re-route the C++ client makes, no more).
+    re-route the C++ client makes, no more). retry_in_doubt: whether a
+    write whose outcome is in doubt but which is safe to send again (every
+    write but append) is retried (True) or raised at once (False).
     tls_ca_file: connect over TLS (a server with server.tls_cert_file);
     the server's certificate must chain to it and name the host called
     (tls_check_hostname=False skips the name). tls_cert_file, tls_key_file:
@@ -86,7 +91,7 @@ class Client:
 
     def __init__(self, host="127.0.0.1", port=9901, *, seeds=None, timeout=30.0,
                  connect_timeout=2.0, max_connections=32, pool_timeout=5.0, retries=6,
-                 retry_backoff=0.1, tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
+                 retry_backoff=0.1, retry_in_doubt=True, tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
                  tls_check_hostname=True, decode_responses=False, admin_token=""):
         if seeds is None:
             seeds = ["%s:%d" % (host, port)]
@@ -97,8 +102,15 @@ class Client:
         for s in seeds:
             split_address(s)  # ValueError for a seed without a port
         self.seeds = list(seeds)
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError("retries must be an int >= 0, not %r" % (retries,))
+        if isinstance(retry_backoff, bool) or not isinstance(retry_backoff, (int, float)) \
+                or not retry_backoff >= 0:
+            raise ValueError("retry_backoff must be a number of seconds >= 0, not %r"
+                             % (retry_backoff,))
         self.retries = retries
         self.retry_backoff = retry_backoff
+        self.retry_in_doubt = bool(retry_in_doubt)
         self.decode_responses = decode_responses
         self.admin_token = admin_token
         self._options = Options(connect_timeout=connect_timeout, timeout=timeout,
@@ -240,6 +252,8 @@ class Client:
             except FlatKVError as e:
                 if not e.retryable or attempt == self.retries + 1 or isinstance(e, PoolTimeout):
                     raise  # a full pool is the caller's to handle (a bigger pool, fewer threads)
+                if e.in_doubt and not self.retry_in_doubt:
+                    raise  # the caller decides what a write that may have been applied needs
                 if isinstance(e, TimeoutError):
                     timeouts += 1
                     if timeouts > 1:

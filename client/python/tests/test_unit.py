@@ -226,3 +226,77 @@ def test_an_unavailable_in_doubt_append_is_raised_a_put_is_retried():
         kv.get(2)
     assert inst.calls.count("get") == 4  # the re-route and 2 retries, no more
     assert not e.value.in_doubt and e.value.retryable
+
+
+def test_retry_options_default_to_six_retries_a_tenth_of_a_second_in_doubt_retried():
+    kv = flatkv.Client("127.0.0.1", 1)  # nothing is called
+    assert (kv.retries, kv.retry_backoff, kv.retry_in_doubt) == (6, 0.1, True)
+
+
+@pytest.mark.parametrize("kw", [dict(retries=-1), dict(retries=1.5), dict(retries=True),
+                                dict(retries=None), dict(retry_backoff=-0.1),
+                                dict(retry_backoff="1"), dict(retry_backoff=float("nan"))])
+def test_retry_options_out_of_range_are_refused(kw):
+    with pytest.raises(ValueError):
+        flatkv.Client("127.0.0.1", 1, **kw)
+
+
+NO_MEMBER = "mark 0 has no serving member"
+IN_DOUBT = "lost its place in the chain; the write may or may not have been applied"
+
+
+@quiet_thrift_server
+@pytest.mark.parametrize("retries", [0, 1, 3])
+def test_retries_bounds_the_tries_of_a_retryable_call(retries):
+    inst = Scripted()
+    inst.ring_info = ring_to(1, inst.address)
+    kv = flatkv.Client(seeds=[inst.address], retries=retries, retry_backoff=0.001)
+    inst.answers["put"] = [KvError(ErrorCode.UNAVAILABLE, NO_MEMBER)] * 10
+    with pytest.raises(flatkv.Unavailable) as e:
+        kv.put(1, b"v")
+    assert e.value.retryable and not e.value.in_doubt
+    assert inst.calls.count("put") == retries + 2  # the call, the re-route, the retries
+    # One answer fewer than the tries: the last try succeeds.
+    inst.answers["put"] = [KvError(ErrorCode.UNAVAILABLE, NO_MEMBER)] * (retries + 1)
+    kv.put(2, b"w")
+    assert inst.store[2] == b"w"
+
+
+@quiet_thrift_server
+def test_retry_backoff_doubles_between_tries():
+    inst = Scripted()
+    inst.ring_info = ring_to(1, inst.address)
+    kv = flatkv.Client(seeds=[inst.address], retries=3, retry_backoff=0.05)
+    inst.answers["get"] = [KvError(ErrorCode.UNAVAILABLE, NO_MEMBER)] * 5
+    import time
+    t0 = time.monotonic()
+    with pytest.raises(flatkv.Unavailable):
+        kv.get(1)
+    # The re-route at once, then 0.05 + 0.1 + 0.2 s.
+    assert 0.35 <= time.monotonic() - t0 < 5
+    assert inst.calls.count("get") == 5
+
+
+@quiet_thrift_server
+def test_retry_in_doubt_false_raises_a_write_in_doubt_at_once_and_retries_the_rest():
+    inst = Scripted()
+    inst.ring_info = ring_to(1, inst.address)
+    kv = flatkv.Client(seeds=[inst.address], retries=3, retry_backoff=0.001,
+                       retry_in_doubt=False)
+    inst.answers["put"] = [KvError(ErrorCode.UNAVAILABLE, IN_DOUBT)]
+    with pytest.raises(flatkv.Unavailable) as e:
+        kv.put(1, b"v")
+    # The contract allows sending it again; the caller asked not to.
+    assert e.value.in_doubt and e.value.retryable
+    assert inst.calls.count("put") == 1 and 1 not in inst.store
+    # A write refused (not applied) is still retried, and so is a read.
+    inst.answers["put"] = [KvError(ErrorCode.UNAVAILABLE, NO_MEMBER)] * 2
+    kv.put(1, b"v")
+    assert inst.calls.count("put") == 4 and inst.store[1] == b"v"
+    inst.answers["get"] = [KvError(ErrorCode.UNAVAILABLE, IN_DOUBT)] * 2  # a read: never in doubt
+    assert kv.get(1) == b"v" and inst.calls.count("get") == 3
+    # An append in doubt is raised at once either way.
+    inst.answers["append"] = [KvError(ErrorCode.UNAVAILABLE, IN_DOUBT)]
+    with pytest.raises(flatkv.Unavailable):
+        kv.append(1, b"+")
+    assert inst.calls.count("append") == 1
