@@ -174,19 +174,24 @@ class Client:
         order = [a for a in self.seeds + known if a != avoid]
         if avoid is not None:
             order.append(avoid)
-        seen = set()
+        tried = []
         last = None
         for address in order:
-            if address in seen:
+            if address in tried:
                 continue
-            seen.add(address)
+            tried.append(address)
             try:
                 info = self._invoke(address, "ring", lambda c: c.ring())
             except FlatKVError as e:
                 last = e
                 continue
             return Ring(info, address)
-        raise last if last is not None else Unavailable("no instance to ask for the ring")
+        if last is None:
+            raise Unavailable("no instance to ask for the ring")
+        # The last failure, naming every address that failed too.
+        last.message = "%s; no instance answered: %s" % (last.message, ", ".join(tried))
+        last.args = (last.message,)
+        raise last
 
     def _current_ring(self):
         with self._lock:

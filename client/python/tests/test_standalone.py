@@ -164,6 +164,39 @@ def test_network_failures_say_whether_the_call_was_sent(standalone, work):
     assert "refused" in str(e.value)
 
 
+def test_a_dead_address_beside_a_live_one_is_skipped_until_none_can_serve(standalone, work):
+    s = standalone()
+    dead = "127.0.0.1:%d" % harness.free_port()  # nothing listens here
+    clients = [flatkv.Client(seeds=seeds, retries=1, retry_backoff=0.01, connect_timeout=1,
+                             timeout=10)
+               for seeds in ([dead, s.address], [s.address, dead])]
+    for n, kv in enumerate(clients):
+        for k in range(20):
+            kv.put(k, b"v%d.%d" % (n, k))
+        assert kv.multi_get(range(20)) == [b"v%d.%d" % (n, k) for k in range(20)]
+        assert list(kv.scan(0, 20)) == [(k, b"v%d.%d" % (n, k)) for k in range(20)]
+        assert kv.ring().standalone
+
+    s.proc.kill()  # kill -9: now no address can serve
+    s.proc.wait()
+    for kv in clients:
+        with pytest.raises(flatkv.ConnectionError) as e:
+            kv.get(1)
+        assert e.value.address == s.address and s.address in str(e.value)
+        assert not e.value.sent and not e.value.in_doubt and e.value.retryable
+    # A client that never reached either names both.
+    fresh = flatkv.Client(seeds=[dead, s.address], retries=0, connect_timeout=1)
+    with pytest.raises(flatkv.ConnectionError) as e:
+        fresh.put(1, b"x")
+    assert dead in str(e.value) and s.address in str(e.value) and not e.value.in_doubt
+
+    # The live address back (the same port and store): every client serves again.
+    s.proc = harness.start(s.server_bin, s.port, s.data, *s.extra)
+    for kv in clients + [fresh]:
+        assert kv.get(19) == b"v1.19"
+        kv.put(100, b"back")
+
+
 def wait_stopped(pid):
     """Returns once every thread of "pid" is stopped (a signal is delivered
     asynchronously: a thread may still answer a call right after kill())."""
