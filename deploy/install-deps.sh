@@ -41,8 +41,9 @@ packages=(
   python3-kazoo python3-xxhash
   # the Python package client/python: pip-installed into a venv that sees
   # Debian's packages (built offline with setuptools and wheel), tested with
-  # pytest (ctest python_client_*)
-  python3-venv python3-setuptools python3-wheel python3-pytest
+  # pytest (ctest python_client_*); its source archive made by python3 -m
+  # build (ctest python_client_sdist)
+  python3-venv python3-setuptools python3-wheel python3-pytest python3-build
   # the fault-injection suite (tests/jepsen): network namespaces and a bridge
   # (iproute2), links cut inside a namespace (nftables), one member's
   # wall clock stepped or slowed (faketime); its checker is built with the Go
