@@ -560,6 +560,15 @@ Status Cluster::ReleaseSource(const partition::RingChange& change, int64_t* drop
   const auto hi = change.ranges.front().second;
   // The members other than the head confirm first (peerDrop of no key: each
   // re-reads the ring); a member that registered meanwhile is asked too.
+  auto source_member = [&](const std::string& address, int64_t ring_version) {
+    Target t;
+    t.mark = change.source;
+    t.address = address;
+    t.context.token = options_.peer_token;
+    t.context.ringVersion = ring_version;
+    t.context.mark = change.source;
+    return t;
+  };
   std::set<std::string> confirmed;
   std::string head;
   for (int round = 0;; ++round) {
@@ -575,12 +584,7 @@ Status Cluster::ReleaseSource(const partition::RingChange& change, int64_t* drop
     for (size_t i = 0; i + 1 < members.size(); ++i) {
       if (!confirmed.insert(members[i]).second) continue;
       asked = true;
-      Target member;
-      member.mark = change.source;
-      member.address = members[i];
-      member.context.token = options_.peer_token;
-      member.context.ringVersion = ring->version();
-      member.context.mark = change.source;
+      const Target member = source_member(members[i], ring->version());
       Status st = Forward(member, "peerDrop", true, [&](rpc::FlatKVClient& c) {
         c.peerDrop(member.context, lo, hi, 0);
       });
@@ -597,12 +601,7 @@ Status Cluster::ReleaseSource(const partition::RingChange& change, int64_t* drop
                                  "'s chain kept changing while its members let the ranges go");
     }
   }
-  Target target;
-  target.mark = change.source;
-  target.address = head;
-  target.context.token = options_.peer_token;
-  target.context.ringVersion = registry_->ring()->version();
-  target.context.mark = change.source;
+  const Target target = source_member(head, registry_->ring()->version());
   return Forward(target, "peerDrop", true,
                  [&](rpc::FlatKVClient& c) { *dropped = c.peerDrop(target.context, lo, hi, 1); });
 }
