@@ -238,6 +238,11 @@ def main():
         sys.stderr.write("jepsen: the clock scenario needs a server built with -DFLATKV_JEMALLOC=OFF "
                          "(libfaketime deadlocks jemalloc at start-up); %s links jemalloc\n" % args.server)
         sys.exit(2)
+    cli = args.cli or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.server))),
+                                   "client", "flatkv")
+    if "ring-change" in SCENARIOS[args.scenario] and not os.access(cli, os.X_OK):
+        sys.stderr.write("jepsen: the ring-change scenario needs the flatkv CLI; none at %s (--cli)\n" % cli)
+        sys.exit(2)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     tag = "%s-%s" % (args.scenario, args.mode)
@@ -280,8 +285,6 @@ def main():
         sys.stderr.write("jepsen: the ring did not form; logs in %s\n" % work)
         sys.exit(2)
 
-    cli = args.cli or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.server))),
-                                   "client", "flatkv")
     nem = nemesis.Nemesis(net, zk, members, args.session_ms, args.seed, cli=cli)
     offsets = [0] + ([MARK_A + 500_000_000 - workload.REG_BASE] if args.marks == 2 else [])
     wl = workload.Workload(members, seed=args.seed, key_offsets=offsets)
