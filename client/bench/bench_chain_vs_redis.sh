@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_chain_vs_redis.sh: a FlatKV chain under storage.sync: always against
-# its anchor, in one run on this machine (issue 10's measurement):
+# its anchor, in one run on this machine:
 #
 #   flatkv R=N  deploy/ring.sh up --partitions 1 --replicas N with
 #               storage.sync=always on every member (each has fdatasynced

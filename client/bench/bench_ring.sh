@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench_ring.sh: what a ring costs and gains, in one run on this machine
-# (issue 9's measurement): the same load against
+# bench_ring.sh: what a ring costs and gains, in one run on this machine:
+# the same load against
 #
 #   standalone  one flatkv-server (no ZooKeeper)
 #   direct      a ring of P marks x 1 member, each key sent straight to its
@@ -163,5 +163,5 @@ for op, redis_op in (("get", "GET"), ("put", "SET")):
         p99 = statistics.median(float(r["p99_latency_ms"]) * 1000 for r in redis[redis_op])
         print("| %s | redis %s | %.0f | %.0f | %.0f | %.2f | %.2f | 1.00 |" % (
             op, redis_op, rops, p50, p99, rops / base, rops / direct))
-print("targets (issue 9): direct >= 0.9 x standalone, entry >= 0.5 x direct")
+print("targets: direct >= 0.9 x standalone, entry >= 0.5 x direct")
 EOF

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# bench_vs_redis.sh: flatkv-server against Redis on this machine, the way
-# issue 5 measures it: 50 clients, each with one request in flight, 100 B
+# bench_vs_redis.sh: flatkv-server against Redis on this machine: 50 clients, each with one request in flight, 100 B
 # and 1 KiB values, comparable durability (FlatKV storage.sync=interval, an
 # fdatasync every second; Redis appendonly with appendfsync everysec).
 #

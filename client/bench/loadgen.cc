@@ -1,5 +1,5 @@
-// flatkv-loadgen: the load generator issue 13 measures the server against
-// Redis with, written the way an application team writes a client, not the
+// flatkv-loadgen: the load generator the server is measured against Redis
+// with, written the way an application team writes a client, not the
 // way flatkv-bench drives the server: one thread per connection, each making
 // blocking calls one after another, FlatKV through the Thrift-generated C++
 // client (TSocket + TFramedTransport + TBinaryProtocol, FlatKVClient) and
