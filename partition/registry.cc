@@ -594,7 +594,9 @@ int Registry::Impl::Step() {
     read_wait = ReadDelayMs();
     if (read_wait == 0) {
       s = ReadRing();
-      read_wait = -1;
+      // What the read itself found changed (a node created between a
+      // listing and its exists) is read at once, not at the next probe.
+      read_wait = s.ok() ? ReadDelayMs() : -1;
     }
   }
   Answer(records);
@@ -1535,7 +1537,8 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
     if (op->rc != ZOK) return ZkError("get", op->path, op->rc);
     next.chains[name] = ParseChainNode(name, *op);
   }
-  // ZOK: created since the read; its watch event makes the next step read it.
+  // ZOK: created since the read, and its exists set a watch only on its
+  // changes: marked dirty, it is read by the next pass.
   for (ReadOp* op : {change_exists, marks_exists, chains_exists}) {
     if (op == nullptr) continue;
     if (op->rc == ZOK) MarkDirty(op->path);
