@@ -219,13 +219,85 @@ def wait_no_change(nem, timeout=90.0):
         zk.close()
 
 
-@fault("ring-change")
-def ring_change(nem):
+def concurrent_kill_importer(nem, a, b, via):
+    """kill -9 of a member of the importing chain (not the one the CLI
+    calls); restarted at the heal."""
+    victim = nem.rng.choice([m for m in a if m is not via])
+    victim.kill9()
+    nem.log("fault", "kill", victim, "kill -9 during remove-mark")
+
+    def heal():
+        victim.start()
+        nem.log("heal", "kill", victim, "restarted")
+    return victim, heal
+
+
+def concurrent_cut(name, pick, peers):
+    """A cut of one member from ZooKeeper (and, with peers, from every other
+    member) during the ring change; pick(nem, a, b, via) names it."""
+    def fault_fn(nem, a, b, via):
+        target = pick(nem, a, b, via)
+        addrs = [nem.zk.addr] + ([o.addr for o in nem.others(target)] if peers else [])
+        for addr in addrs:
+            nem.net.drop(target.name, addr, "both")
+        nem.log("fault", name, target, ("zk+peers" if peers else "zk both") + " during remove-mark")
+
+        def heal():
+            nem.net.heal(target.name)
+            nem.log("heal", name, target)
+        return target, heal
+    return fault_fn
+
+
+def concurrent_pause_source(nem, a, b, via):
+    """SIGSTOP of a member of the mark being removed, for 0.6 x timeout:
+    its lease lapses, its node stays, the release must wait for it."""
+    target = nem.rng.choice(b)
+    target.pause()
+    nem.log("fault", "pause", target, "SIGSTOP during remove-mark")
+
+    def heal():
+        target.resume()
+        nem.log("heal", "pause", target)
+    return target, heal
+
+
+def concurrent_kill_source(nem, a, b, via):
+    """kill -9 of a member of the mark being removed: its range's release
+    goes on without it; the heal starts it again with the others."""
+    target = nem.rng.choice(b)
+    target.kill9()
+    nem.log("fault", "kill", target, "kill -9 during remove-mark")
+    return target, lambda: None
+
+
+def importer_head(nem, a, b, via):
+    chain = nem.chain(a[0].mark)
+    head = chain[0] if chain else a[0]
+    return head if head is not via else nem.rng.choice([m for m in a if m is not via])
+
+
+# What ring-change-mix runs beside each remove-mark, in turn: faults on the
+# mark being removed (its release must wait for or go on without the member),
+# and on the importing chain (its import must go on under a new head).
+MIX = [
+    ("zk-cut source", concurrent_cut("zk-cut", lambda nem, a, b, via: nem.rng.choice(b), False), 1.5),
+    ("pause source", concurrent_pause_source, 0.6),
+    ("isolate importer", concurrent_cut("isolate", lambda nem, a, b, via:
+                                        nem.rng.choice([m for m in a if m is not via]), True), 1.5),
+    ("kill source", concurrent_kill_source, 1.0),
+    ("zk-cut importer head", concurrent_cut("zk-cut", importer_head, False), 1.5),
+]
+
+
+def remove_and_restore(nem, concurrent, hold_sessions):
     """flatkv admin remove-mark of the second mark (its range goes to the
-    first), and while it runs a kill -9 of a member of the first mark (the
-    importing chain, not the one the CLI calls); healed by restarting that member and starting the
-    removed mark's members again on their old data, which must wipe it and
-    import their range back as a new mark. Needs --marks 2."""
+    first), and 0.1-1 s into it the fault "concurrent" (a function of the
+    nemesis, the first mark's members, the second's and the member the CLI
+    calls, returning its target and its heal), held hold_sessions x the
+    session timeout; healed by undoing the fault, waiting for the removal
+    and starting the removed mark's members again on their old data, which
+    must wipe it and import their range back as a new mark."""
     first = nem.members[0].mark
     a = [m for m in nem.members if m.mark == first]
     b = [m for m in nem.members if m.mark != first]
@@ -244,13 +316,10 @@ def ring_change(nem):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     nem.log("fault", "ring-change", None, "remove-mark %d via %s" % (b[0].mark, via.name))
     time.sleep(nem.rng.uniform(0.1, 1.0))
-    victim = nem.rng.choice([m for m in a if m is not via])  # the CLI waits through via
-    victim.kill9()
-    nem.log("fault", "kill", victim, "kill -9 during remove-mark")
+    target, undo = concurrent(nem, a, b, via)
 
     def heal():
-        victim.start()
-        nem.log("heal", "kill", victim, "restarted")
+        undo()
         try:
             out, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
@@ -270,7 +339,21 @@ def ring_change(nem):
             m.start()
         nem.log("heal", "ring-change", None, "mark %d's members started again" % b[0].mark)
     nem.heals.append(heal)
-    return victim, nem.session_s
+    return target, hold_sessions * nem.session_s
+
+
+@fault("ring-change")
+def ring_change(nem):
+    """A remove-mark with a kill -9 of a member of the importing chain in
+    it (remove_and_restore). Needs --marks 2."""
+    return remove_and_restore(nem, concurrent_kill_importer, 1.0)
+
+
+@fault("ring-change-mix")
+def ring_change_mix(nem):
+    """A remove-mark with, in turn, each fault of MIX in it. Needs --marks 2."""
+    _name, concurrent, hold = MIX[nem.round % len(MIX)]
+    return remove_and_restore(nem, concurrent, hold)
 
 
 @fault("zk-restart")

@@ -36,6 +36,7 @@ SCENARIOS = {
     "zk-restart": ["zk-restart"],
     "clock": ["clock"],
     "ring-change": ["ring-change"],  # --marks 2 implied
+    "ring-change-mix": ["ring-change-mix"],  # --marks 2 implied
 }
 MARK_A, MARK_B = 1_000_000_000, 2_000_000_000  # A owns [0, 1e9) and >= 2e9; B [1e9, 2e9)
 WRITES = ("put", "append", "remove")
@@ -240,8 +241,10 @@ def main():
         sys.exit(2)
     cli = args.cli or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.server))),
                                    "client", "flatkv")
-    if "ring-change" in SCENARIOS[args.scenario] and not os.access(cli, os.X_OK):
-        sys.stderr.write("jepsen: the ring-change scenario needs the flatkv CLI; none at %s (--cli)\n" % cli)
+    ring_change = any(f.startswith("ring-change") for f in SCENARIOS[args.scenario])
+    if ring_change and not os.access(cli, os.X_OK):
+        sys.stderr.write("jepsen: the %s scenario needs the flatkv CLI; none at %s (--cli)\n"
+                         % (args.scenario, cli))
         sys.exit(2)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -263,7 +266,7 @@ def main():
                                                          args.session_ms, args.seed), flush=True)
     net = topology.Net()
     zk = cluster.ZooKeeper(work, net)
-    if args.scenario == "ring-change":
+    if ring_change:
         args.marks = 2
     marks = [MARK_A] + ([MARK_B] if args.marks == 2 else [])
     members = []
