@@ -94,6 +94,7 @@ constexpr int kChainDataMax = 16384;    // a chain node: ~25 bytes per member
 constexpr int kRecordAttempts = 5;      // RecordChain: re-reads after a lost race
 constexpr int kCoalesceMs = 20;         // a burst of watch events is read as one
 constexpr int kReadPasses = 3;          // read steps before a view is published anyway
+constexpr int kReadPassesMax = 32;      // ...unless its change node keeps changing
 constexpr int kCloseWaitMs = 1000;      // Close(): answers in flight still read for this long
 const std::string kAllPaths = "*";      // a dirty_ key: read everything
 constexpr int kLogBurst = 5;            // ZooKeeper log lines per window...
@@ -1212,7 +1213,8 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
 // is used only if no event about it came before the change node's answer
 // (else another step reads it). A view whose every path is clean when the
 // last answer came is ZooKeeper's state at that answer; after kReadPasses
-// steps a view is published as long as the change node rule holds.
+// steps a view is published as long as the change node rule holds and the
+// change node has not changed since its read (ReadAgain in registry.h).
 
 struct Registry::Impl::ReadOp {
   ReadKind kind = ReadKind::kGet;
@@ -1347,6 +1349,14 @@ int Registry::Impl::ReadDelayMs() {
   return static_cast<int>(std::max<int64_t>(0, dirty_since_ms_ + kCoalesceMs - NowMs()));
 }
 
+bool ReadAgain(const std::map<std::string, uint64_t>& dirty, uint64_t change_seq,
+               const std::string& change_path, const std::string& all, int pass, int read_passes) {
+  for (const auto& [path, seq] : dirty) {
+    if (seq < change_seq || path == change_path || path == all) return true;
+  }
+  return !dirty.empty() && pass < read_passes;
+}
+
 Status Registry::Impl::ReadRing() {
   uint64_t ticket;
   {
@@ -1366,15 +1376,17 @@ Status Registry::Impl::ReadRing() {
       for (const auto& [path, seq] : dirty) dirty_.emplace(path, seq);
       return s;
     }
-    bool again = false;
+    bool again;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& [path, seq] : dirty_) {
-        if (seq < change_seq_) again = true;  // changed before the change node was read
-      }
-      if (!dirty_.empty() && pass < kReadPasses) again = true;
+      again = ReadAgain(dirty_, change_seq_, change_path_, kAllPaths, pass, kReadPasses);
     }
     if (!again) break;
+    // What is dirty stays dirty: the step after the back-off reads it.
+    if (pass >= kReadPassesMax) {
+      return Status::Busy("the ring's change node changed in each of " +
+                          std::to_string(pass) + " reads; no view published");
+    }
   }
   CheckOwnNode();
   Publish(BuildRing(), ticket);

@@ -270,4 +270,23 @@ class Registry {
   std::unique_ptr<Impl> impl_;
 };
 
+// The rule a ring read publishes its view by. "dirty" maps each path whose
+// watch fired since it was read (or "*": read everything) to the order of
+// that event among the session's events and answers; "change_seq" is the
+// order of the change node's answer the view holds; "pass" counts the
+// read steps so far. Another step is needed when
+//   - a path changed before the change node was read: the view would show
+//     the ring older than its change state (a member or mark the change
+//     depends on missing);
+//   - the change node itself (or everything) changed since it was read:
+//     the view holds nodes written after the change node's new state (a
+//     chain a member joined after a range was released, say) beside its
+//     old state, and a member could serve a range it no longer owns;
+//   - anything else changed, for the first kReadPasses steps; after that
+//     the view is published and the next event reads it again, so a ring
+//     that never stops changing still gets views.
+// "change_path" names the change node; "all" the everything key.
+bool ReadAgain(const std::map<std::string, uint64_t>& dirty, uint64_t change_seq,
+               const std::string& change_path, const std::string& all, int pass, int read_passes);
+
 }  // namespace flatkv::partition

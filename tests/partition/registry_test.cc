@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -1477,3 +1478,29 @@ TEST_CASE("The change node is read as soon as its watch fires and not after the 
 }
 
 }  // namespace flatkv::partition
+
+TEST_CASE("A ring view is read again while its change node is older than what it read after it",
+          "[registry][rule]") {
+  using flatkv::partition::ReadAgain;
+  const std::string change = "/ring/.cluster/change";
+  const std::string chain = "/ring/.cluster/chains/1000";
+  const auto again = [&](const std::map<std::string, uint64_t>& dirty, uint64_t change_seq,
+                         int pass) { return ReadAgain(dirty, change_seq, change, "*", pass, 3); };
+  // Nothing changed since the read: publish, on any pass.
+  CHECK_FALSE(again({}, 10, 1));
+  CHECK_FALSE(again({}, 10, 40));
+  // A chain changed after the change node was read: read again for the
+  // first passes, then publish (the next event reads it again).
+  CHECK(again({{chain, 12}}, 10, 1));
+  CHECK(again({{chain, 12}}, 10, 2));
+  CHECK_FALSE(again({{chain, 12}}, 10, 3));
+  // A chain changed before the change node was read: never published so.
+  CHECK(again({{chain, 9}}, 10, 3));
+  CHECK(again({{chain, 9}}, 10, 30));
+  // The change node changed since its read (a release, say, while a chain
+  // a member joined after it was read): never published beside it.
+  CHECK(again({{change, 12}}, 10, 3));
+  CHECK(again({{change, 12}, {chain, 11}}, 10, 30));
+  // A session event: everything is read again before a view goes out.
+  CHECK(again({{"*", 12}}, 10, 3));
+}
