@@ -365,6 +365,9 @@ class ChainMember {
   // "single", "head", "middle", "tail", "syncing" (catching up, not in the
   // chain), "fenced", or "none" (no chain yet).
   const char* role() const;
+  // What the lease allows now (Leased): false, the member refuses every
+  // client call until ZooKeeper answers it again.
+  bool lease_held() const { return Leased(); }
   const std::string& self() const { return self_; }
   // The shell registers the member node (after out->register_now) only
   // while this holds: a registration that comes too late is withdrawn.

@@ -508,6 +508,14 @@ std::string Console::MembersJson() {
     const bool answered = v != nullptr && v->answered;
     std::string role = e.state == "gone" ? "gone" : e.ring_role.empty() ? "unknown" : e.ring_role;
     if (answered) role = v->last.info.role;  // its own view: syncing and fenced too
+    // A chain member without a ZooKeeper lease refuses every client call:
+    // to an operator it is fenced, whatever its place in the chain.
+    bool leased = true;
+    if (answered && v->last.ok) {
+      const auto l = v->last.stats.find("cluster.chain.leased");
+      leased = l == v->last.stats.end() || l->second != 0;
+    }
+    if (!leased && role != "syncing" && role != "gone") role = "fenced";
     j.Begin('{');
     j.Key("address").Str(e.address);
     j.Key("mark").Int(e.mark);
@@ -516,6 +524,7 @@ std::string Console::MembersJson() {
     j.Key("ringRole").Str(e.ring_role);
     j.Key("role").Str(role);
     j.Key("reachable").Bool(answered);
+    j.Key("leased").Bool(leased);
     j.Key("error").Str(v != nullptr ? v->error : "");
     j.Key("self").Bool(IsSelf(e.address));
     if (v == nullptr || !v->last.ok) {

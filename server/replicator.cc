@@ -2194,6 +2194,7 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
     (*out)["cluster.chain.lag_bytes"] = static_cast<int64_t>(member_->lag_bytes());
     (*out)["cluster.chain.log_bytes"] = static_cast<int64_t>(member_->log_bytes());
     (*out)["cluster.chain.refused_messages"] = static_cast<int64_t>(member_->refused_messages());
+    (*out)["cluster.chain.leased"] = member_->lease_held() ? 1 : 0;
     const std::string role = member_->role();
     if ((role == "tail" || role == "single") && !member_->downstream().empty()) {
       // A joiner catching up from this tail: what it still lacks.

@@ -10,11 +10,15 @@ changes the other member's getWriteMode(); a remove-mark started in the
 page shows as a ring change with its state and percent, and the page's
 abort rolls it back; a member killed with kill -9 turns into a gap in its
 chain within the session timeout plus a refresh; a new member shows as
-syncing while it catches up, then as the tail. Screenshots are kept in
-OUT_DIR (console_ring.png, console_change.png, console_gap.png).
+syncing while it catches up, then as the tail; with ZooKeeper stopped
+every member shows itself fenced, and its role again once it is back. The
+member boxes show the members' own figures (ops/s and p99 under load,
+live bytes, disk use). Screenshots are kept in OUT_DIR (console_ring.png,
+console_change.png, console_gap.png, console_fenced.png).
 
 Usage: console_browser_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT OUT_DIR"""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,6 +135,26 @@ def boxes():
     return out
 
 
+def figures(address):
+    """{row name: text} of a member box's table of figures."""
+    box = driver.find_element(By.CSS_SELECTOR, '.member[data-address="%s"]' % address)
+    out = {}
+    for tr in box.find_elements(By.CSS_SELECTOR, "tr"):
+        tds = tr.find_elements(By.CSS_SELECTOR, "td")
+        if len(tds) == 2:
+            out[tds[0].text] = tds[1].text
+    return out
+
+
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def parse_bytes(text):
+    """"4.8 MiB" -> bytes; None if it is not a size."""
+    m = re.fullmatch(r"([0-9.]+) (B|KiB|MiB|GiB|TiB)", text.strip())
+    return float(m.group(1)) * UNITS[m.group(2)] if m else None
+
+
 def wait(what, cond, timeout=20.0):
     t = time.monotonic()
     while time.monotonic() - t < timeout:
@@ -195,6 +219,26 @@ try:
     wait("every member's figures", lambda: all(
         "ops/s" in driver.find_element(By.CSS_SELECTOR, '.member[data-address="%s"]' % m.address).text
         for m in members))
+    # The figures are the members' own: the puts' member counts calls and
+    # a latency, the high mark's members hold its ~5 MB, and each shows
+    # its disk's use.
+    got = {}
+
+    def figures_in():
+        got["low"], got["high"] = figures(low_head.address), figures(high_head.address)
+        return (got["low"].get("ops/s", "0").isdigit() and int(got["low"]["ops/s"]) > 0 and
+                re.fullmatch(r"[0-9.]+ (µs|ms)", got["low"].get("p99", "")) is not None)
+    took = wait("the put load's ops/s and p99 in its member's box", figures_in)
+    check(took is not None, "ops/s and p99 shown for %s: %r" % (low_head.name, got.get("low")))
+    live = parse_bytes(got["high"].get("live", ""))
+    check(live is not None and 4.5e6 <= live <= 16e6,
+          "the high mark's head shows the ~5 MB it holds as live bytes: %r" % got["high"].get("live"))
+    disk = re.fullmatch(r"(.+) used of (.+)", got["high"].get("disk", ""))
+    used, total = (parse_bytes(disk.group(1)), parse_bytes(disk.group(2))) if disk else (None, None)
+    check(used is not None and total is not None and 0 < used <= total,
+          "the disk row shows used of total: %r" % got["high"].get("disk"))
+    check(got["high"].get("compaction") == "idle" and got["high"].get("lag", "").endswith("writes"),
+          "compaction idle and the lag in writes: %r" % got["high"])
     shot("console_ring.png")
 
     # A wrong token: the CLI's error line, nothing done.
@@ -274,6 +318,22 @@ try:
     took = wait("the joiner as the new tail", lambda: boxes().get(joiner.address) == ("tail", HIGH, "serving"),
                 timeout=40)
     check(took is not None, "once caught up it is the tail of mark %d" % HIGH)
+    # ZooKeeper down: every member's lease lapses within half a session
+    # timeout and each shows itself fenced; back, so are the roles.
+    live_members = [low_head, low_tail, high_head, joiner]
+    zk.stop()
+    took = wait("every member shown fenced while ZooKeeper is down",
+                lambda: all(boxes().get(m.address, ("",))[0] == "fenced" for m in live_members))
+    check(took is not None, "every member fenced without ZooKeeper: %r" % boxes())
+    shot("console_fenced.png")
+    zk.start()
+    # (A session that expired meanwhile re-registers, and may come back as
+    # the other end of its chain.)
+    back = sorted([("head", LOW, "serving"), ("tail", LOW, "serving"),
+                   ("head", HIGH, "serving"), ("tail", HIGH, "serving")])
+    took = wait("the roles back once ZooKeeper is", lambda: sorted(
+        r for a, r in boxes().items() if a in {m.address for m in live_members}) == back, timeout=40)
+    check(took is not None, "roles back after ZooKeeper restarts: %r" % boxes())
     # (The 401 of the wrong token is logged by the browser as a network
     # error: expected; a script error is not.)
     logs = [e for e in driver.get_log("browser")
