@@ -3,8 +3,9 @@
 // One event_base, one evhttp, one thread. Stop() must wake a loop that may
 // be idle in epoll_wait without libevent's threading support (which would
 // have to be enabled before any event_base exists, Thrift's included), so
-// the loop also watches the read end of a pipe: Stop() writes a byte, the
-// callback calls event_base_loopbreak() on the loop's own thread.
+// the loop also watches the read end of a pipe: Stop() writes a 0 byte, the
+// callback calls event_base_loopbreak() on the loop's own thread. The defer
+// thread writes a 1 byte when it has answers for the loop to send.
 //
 // Handler methods throw rpc::KvError (that is how the Thrift boundary
 // reports errors); Handle() catches it and everything else, because no
@@ -329,11 +330,18 @@ void ServeWriteMode(Handler* h, evhttp_request* req) {
   SendEmpty(req, 204);
 }
 
-bool ServeConsole(Console* console, evhttp_request* req, const std::string& what);
+// Work that may wait on another member (up to cluster.peer_timeout_ms)
+// runs off the HTTP loop (HttpServer::Defer); what it returns sends the
+// answer, on the loop, once it is done.
+using Reply = std::function<void(evhttp_request*)>;
+using Deferrer = std::function<void(evhttp_request*, std::function<Reply()>)>;
+bool ServeConsole(Console* console, const Deferrer& defer, evhttp_request* req,
+                  const std::string& what);
 
-void ServeAdmin(Handler* h, Console* console, evhttp_request* req, const std::string& what) {
+void ServeAdmin(Handler* h, Console* console, const Deferrer& defer, evhttp_request* req,
+                const std::string& what) {
   const int cmd = evhttp_request_get_command(req);  // int: see IsRead
-  if (ServeConsole(console, req, what)) return;
+  if (ServeConsole(console, defer, req, what)) return;
   if (what == "write-mode") {
     ServeWriteMode(h, req);
   } else if (what == "compact") {
@@ -401,8 +409,16 @@ void SendUsage(evhttp_request* req, const std::string& message) {
   SendOutcome(req, Status::InvalidArgument(message), "");
 }
 
+// An action's outcome, sent later.
+Reply Outcome(Status st, std::string done) {
+  return [st = std::move(st), done = std::move(done)](evhttp_request* req) {
+    SendOutcome(req, st, done);
+  };
+}
+
 // /admin/members/<host:port>/write-mode | compact.
-void ServeMemberAction(Console* console, evhttp_request* req, const std::string& rest) {
+void ServeMemberAction(Console* console, const Deferrer& defer, evhttp_request* req,
+                       const std::string& rest) {
   const size_t slash = rest.rfind('/');
   if (slash == std::string::npos || slash == 0) {
     return SendText(req, 404, "no such admin route: /admin/members/" + rest);
@@ -419,29 +435,39 @@ void ServeMemberAction(Console* console, evhttp_request* req, const std::string&
     if (mode != "safe" && mode != "async") {
       return SendUsage(req, "write mode must be safe or async, not '" + mode.substr(0, 64) + "'");
     }
-    const Status st = console->SetWriteMode(
-        member, AdminToken(req), mode == "safe" ? rpc::WriteMode::SAFE : rpc::WriteMode::ASYNC);
-    SendOutcome(req, st, "write mode of " + member + " is now " + mode);
+    defer(req, [console, member, mode, token = AdminToken(req)] {
+      const Status st = console->SetWriteMode(
+          member, token, mode == "safe" ? rpc::WriteMode::SAFE : rpc::WriteMode::ASYNC);
+      return Outcome(st, "write mode of " + member + " is now " + mode);
+    });
   } else if (action == "compact") {
     if (cmd != EVHTTP_REQ_POST) return SendMethodNotAllowed(req, "POST");
-    SendOutcome(req, console->Compact(member, AdminToken(req)), "compaction started on " + member);
+    defer(req, [console, member, token = AdminToken(req)] {
+      return Outcome(console->Compact(member, token), "compaction started on " + member);
+    });
   } else {
     SendText(req, 404, "no such member action: " + action + " (write-mode, compact)");
   }
 }
 
 // The console's routes under /admin/; false if "what" is none of them.
-bool ServeConsole(Console* console, evhttp_request* req, const std::string& what) {
+bool ServeConsole(Console* console, const Deferrer& defer, evhttp_request* req,
+                  const std::string& what) {
   const int cmd = evhttp_request_get_command(req);  // int: see IsRead
   std::string rest;
   if (what == "ring" || what == "members") {
     if (!IsRead(cmd)) {
       SendMethodNotAllowed(req, "GET, HEAD");
+    } else if (what == "ring") {
+      SendJsonText(req, 200, console->RingJson());
     } else {
-      SendJsonText(req, 200, what == "ring" ? console->RingJson() : console->MembersJson());
+      // The first request after an idle spell waits for a round.
+      defer(req, [console] {
+        return [json = console->MembersJson()](evhttp_request* r) { SendJsonText(r, 200, json); };
+      });
     }
   } else if (what.compare(0, 8, "members/") == 0) {
-    ServeMemberAction(console, req, what.substr(8));
+    ServeMemberAction(console, defer, req, what.substr(8));
   } else if (what == "ring/remove-mark") {
     if (cmd != EVHTTP_REQ_POST) {
       SendMethodNotAllowed(req, "POST");
@@ -452,12 +478,19 @@ bool ServeConsole(Console* console, evhttp_request* req, const std::string& what
     if (!ParseKey(text, &mark)) {
       SendUsage(req, "remove-mark wants an integer mark, not '" + text.substr(0, 64) + "'");
     } else {
-      SendOutcome(req, console->RemoveMark(AdminToken(req), mark),
-                  "removal of mark " + std::to_string(mark) + " started");
+      defer(req, [console, mark, token = AdminToken(req)] {
+        return Outcome(console->RemoveMark(token, mark),
+                       "removal of mark " + std::to_string(mark) + " started");
+      });
     }
   } else if (what == "ring/abort-change") {
-    if (cmd != EVHTTP_REQ_POST) SendMethodNotAllowed(req, "POST");
-    else SendOutcome(req, console->AbortChange(AdminToken(req)), "ring change rolled back");
+    if (cmd != EVHTTP_REQ_POST) {
+      SendMethodNotAllowed(req, "POST");
+    } else {
+      defer(req, [console, token = AdminToken(req)] {
+        return Outcome(console->AbortChange(token), "ring change rolled back");
+      });
+    }
   } else {
     return false;
   }
@@ -539,8 +572,10 @@ Status HttpServer::Start() {
   }
   port_ = BoundPort(bound);
   try {
+    defer_thread_ = std::thread([this] { DeferLoop(); });
     thread_ = std::thread([this] { event_base_dispatch(base_); });
   } catch (const std::system_error& e) {
+    StopDeferring();
     Free();
     return Status::IOError("HTTP " + address + ": cannot start its thread: " + e.what());
   }
@@ -562,6 +597,9 @@ bufferevent* HttpServer::NewTlsBufferevent(event_base* base, void* arg) {
 
 void HttpServer::Stop() {
   SetStopping();
+  // The action running, if any, ends first (within cluster.peer_timeout_ms);
+  // answers not sent by then go with their connections in Free().
+  StopDeferring();
   if (thread_.joinable()) {
     const char byte = 0;
     while (write(wake_fds_[1], &byte, 1) < 0 && errno == EINTR) {
@@ -585,8 +623,71 @@ void HttpServer::Free() {
   base_ = nullptr;
 }
 
-void HttpServer::OnWakeup(int /*fd*/, short /*what*/, void* arg) {
-  event_base_loopbreak(static_cast<HttpServer*>(arg)->base_);
+void HttpServer::OnWakeup(int fd, short /*what*/, void* arg) {
+  auto* self = static_cast<HttpServer*>(arg);
+  char bytes[64];
+  bool stop = false;
+  ssize_t n;
+  while ((n = read(fd, bytes, sizeof(bytes))) > 0 || (n < 0 && errno == EINTR)) {
+    for (ssize_t i = 0; i < n; ++i) stop = stop || bytes[i] == 0;
+  }
+  if (stop) {
+    event_base_loopbreak(self->base_);
+    return;
+  }
+  self->SendDeferred();
+}
+
+void HttpServer::Defer(evhttp_request* req, std::function<Answer()> work) {
+  std::lock_guard<std::mutex> lock(defer_mu_);
+  jobs_.emplace_back(req, std::move(work));
+  defer_cv_.notify_one();
+}
+
+void HttpServer::DeferLoop() {
+  std::unique_lock<std::mutex> lock(defer_mu_);
+  for (;;) {
+    defer_cv_.wait(lock, [this] { return defer_stop_ || !jobs_.empty(); });
+    if (defer_stop_) return;
+    auto [req, work] = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    Answer answer;
+    try {
+      answer = work();
+    } catch (const rpc::KvError& e) {
+      answer = [e](evhttp_request* r) { SendError(r, e); };
+    } catch (const std::exception& e) {
+      // (The request is the loop's: its URI is logged when answered.)
+      answer = [what = std::string(e.what())](evhttp_request* r) {
+        spdlog::error("HTTP {}: {}", evhttp_request_get_uri(r), what);
+        SendText(r, 500, "internal error: " + what);
+      };
+    }
+    lock.lock();
+    answers_.emplace_back(req, std::move(answer));
+    const char byte = 1;
+    while (write(wake_fds_[1], &byte, 1) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+void HttpServer::SendDeferred() {
+  std::vector<std::pair<evhttp_request*, Answer>> answers;
+  {
+    std::lock_guard<std::mutex> lock(defer_mu_);
+    answers.swap(answers_);
+  }
+  for (auto& [req, answer] : answers) answer(req);
+}
+
+void HttpServer::StopDeferring() {
+  {
+    std::lock_guard<std::mutex> lock(defer_mu_);
+    defer_stop_ = true;
+  }
+  defer_cv_.notify_all();
+  if (defer_thread_.joinable()) defer_thread_.join();
 }
 
 void HttpServer::OnRequest(evhttp_request* req, void* arg) {
@@ -633,7 +734,9 @@ void HttpServer::Route(evhttp_request* req, const std::string& path) {
   } else if (HasPrefix(path, "/skv/", &rest)) {
     ServeStringKey(handler_, req, rest);
   } else if (HasPrefix(path, "/admin/", &rest)) {
-    ServeAdmin(handler_, console_.get(), req, rest);
+    ServeAdmin(handler_, console_.get(),
+               [this](evhttp_request* r, std::function<Reply()> work) { Defer(r, std::move(work)); },
+               req, rest);
   } else if (path == "/ui") {
     ServePage(req);
   } else {

@@ -45,9 +45,15 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "engine/status.h"
 #include "server/config.h"
@@ -101,6 +107,18 @@ class HttpServer {
   void Route(evhttp_request* req, const std::string& path);
   void Free();
 
+  // What may wait on another member (a console action, the first members
+  // poll after an idle spell) runs on the defer thread, so /health,
+  // /metrics and /kv keep answering meanwhile: "work" runs there and
+  // returns what answers "req", which the loop calls once woken (evhttp
+  // keeps the request until then, and frees it itself if its client went
+  // away). One thread: actions run one at a time, in order.
+  using Answer = std::function<void(evhttp_request*)>;
+  void Defer(evhttp_request* req, std::function<Answer()> work);
+  void DeferLoop();     // the defer thread
+  void SendDeferred();  // on the loop: the answers done so far
+  void StopDeferring();
+
   Handler* const handler_;
   const Config config_;
   event_base* base_ = nullptr;
@@ -113,6 +131,13 @@ class HttpServer {
   std::unique_ptr<Console> console_;  // the /ui page's routes (from Start())
 
   std::thread thread_;
+
+  std::mutex defer_mu_;
+  std::condition_variable defer_cv_;
+  std::deque<std::pair<evhttp_request*, std::function<Answer()>>> jobs_;  // GUARDED_BY(defer_mu_)
+  std::vector<std::pair<evhttp_request*, Answer>> answers_;              // GUARDED_BY(defer_mu_)
+  bool defer_stop_ = false;                                              // GUARDED_BY(defer_mu_)
+  std::thread defer_thread_;
 };
 
 }  // namespace flatkv::server

@@ -17,6 +17,7 @@ live bytes, disk use). Screenshots are kept in OUT_DIR (console_ring.png,
 console_change.png, console_gap.png, console_fenced.png).
 
 Usage: console_browser_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT OUT_DIR"""
+import http.client
 import os
 import re
 import signal
@@ -334,6 +335,33 @@ try:
     took = wait("the roles back once ZooKeeper is", lambda: sorted(
         r for a, r in boxes().items() if a in {m.address for m in live_members}) == back, timeout=40)
     check(took is not None, "roles back after ZooKeeper restarts: %r" % boxes())
+    # An action on a member that does not answer (SIGSTOP) waits for it, up
+    # to cluster.peer_timeout_ms, off the HTTP loop: the instance's /health
+    # answers meanwhile, before the action does.
+    joiner.proc.send_signal(signal.SIGSTOP)
+    done = {}
+
+    def timed(name, method, path, body=None, token=None):
+        c = http.client.HTTPConnection("127.0.0.1", low_head.http, timeout=30)
+        try:
+            c.request(method, path, body=body,
+                      headers={"Authorization": "Bearer " + token} if token else {})
+            r = c.getresponse()
+            done[name] = (time.monotonic(), r.status, r.read().decode(errors="replace"))
+        finally:
+            c.close()
+    action = threading.Thread(target=timed, args=(
+        "action", "PUT", "/admin/members/%s/write-mode" % joiner.address, "async", TOKEN))
+    action.start()
+    time.sleep(0.3)  # the action is waiting on the stopped member
+    timed("health", "GET", "/health")
+    action.join(timeout=30)
+    joiner.proc.send_signal(signal.SIGCONT)
+    check("action" in done and "health" in done and done["health"][0] < done["action"][0] and
+          done["health"][1] == 200,
+          "/health answers while an action waits on a stopped member: %r" % done)
+    check(done.get("action", (0, 0, ""))[1] >= 500 and joiner.address in done["action"][2],
+          "the action on the stopped member fails naming it: %r" % (done.get("action"),))
     # (The 401 of the wrong token is logged by the browser as a network
     # error: expected; a script error is not.)
     logs = [e for e in driver.get_log("browser")
