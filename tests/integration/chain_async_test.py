@@ -93,7 +93,8 @@ for m in members[1:]:
     m.start()
 wait_until("a chain of 3", lambda: chain_size() == 3 and
            sorted(role(m) for m in members) == ["head", "middle", "tail"])
-check(True, "an async chain of three formed")
+check(chain_size() == 3 and sorted(role(m) for m in members) == ["head", "middle", "tail"],
+      "an async chain of three formed")
 
 lock = threading.Lock()
 acked = {}
@@ -178,7 +179,7 @@ for wanted in ("tail", "middle"):
     victim.start()
     wait_until("the %s back in the chain" % wanted, lambda: chain_size() == 3, 40)
     wait_progress("the %s's return" % wanted)
-    check(True, "kill -9 of the %s: writes went on, it caught up and rejoined" % wanted)
+    check(chain_size() == 3, "kill -9 of the %s: writes went on, it caught up and rejoined" % wanted)
 
 stop.set()
 for t in threads:

@@ -116,7 +116,8 @@ for mark in (MARK_A, MARK_B):
     wait_until("mark %d has a chain of 3" % mark,
                lambda: len(chain_of(mark)) == 3 and
                sorted(role(m) for m in members[mark]) == ["head", "middle", "tail"])
-check(True, "two marks of three members each formed their chains")
+check(all(len(chain_of(mark)) == 3 for mark in (MARK_A, MARK_B)),
+      "two marks of three members each formed their chains")
 
 # --- The load --------------------------------------------------------------
 lock = threading.Lock()
@@ -189,11 +190,21 @@ for t in threads:
 
 
 def wait_progress(what, n=100, timeout=30.0):
-    """Both marks acknowledge writes again."""
+    """Both marks acknowledge writes again: returns the fewest writes
+    either acknowledged meanwhile (at least n)."""
     with lock:
         start = {m: len(ack_times[m]) for m in ack_times}
     wait_until("writes to both marks acknowledged again after " + what,
                lambda: all(len(ack_times[m]) >= start[m] + n for m in ack_times), timeout)
+    with lock:
+        return min(len(ack_times[m]) - start[m] for m in ack_times)
+
+
+def rejoined_at_tail(mark, victim):
+    """Waits for "victim" to be the tail of a chain of 3 again; true then."""
+    wait_until("%s back at the tail of mark %d" % (victim.name, mark),
+               lambda: len(chain_of(mark)) == 3 and role(victim) == "tail", 30)
+    return len(chain_of(mark)) == 3 and role(victim) == "tail"
 
 
 def wait_chain(mark, n=3, timeout=40.0):
@@ -216,8 +227,7 @@ def by_role(mark, wanted, timeout=20.0):
     return found[0]
 
 
-wait_progress("start")
-check(True, "writes through random instances are acknowledged")
+check(wait_progress("start") >= 100, "writes through random instances are acknowledged")
 
 def evictions(mark, but):
     """Member nodes the members of "mark" other than "but" removed because
@@ -248,8 +258,8 @@ for wanted in ("tail", "middle", "head"):
         check(gaps and max(gaps) <= SESSION_MS / 1000 + 2.0,
               "writes to the mark resume within session timeout + 2 s of a head kill")
     victim.start()
-    wait_chain(MARK_A, 3)
-    check(True, "kill -9 of the %s: the chain went on and the member rejoined at the tail" % wanted)
+    check(rejoined_at_tail(MARK_A, victim),
+          "kill -9 of the %s: the chain went on and the member rejoined at the tail" % wanted)
 
 # SIGSTOP of mark B's head past its session timeout, then SIGCONT.
 victim = by_role(MARK_B, "head")
@@ -259,9 +269,8 @@ wait_chain(MARK_B, 2, timeout=SESSION_MS / 1000 * 4 + 10)
 wait_progress("SIGSTOP of a head")
 victim.proc.send_signal(signal.SIGCONT)
 paused.discard(victim)
-wait_chain(MARK_B, 3)
-wait_progress("SIGCONT of the old head")
-check(True, "a head paused past its session timeout was replaced, then rejoined")
+check(rejoined_at_tail(MARK_B, victim) and wait_progress("SIGCONT of the old head") >= 100,
+      "a head paused past its session timeout was replaced, then rejoined at the tail")
 
 # A member whose data directory is wiped: a full copy from the tail.
 victim = by_role(MARK_B, "middle")
@@ -269,18 +278,18 @@ victim.kill9()
 shutil.rmtree(victim.data)
 wait_chain(MARK_B, 2)
 victim.start()
-wait_chain(MARK_B, 3)
-wait_progress("a wiped member's return")
-check(True, "a member with a wiped data directory copied the chain and rejoined")
+check(rejoined_at_tail(MARK_B, victim) and wait_progress("a wiped member's return") >= 100,
+      "a member with a wiped data directory copied the chain and rejoined")
 
 # ZooKeeper restart.
 zk.stop()
 time.sleep(0.5)
 zk.start()
-wait_progress("a ZooKeeper restart", timeout=60)
+acked = wait_progress("a ZooKeeper restart", timeout=60)
 wait_chain(MARK_A, 3, timeout=60)
 wait_chain(MARK_B, 3, timeout=60)
-check(True, "a ZooKeeper restart: writes go on and both chains are whole")
+check(acked >= 100 and all(len(chain_of(mark)) == 3 for mark in (MARK_A, MARK_B)),
+      "a ZooKeeper restart: writes go on and both chains are whole")
 
 stop.set()
 for t in threads:

@@ -106,7 +106,8 @@ wait_until("a registered", lambda: chain() == [a.address])
 b.start()
 wait_until("b joined the chain", lambda: chain() == sorted([a.address, b.address]) and
            b.call(lambda c: c.info().role, 1000) == "tail")
-check(True, "a chain of two: a (head, ordinary disk), b (tail, the small file system)")
+check(chain() == sorted([a.address, b.address]) and a.call(lambda c: c.info().role, 1000) == "head",
+      "a chain of two: a (head, ordinary disk), b (tail, the small file system)")
 
 lock = threading.Lock()
 acked, attempted, bad = {}, {}, []
@@ -215,8 +216,8 @@ def b_fills_and_leaves(role, leaves):
     wait_until("b rejoins the chain once its disk has room",
                lambda: chain() == sorted([a.address, b.address]) and
                b.call(lambda c: c.info().role, 1000) == "tail", 60)
-    check(True, "b rejoined at the tail without a restart (%.1f s after it left)" %
-          (time.monotonic() - t_left))
+    check(chain() == sorted([a.address, b.address]) and b.call(lambda c: c.info().role, 1000) == "tail",
+          "b rejoined at the tail without a restart (%.1f s after it left)" % (time.monotonic() - t_left))
     check(b_stats()["cluster.chain.disk_full"] == 0 and b.health() == (200, "ok"),
           "b's stats and /health are back to normal")
     with lock:

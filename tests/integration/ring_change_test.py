@@ -220,7 +220,8 @@ wait_until("writes to M's range resume", progressed("in"), 20)
 m1 = Member("m1", M)
 members.append(m1)
 wait_until("a second member joins M's chain", lambda: ring().get(M) == [m0.port, m1.port], 60)
-check(True, "M added: importer killed mid-copy resumed, then a second member joined")
+check(ring().get(M) == [m0.port, m1.port] and no_change(),
+      "M added: importer killed mid-copy resumed, then a second member joined")
 
 # --- 2. Add N; kill -9 the source's head mid-copy. -------------------------
 n0 = Member("n0", N, "--set", "cluster.migrate_mb_per_sec=4")
@@ -235,7 +236,8 @@ print("source head killed: N registered and change done %.1f s later" % took)
 head.start()
 wait_until("A's old head rejoined", lambda: len(ring()[A]) == 2, 60)
 wait_until("writes go on", progressed("in"), 20)
-check(True, "N added although A's head was killed mid-copy")
+check(ring().get(N) == [n0.port] and len(ring()[A]) == 2 and no_change(),
+      "N added although A's head was killed mid-copy")
 
 # --- 3. Add P; restart ZooKeeper mid-copy. --------------------------------
 p0 = Member("p0", P, "--set", "cluster.migrate_mb_per_sec=4")
@@ -249,7 +251,7 @@ took = wait_until("p0 imported and registered after the ZooKeeper restart",
                   lambda: ring().get(P) == [p0.port] and no_change(), 90)
 print("ZooKeeper restarted mid-copy: P registered and change done %.1f s later" % took)
 wait_until("writes go on", progressed("in"), 30)
-check(True, "P added although ZooKeeper restarted mid-copy")
+check(ring().get(P) == [p0.port] and no_change(), "P added although ZooKeeper restarted mid-copy")
 
 # --- 4. Add Q with writes flowing into its range; the fence is short. -------
 mixed = {"strings": {}, "removed": {}, "uncertain": set(), "tokens": [], "ops": 0}
