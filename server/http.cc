@@ -219,34 +219,64 @@ void SendJson(evhttp_request* req, const JsonObject& json) {
 bool IsRead(int cmd) { return cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD; }
 
 // GET, PUT (replace), POST (append) and DELETE of one integer key.
-void ServeIntKey(Handler* h, evhttp_request* req, const std::string& text) {
+// Work that may wait on another member (up to cluster.peer_timeout_ms)
+// runs off the HTTP loop in a ring (HttpServer::Defer), and at once on a
+// standalone instance; what it returns sends the answer, on the loop.
+using Reply = std::function<void(evhttp_request*)>;
+using Deferrer = std::function<void(evhttp_request*, std::function<Reply()>)>;
+
+// A read's answer: the value, or 404 with "missing".
+Reply Found(rpc::GetResult r, std::string missing) {
+  auto held = std::make_shared<rpc::GetResult>(std::move(r));
+  return [held, missing = std::move(missing)](evhttp_request* req) {
+    if (held->found) SendValue(req, std::move(held->value));
+    else SendText(req, 404, missing);
+  };
+}
+
+Reply Empty(int code) {
+  return [code](evhttp_request* req) { SendEmpty(req, code); };
+}
+
+// GET, PUT, POST (append) and DELETE of one integer key. The call runs
+// through "defer": in a ring it may wait on other members.
+void ServeIntKey(Handler* h, const Deferrer& defer, evhttp_request* req, const std::string& text) {
   int64_t key = 0;
   if (!ParseKey(text, &key)) {
     SendText(req, 400, "key must be a 64-bit integer, not '" + text + "'");
     return;
   }
+  const std::string missing = "key " + std::to_string(key) + " not found";
   const int cmd = evhttp_request_get_command(req);  // int: see IsRead
   if (IsRead(cmd)) {
-    rpc::GetResult r;
-    h->get(r, key);
-    if (r.found) SendValue(req, std::move(r.value));
-    else SendText(req, 404, "key " + std::to_string(key) + " not found");
+    defer(req, [h, key, missing] {
+      rpc::GetResult r;
+      h->get(r, key);
+      return Found(std::move(r), missing);
+    });
   } else if (cmd == EVHTTP_REQ_PUT) {
-    h->put(key, ReadBody(req));
-    SendEmpty(req, 204);
+    defer(req, [h, key, body = ReadBody(req)] {
+      h->put(key, body);
+      return Empty(204);
+    });
   } else if (cmd == EVHTTP_REQ_POST) {
-    h->append(key, ReadBody(req));
-    SendEmpty(req, 204);
+    defer(req, [h, key, body = ReadBody(req)] {
+      h->append(key, body);
+      return Empty(204);
+    });
   } else if (cmd == EVHTTP_REQ_DELETE) {
-    if (h->remove(key)) SendEmpty(req, 204);
-    else SendText(req, 404, "key " + std::to_string(key) + " not found");
+    defer(req, [h, key, missing]() -> Reply {
+      if (h->remove(key)) return Empty(204);
+      return [missing](evhttp_request* r) { SendText(r, 404, missing); };
+    });
   } else {
     SendMethodNotAllowed(req, "GET, HEAD, PUT, POST, DELETE");
   }
 }
 
 // GET, PUT and DELETE of one string key, percent-encoded in the path.
-void ServeStringKey(Handler* h, evhttp_request* req, const std::string& encoded) {
+void ServeStringKey(Handler* h, const Deferrer& defer, evhttp_request* req,
+                    const std::string& encoded) {
   size_t size = 0;
   std::unique_ptr<char, decltype(&std::free)> decoded(
       evhttp_uridecode(encoded.c_str(), 0, &size), &std::free);
@@ -254,19 +284,24 @@ void ServeStringKey(Handler* h, evhttp_request* req, const std::string& encoded)
     SendText(req, 500, "out of memory");
     return;
   }
-  const std::string key(decoded.get(), size);
+  std::string key(decoded.get(), size);
   const int cmd = evhttp_request_get_command(req);  // int: see IsRead
   if (IsRead(cmd)) {
-    rpc::GetResult r;
-    h->sget(r, key);
-    if (r.found) SendValue(req, std::move(r.value));
-    else SendText(req, 404, "string key not found");
+    defer(req, [h, key = std::move(key)] {
+      rpc::GetResult r;
+      h->sget(r, key);
+      return Found(std::move(r), "string key not found");
+    });
   } else if (cmd == EVHTTP_REQ_PUT) {
-    h->sput(key, ReadBody(req));
-    SendEmpty(req, 204);
+    defer(req, [h, key = std::move(key), body = ReadBody(req)] {
+      h->sput(key, body);
+      return Empty(204);
+    });
   } else if (cmd == EVHTTP_REQ_DELETE) {
-    if (h->sremove(key)) SendEmpty(req, 204);
-    else SendText(req, 404, "string key not found");
+    defer(req, [h, key = std::move(key)]() -> Reply {
+      if (h->sremove(key)) return Empty(204);
+      return [](evhttp_request* r) { SendText(r, 404, "string key not found"); };
+    });
   } else {
     SendMethodNotAllowed(req, "GET, HEAD, PUT, DELETE");
   }
@@ -330,11 +365,6 @@ void ServeWriteMode(Handler* h, evhttp_request* req) {
   SendEmpty(req, 204);
 }
 
-// Work that may wait on another member (up to cluster.peer_timeout_ms)
-// runs off the HTTP loop (HttpServer::Defer); what it returns sends the
-// answer, on the loop, once it is done.
-using Reply = std::function<void(evhttp_request*)>;
-using Deferrer = std::function<void(evhttp_request*, std::function<Reply()>)>;
 bool ServeConsole(Console* console, const Deferrer& defer, evhttp_request* req,
                   const std::string& what);
 
@@ -729,10 +759,16 @@ void HttpServer::Route(evhttp_request* req, const std::string& path) {
     AddHeader(req, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
     evbuffer_add(evhttp_request_get_output_buffer(req), text.data(), text.size());
     evhttp_send_reply(req, 200, "OK", nullptr);
-  } else if (HasPrefix(path, "/kv/", &rest)) {
-    ServeIntKey(handler_, req, rest);
-  } else if (HasPrefix(path, "/skv/", &rest)) {
-    ServeStringKey(handler_, req, rest);
+  } else if (HasPrefix(path, "/kv/", &rest) || HasPrefix(path, "/skv/", &rest)) {
+    // Standalone, a call never waits on another instance: answered here.
+    const Deferrer defer =
+        handler_->cluster() == nullptr
+            ? Deferrer([](evhttp_request* r, std::function<Reply()> work) { work()(r); })
+            : Deferrer([this](evhttp_request* r, std::function<Reply()> work) {
+                Defer(r, std::move(work));
+              });
+    if (path[1] == 'k') ServeIntKey(handler_, defer, req, rest);
+    else ServeStringKey(handler_, defer, req, rest);
   } else if (HasPrefix(path, "/admin/", &rest)) {
     ServeAdmin(handler_, console_.get(),
                [this](evhttp_request* r, std::function<Reply()> work) { Defer(r, std::move(work)); },

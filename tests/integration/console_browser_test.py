@@ -336,8 +336,9 @@ try:
         r for a, r in boxes().items() if a in {m.address for m in live_members}) == back, timeout=40)
     check(took is not None, "roles back after ZooKeeper restarts: %r" % boxes())
     # An action on a member that does not answer (SIGSTOP) waits for it, up
-    # to cluster.peer_timeout_ms, off the HTTP loop: the instance's /health
-    # answers meanwhile, before the action does.
+    # to cluster.peer_timeout_ms, and so does a /kv write to its mark (its
+    # chain waits for it): both off the HTTP loop, so the instance's
+    # /health answers meanwhile, before either does.
     joiner.proc.send_signal(signal.SIGSTOP)
     done = {}
 
@@ -352,14 +353,17 @@ try:
             c.close()
     action = threading.Thread(target=timed, args=(
         "action", "PUT", "/admin/members/%s/write-mode" % joiner.address, "async", TOKEN))
+    kv = threading.Thread(target=timed, args=("kv", "PUT", "/kv/%d" % (HIGH - 1), "while stopped"))
     action.start()
-    time.sleep(0.3)  # the action is waiting on the stopped member
+    kv.start()
+    time.sleep(0.3)  # both are waiting on the stopped member
     timed("health", "GET", "/health")
     action.join(timeout=30)
+    kv.join(timeout=30)
     joiner.proc.send_signal(signal.SIGCONT)
-    check("action" in done and "health" in done and done["health"][0] < done["action"][0] and
-          done["health"][1] == 200,
-          "/health answers while an action waits on a stopped member: %r" % done)
+    check("action" in done and "kv" in done and "health" in done and done["health"][1] == 200 and
+          done["health"][0] < min(done["action"][0], done["kv"][0]),
+          "/health answers while an action and a write wait on a stopped member: %r" % done)
     check(done.get("action", (0, 0, ""))[1] >= 500 and joiner.address in done["action"][2],
           "the action on the stopped member fails naming it: %r" % (done.get("action"),))
     # (The 401 of the wrong token is logged by the browser as a network
