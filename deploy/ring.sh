@@ -5,7 +5,7 @@
 #
 #   bash deploy/ring.sh up     [--partitions P] [--replicas R] [--dir D] [--base-port N]
 #                              [--zk-port Z] [--replication sync|async] [--key-max K]
-#                              [--set section.key=value ...]
+#                              [--zk-auth-file F] [--set section.key=value ...]
 #   bash deploy/ring.sh status [--dir D]
 #   bash deploy/ring.sh down   [--dir D]
 #
@@ -23,7 +23,10 @@
 # the ring's wraparound also everything >= mark_(P-1), which no key reaches).
 # For P=3: 3074457345618258602, 6148914691236517204, 9223372036854775807.
 # --set (repeatable) passes a setting to every instance after the script's
-# own, e.g. --set storage.sync=interval.
+# own, e.g. --set storage.sync=interval. --zk-auth-file F gives every
+# instance the ZooKeeper credentials in F (user:password;
+# cluster.zookeeper_auth_file): the ring's nodes are then writable by them
+# only (docs/operating.md, "Securing the ring").
 #
 # With --key-max K the marks split [0, K) instead, mark_i = floor(K*(i+1)/P),
 # so integer keys 0..K-1 spread evenly: for benchmarks over a small key
@@ -90,6 +93,9 @@ while [[ $# -gt 0 ]]; do
     --replication) REPLICATION=$2; given_layout=1 ;;
     --key-max) KEY_MAX=$2; given_layout=1 ;;
     --set) SETS+=(--set "$2"); given_layout=1 ;;
+    --zk-auth-file)
+      [[ -r $2 ]] || die "--zk-auth-file: cannot read '$2'"
+      SETS+=(--set "cluster.zookeeper_auth_file=$(realpath "$2")"); given_layout=1 ;;
     *) usage ;;
   esac
   shift 2
