@@ -49,6 +49,10 @@ std::string Handler::NotReady() const {
       return "disk full: out of mark " + std::to_string(config_.cluster.mark) + "'s chain (" +
              full + "); it rejoins by itself once the disk has room";
     }
+    if (!replicator_->lease_held()) {
+      return "no ZooKeeper lease: ZooKeeper (" + config_.cluster.zookeeper +
+             ") has not answered for half a session timeout; every call is refused until it does";
+    }
   }
   return cluster_->register_blocked();
 }

@@ -2170,6 +2170,11 @@ std::string Replicator::role() const {
   return member_->role();
 }
 
+bool Replicator::lease_held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return member_->lease_held();
+}
+
 ChainPosition Replicator::applied() const {
   std::lock_guard<std::mutex> lock(mu_);
   return member_->applied();

@@ -255,6 +255,8 @@ class Replicator {
 
   // "single", "head", "middle", "tail", "syncing", "fenced" or "none".
   std::string role() const;
+  // False while the lease is out: every client call is refused.
+  bool lease_held() const;
   partition::ChainPosition applied() const;
   // cluster.chain.* counters for stats() and /metrics.
   void AddStats(std::map<std::string, int64_t>* out) const;

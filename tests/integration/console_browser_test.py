@@ -156,6 +156,17 @@ def parse_bytes(text):
     return float(m.group(1)) * UNITS[m.group(2)] if m else None
 
 
+def health_of(member):
+    """(status, body) of the member's /health."""
+    c = http.client.HTTPConnection("127.0.0.1", member.http, timeout=10)
+    try:
+        c.request("GET", "/health")
+        r = c.getresponse()
+        return r.status, r.read().decode(errors="replace")
+    finally:
+        c.close()
+
+
 def wait(what, cond, timeout=20.0):
     t = time.monotonic()
     while time.monotonic() - t < timeout:
@@ -327,11 +338,15 @@ try:
                 lambda: all(boxes().get(m.address, ("",))[0] == "fenced" for m in live_members))
     check(took is not None, "every member fenced without ZooKeeper: %r" % boxes())
     shot("console_fenced.png")
+    health = health_of(low_head)
+    check(health[0] == 503 and "no ZooKeeper lease" in health[1],
+          "/health says the member refuses calls without a lease: %r" % (health,))
     zk.start()
     # (A session that expired meanwhile re-registers, and may come back as
     # the other end of its chain.)
     back = sorted([("head", LOW, "serving"), ("tail", LOW, "serving"),
                    ("head", HIGH, "serving"), ("tail", HIGH, "serving")])
+    wait("/health ok again once ZooKeeper answers", lambda: health_of(low_head)[0] == 200)
     took = wait("the roles back once ZooKeeper is", lambda: sorted(
         r for a, r in boxes().items() if a in {m.address for m in live_members}) == back, timeout=40)
     check(took is not None, "roles back after ZooKeeper restarts: %r" % boxes())
