@@ -285,10 +285,10 @@ check(rejoined_at_tail(MARK_B, victim) and wait_progress("a wiped member's retur
 zk.stop()
 time.sleep(0.5)
 zk.start()
-acked = wait_progress("a ZooKeeper restart", timeout=60)
+restart_acks = wait_progress("a ZooKeeper restart", timeout=60)
 wait_chain(MARK_A, 3, timeout=60)
 wait_chain(MARK_B, 3, timeout=60)
-check(acked >= 100 and all(len(chain_of(mark)) == 3 for mark in (MARK_A, MARK_B)),
+check(restart_acks >= 100 and all(len(chain_of(mark)) == 3 for mark in (MARK_A, MARK_B)),
       "a ZooKeeper restart: writes go on and both chains are whole")
 
 stop.set()
