@@ -5,7 +5,7 @@
 // timer) and append the actions to take to a ChainOutput (apply these
 // writes, send these messages, answer these clients). No sockets, threads
 // or clocks inside: time comes in as `now` (milliseconds, any origin). The
-// I/O shell around it (server/replicator.*) and the deterministic simulation
+// I/O shell around it (server/member/replicator.*) and the deterministic simulation
 // (tests/partition/chain_sim_test.cc) drive the same code.
 //
 // The protocol.

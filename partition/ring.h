@@ -100,7 +100,7 @@ struct RecordedChain {
   }
 };
 
-// A ring change in progress (partition/change.h, server/migration.h), as the JSON
+// A ring change in progress (partition/change.h, server/member/migration.h), as the JSON
 // data of <service_path>/.cluster/change (persistent; one change at a time:
 // whoever creates the node holds the change):
 //   {"kind": "add", "mark": 1800, "into": 1800, "source": 1000,

@@ -9,8 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
-#include "server/replicator.h"
-#include "server/replicator_internal.h"
+#include "server/member/replicator.h"
+#include "server/member/replicator_internal.h"
 
 namespace flatkv::server {
 namespace {

@@ -2,7 +2,7 @@
 // loop and its events, peer links, snapshots, write tracking, repair, the
 // sync pipeline, a full disk): the helpers they share and the classes
 // behind Replicator's peer links and snapshot streams. Nothing outside
-// server/replicator*.cc includes it.
+// server/member/replicator*.cc includes it.
 #pragma once
 
 #include <atomic>
@@ -20,7 +20,7 @@
 #include "engine/status.h"
 #include "partition/chain.h"
 #include "partition/registry.h"
-#include "server/replicator.h"
+#include "server/member/replicator.h"
 
 namespace flatkv::server {
 namespace replicator_internal {

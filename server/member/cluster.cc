@@ -5,8 +5,8 @@
 // after a network failure the connection's state is unknown. There is no cap
 // on connections per peer beyond the callers in flight (one per handler
 // thread), so the pool never makes a call wait for another.
-#include "server/cluster.h"
-#include "server/migration.h"
+#include "server/member/cluster.h"
+#include "server/member/migration.h"
 
 #include <signal.h>
 #include <unistd.h>

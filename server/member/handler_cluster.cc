@@ -14,7 +14,9 @@
 #include "engine/string_keys.h"
 #include "server/event_server.h"
 #include "server/handler.h"
-#include "server/migration.h"
+#include "server/member/cluster.h"
+#include "server/member/migration.h"
+#include "server/member/replicator.h"
 
 namespace flatkv::server {
 namespace {
@@ -107,7 +109,7 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
   // (Replicator::OnFrame) unless the loop is behind: then on a worker,
   // which waits for it.
   if (replicator_ != nullptr && name == "peerChain") return replicator_->FramesBacklogged();
-  // Writes through a chain wait for it (server/replicator.h): on a worker.
+  // Writes through a chain wait for it (server/member/replicator.h): on a worker.
   if (replicator_ != nullptr &&
       (name == "peerSnapshot" || name == "peerPut" ||
        name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||

@@ -16,7 +16,7 @@
 // replicator_sync.cc (logging, applying, the sync pipeline, checkpoints) and
 // replicator_full_disk.cc (leaving and rejoining the chain on a full disk);
 // replicator_internal.h holds what they share.
-#include "server/replicator.h"
+#include "server/member/replicator.h"
 
 #include <algorithm>
 #include <chrono>
@@ -24,7 +24,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "server/replicator_internal.h"
+#include "server/member/replicator_internal.h"
 
 namespace flatkv::server {
 namespace {

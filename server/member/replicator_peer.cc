@@ -12,8 +12,8 @@
 #include <thrift/transport/TBufferTransports.h>
 
 #include "client/client.h"
-#include "server/replicator.h"
-#include "server/replicator_internal.h"
+#include "server/member/replicator.h"
+#include "server/member/replicator_internal.h"
 #include "server/thrift_limits.h"
 
 namespace flatkv::server {
