@@ -87,6 +87,22 @@ struct ChainPosition {
   bool operator==(const ChainPosition& o) const { return epoch == o.epoch && seq == o.seq; }
 };
 
+// A member's place in its chain (ChainMember::chain_role()). The shell
+// decides by this value; RoleName() is its name in stats, NodeInfo.role and
+// logs.
+enum class ChainRole {
+  kNone,     // no chain yet
+  kSyncing,  // catching up, not in the chain
+  kFenced,   // lost its place (session, full disk) until it rejoins
+  kSingle,   // a chain of one: head and tail
+  kHead,
+  kMiddle,
+  kTail,
+};
+
+// "none", "syncing", "fenced", "single", "head", "middle" or "tail".
+const char* RoleName(ChainRole role);
+
 // One replicated write. "op" is the shell's encoding of an idempotent
 // assignment (put key=value, remove key, several of them); "keys" are the
 // hashes of the keys it touches (for read gating during a catch-up).
@@ -362,9 +378,9 @@ class ChainMember {
   // moment between the two checks); false, read again through OnRead.
   bool ConfirmRead(uint64_t key, int64_t now);
 
-  // "single", "head", "middle", "tail", "syncing" (catching up, not in the
-  // chain), "fenced", or "none" (no chain yet).
-  const char* role() const;
+  // This member's place in its chain, and its name (RoleName).
+  ChainRole chain_role() const;
+  const char* role() const { return RoleName(chain_role()); }
   const std::string& self() const { return self_; }
   // The shell registers the member node (after out->register_now) only
   // while this holds: a registration that comes too late is withdrawn.

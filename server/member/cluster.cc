@@ -846,8 +846,9 @@ void Cluster::Close() {
 
 std::string Cluster::role() const {
   if (replicator_) {
-    const std::string role = replicator_->role();
-    return role == "none" ? "syncing" : role;
+    const partition::ChainRole role = replicator_->chain_role();
+    return partition::RoleName(role == partition::ChainRole::kNone ? partition::ChainRole::kSyncing
+                                                                   : role);
   }
   const auto ring = registry_->ring();
   const std::string role = ring ? ring->RoleOf(mark(), advertise_) : "";

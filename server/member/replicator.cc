@@ -33,6 +33,8 @@ using partition::ChainEntry;
 using partition::ChainMessage;
 using partition::ChainOutput;
 using partition::ChainPosition;
+using partition::ChainRole;
+using partition::RoleName;
 using replicator_internal::NowMs;
 
 }  // namespace
@@ -318,11 +320,12 @@ void Replicator::WriteAsync(std::vector<rpc::ChainOp> ops, std::vector<uint64_t>
                             WriteDone done, bool import, bool run_here) {
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const std::string role = member_->role();
-    if (role == "middle" || role == "tail") {
+    const ChainRole role = member_->chain_role();
+    if (role == ChainRole::kMiddle || role == ChainRole::kTail) {
       lock.unlock();
-      return done(Status::NotOwner("this member is the " + role + " of mark " +
-                                   std::to_string(options_.mark) + "'s chain, not its head"),
+      return done(Status::NotOwner(std::string("this member is the ") + RoleName(role) +
+                                   " of mark " + std::to_string(options_.mark) +
+                                   "'s chain, not its head"),
                   false);
     }
   }
@@ -399,15 +402,15 @@ Status Replicator::BeforeRead(uint64_t hash, bool* held) {
     case partition::ChainMember::Read::kServe:
       return Status::OK();
     case partition::ChainMember::Read::kRefuse: {
-      const std::string role = member_->role();
-      if (role == "head" || role == "middle") {
-        return Status::NotOwner("this member is the " + role + " of mark " +
+      const ChainRole role = member_->chain_role();
+      if (role == ChainRole::kHead || role == ChainRole::kMiddle) {
+        return Status::NotOwner(std::string("this member is the ") + RoleName(role) + " of mark " +
                                 std::to_string(options_.mark) +
                                 "'s chain: under sync the tail serves reads");
       }
       return Status::Unavailable("member " + options_.self + " of mark " +
                                  std::to_string(options_.mark) + " cannot serve reads now (" +
-                                 role + ")");
+                                 RoleName(role) + ")");
     }
     case partition::ChainMember::Read::kWait:
       break;
@@ -584,8 +587,8 @@ void Replicator::Tick(int64_t now, ChainOutput* out) {
                  leased ? "renewed" : "lost (writes and sync reads refused)");
     leased_ = leased;
   }
-  const std::string role = member_->role();
-  if (joined_ && (role == "fenced" || role == "none") && ring_ != nullptr) {
+  const ChainRole role = member_->chain_role();
+  if (joined_ && (role == ChainRole::kFenced || role == ChainRole::kNone) && ring_ != nullptr) {
     spdlog::info("chain: not in mark {}'s chain: catching up to join it", options_.mark);
     member_->StartJoin(now, out);
   }
@@ -696,6 +699,11 @@ std::string Replicator::role() const {
   return member_->role();
 }
 
+partition::ChainRole Replicator::chain_role() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return member_->chain_role();
+}
+
 ChainPosition Replicator::applied() const {
   std::lock_guard<std::mutex> lock(mu_);
   return member_->applied();
@@ -720,8 +728,9 @@ void Replicator::AddStats(std::map<std::string, int64_t>* out) const {
     (*out)["cluster.chain.lag_bytes"] = static_cast<int64_t>(member_->lag_bytes());
     (*out)["cluster.chain.log_bytes"] = static_cast<int64_t>(member_->log_bytes());
     (*out)["cluster.chain.refused_messages"] = static_cast<int64_t>(member_->refused_messages());
-    const std::string role = member_->role();
-    if ((role == "tail" || role == "single") && !member_->downstream().empty()) {
+    const ChainRole role = member_->chain_role();
+    if ((role == ChainRole::kTail || role == ChainRole::kSingle) &&
+        !member_->downstream().empty()) {
       // A joiner catching up from this tail: what it still lacks.
       (*out)["cluster.chain.joiner." + member_->downstream() + ".lag_writes"] =
           static_cast<int64_t>(member_->lag_writes());

@@ -255,6 +255,8 @@ class Replicator {
 
   // "single", "head", "middle", "tail", "syncing", "fenced" or "none".
   std::string role() const;
+  // The same as a value the shell decides by.
+  partition::ChainRole chain_role() const;
   partition::ChainPosition applied() const;
   // cluster.chain.* counters for stats() and /metrics.
   void AddStats(std::map<std::string, int64_t>* out) const;

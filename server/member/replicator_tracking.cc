@@ -13,6 +13,8 @@ namespace flatkv::server {
 namespace {
 
 using partition::ChainOutput;
+using partition::ChainRole;
+using partition::RoleName;
 
 }  // namespace
 
@@ -57,11 +59,11 @@ Status Replicator::StartTracking(const partition::RingChange& change, int64_t ha
         Sequence(
             false, "track",
             [this, change, hash_bound](uint64_t request, int64_t now, ChainOutput* out) {
-              const std::string role = member_->role();
-              if (role != "head" && role != "single") {
+              const ChainRole role = member_->chain_role();
+              if (role != ChainRole::kHead && role != ChainRole::kSingle) {
                 out->replies.push_back({request, Status::NotOwner(
                                                      "peerTrack: member " + options_.self +
-                                                     " is " + role + ", not the head")});
+                                                     " is " + RoleName(role) + ", not the head")});
                 return;
               }
               tracker_ = Tracker();
@@ -125,12 +127,13 @@ void Replicator::Tracked(const rpc::TrackToken& token, const std::string& cursor
                          std::string* next, int64_t* recorded, std::string* reason) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Tracker& t = tracker_;
-  const std::string role = member_->role();
+  const ChainRole role = member_->chain_role();
   if (token.head != options_.self || token.nonce != nonce_) {
     *reason = "no record here for " + token.head + " (another member or process recorded it)";
   } else if (!t.on || t.czxid != token.czxid) {
     *reason = "no record here for ring change " + std::to_string(token.czxid);
-  } else if ((role != "head" && role != "single") || member_->head_epoch() != t.epoch) {
+  } else if ((role != ChainRole::kHead && role != ChainRole::kSingle) ||
+             member_->head_epoch() != t.epoch) {
     *reason = "member " + options_.self + " stopped heading the chain since the record began";
   } else if (!t.overflow.empty()) {
     *reason = t.overflow;
