@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "engine/status.h"
+#include "partition/chain.h"
 
 namespace flatkv::partition {
 
@@ -223,8 +224,10 @@ class Ring {
   // O(log marks).
   HashRange RangeOf(int64_t h) const;
 
-  // "single", "head", "middle" or "tail" for the member at "address" in
-  // mark's chain; empty if it is not there.
+  // kSingle, kHead, kMiddle or kTail for the member at "address" in mark's
+  // chain (partition/chain.h); kNone if it is not there.
+  ChainRole ChainRoleOf(int64_t mark, std::string_view address) const;
+  // Its name: "single", "head", "middle" or "tail"; empty if it is not there.
   std::string RoleOf(int64_t mark, std::string_view address) const;
 
   // Every member of every mark, for logs: "10=[a:1,b:2] 20=[]". Without

@@ -188,10 +188,10 @@ void Cluster::ChangeLoop() {
       pause(lock);
       continue;
     }
-    const bool head = replicator_ != nullptr
-                          ? replicator_->head() == advertise_
-                          : ring->RoleOf(mark(), advertise_) == "head" ||
-                                ring->RoleOf(mark(), advertise_) == "single";
+    const partition::ChainRole ring_role = ring->ChainRoleOf(mark(), advertise_);
+    const bool head = replicator_ != nullptr ? replicator_->head() == advertise_
+                                             : ring_role == partition::ChainRole::kHead ||
+                                                   ring_role == partition::ChainRole::kSingle;
     partition::ChangeStep step;
     {
       std::lock_guard<std::mutex> lock(machine_mu_);
@@ -814,11 +814,12 @@ void Cluster::OnRingChange(const partition::Ring& ring) {
   }
   // A change this member drives (a remove's: whoever heads the inheriting
   // mark), or a machine waiting for a new ring.
-  const std::string role = ring.RoleOf(mark(), advertise_);
+  const partition::ChainRole role = ring.ChainRoleOf(mark(), advertise_);
   const bool drives =
       change != nullptr &&
       (change->importer == advertise_ ||
-       (change->kind == "remove" && change->into == mark() && (role == "head" || role == "single")));
+       (change->kind == "remove" && change->into == mark() &&
+        (role == partition::ChainRole::kHead || role == partition::ChainRole::kSingle)));
   if (running || drives) KickChange();
 }
 
