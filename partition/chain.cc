@@ -21,13 +21,26 @@ ChainMember::ChainMember(std::string self, ChainOptions options, ChainPosition d
       intact_(intact),
       dirty_(!intact && durable.seq > 0) {}
 
-const char* ChainMember::role() const {
-  if (fenced_ && (in_chain() || was_member_)) return "fenced";
-  if (joining_) return "syncing";
-  if (!in_chain()) return was_member_ ? "fenced" : "none";
-  if (config_.members.size() == 1) return "single";
-  if (is_head()) return "head";
-  return is_tail() ? "tail" : "middle";
+const char* RoleName(ChainRole role) {
+  switch (role) {
+    case ChainRole::kNone: return "none";
+    case ChainRole::kSyncing: return "syncing";
+    case ChainRole::kFenced: return "fenced";
+    case ChainRole::kSingle: return "single";
+    case ChainRole::kHead: return "head";
+    case ChainRole::kMiddle: return "middle";
+    case ChainRole::kTail: return "tail";
+  }
+  return "none";
+}
+
+ChainRole ChainMember::chain_role() const {
+  if (fenced_ && (in_chain() || was_member_)) return ChainRole::kFenced;
+  if (joining_) return ChainRole::kSyncing;
+  if (!in_chain()) return was_member_ ? ChainRole::kFenced : ChainRole::kNone;
+  if (config_.members.size() == 1) return ChainRole::kSingle;
+  if (is_head()) return ChainRole::kHead;
+  return is_tail() ? ChainRole::kTail : ChainRole::kMiddle;
 }
 
 const std::string& ChainMember::predecessor() const {

@@ -5,7 +5,7 @@
 // timer) and append the actions to take to a ChainOutput (apply these
 // writes, send these messages, answer these clients). No sockets, threads
 // or clocks inside: time comes in as `now` (milliseconds, any origin). The
-// I/O shell around it (server/replicator.*) and the deterministic simulation
+// I/O shell around it (server/member/replicator.*) and the deterministic simulation
 // (tests/partition/chain_sim_test.cc) drive the same code.
 //
 // The protocol.
@@ -86,6 +86,22 @@ struct ChainPosition {
   uint64_t seq = 0;
   bool operator==(const ChainPosition& o) const { return epoch == o.epoch && seq == o.seq; }
 };
+
+// A member's place in its chain (ChainMember::chain_role()). The shell
+// decides by this value; RoleName() is its name in stats, NodeInfo.role and
+// logs.
+enum class ChainRole {
+  kNone,     // no chain yet
+  kSyncing,  // catching up, not in the chain
+  kFenced,   // lost its place (session, full disk) until it rejoins
+  kSingle,   // a chain of one: head and tail
+  kHead,
+  kMiddle,
+  kTail,
+};
+
+// "none", "syncing", "fenced", "single", "head", "middle" or "tail".
+const char* RoleName(ChainRole role);
 
 // One replicated write. "op" is the shell's encoding of an idempotent
 // assignment (put key=value, remove key, several of them); "keys" are the
@@ -362,9 +378,9 @@ class ChainMember {
   // moment between the two checks); false, read again through OnRead.
   bool ConfirmRead(uint64_t key, int64_t now);
 
-  // "single", "head", "middle", "tail", "syncing" (catching up, not in the
-  // chain), "fenced", or "none" (no chain yet).
-  const char* role() const;
+  // This member's place in its chain, and its name (RoleName).
+  ChainRole chain_role() const;
+  const char* role() const { return RoleName(chain_role()); }
   // What the lease allows now (Leased): false, the member refuses every
   // client call until ZooKeeper answers it again.
   bool lease_held() const { return Leased(); }

@@ -1,5 +1,5 @@
 // Changing the ring live (shared/DESIGN.md, "Changing the ring") as a pure state machine (STYLE.md §9): no sockets, no threads, no clock.
-// The shell (server/cluster.cc) runs the steps it asks for against
+// The shell (server/member/cluster.cc) runs the steps it asks for against
 // ZooKeeper, the source's head and the local store, and reports each
 // outcome; tests/partition/change_sim_test.cc runs the same machine in a
 // seeded simulation against a model of them.

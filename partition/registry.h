@@ -98,7 +98,7 @@ struct RegistryOptions {
   std::function<void(int64_t czxid, uint64_t session)> on_registered;
   // After a registration is lost (session expiry, the node deleted), make
   // it again by itself. A chain member turns this off: it must catch up
-  // before it registers again (server/replicator.h calls Register()).
+  // before it registers again (server/member/replicator.h calls Register()).
   bool reregister_after_expiry = true;
 };
 

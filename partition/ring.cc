@@ -371,16 +371,21 @@ HashRange Ring::RangeOf(int64_t h) const {
   return HashRange{partitions_.back().mark, INT64_MAX, 0};
 }
 
-std::string Ring::RoleOf(int64_t mark, std::string_view address) const {
+ChainRole Ring::ChainRoleOf(int64_t mark, std::string_view address) const {
   const Partition* p = Find(mark);
-  if (p == nullptr) return "";
+  if (p == nullptr) return ChainRole::kNone;
   for (size_t i = 0; i < p->chain.size(); ++i) {
     if (p->chain[i].address() != address) continue;
-    if (p->chain.size() == 1) return "single";
-    if (i == 0) return "head";
-    return i + 1 == p->chain.size() ? "tail" : "middle";
+    if (p->chain.size() == 1) return ChainRole::kSingle;
+    if (i == 0) return ChainRole::kHead;
+    return i + 1 == p->chain.size() ? ChainRole::kTail : ChainRole::kMiddle;
   }
-  return "";
+  return ChainRole::kNone;
+}
+
+std::string Ring::RoleOf(int64_t mark, std::string_view address) const {
+  const ChainRole role = ChainRoleOf(mark, address);
+  return role == ChainRole::kNone ? "" : RoleName(role);
 }
 
 std::string Ring::ToString() const {

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "engine/status.h"
+#include "partition/chain.h"
 
 namespace flatkv::partition {
 
@@ -100,7 +101,7 @@ struct RecordedChain {
   }
 };
 
-// A ring change in progress (partition/change.h, server/migration.h), as the JSON
+// A ring change in progress (partition/change.h, server/member/migration.h), as the JSON
 // data of <service_path>/.cluster/change (persistent; one change at a time:
 // whoever creates the node holds the change):
 //   {"kind": "add", "mark": 1800, "into": 1800, "source": 1000,
@@ -223,8 +224,10 @@ class Ring {
   // O(log marks).
   HashRange RangeOf(int64_t h) const;
 
-  // "single", "head", "middle" or "tail" for the member at "address" in
-  // mark's chain; empty if it is not there.
+  // kSingle, kHead, kMiddle or kTail for the member at "address" in mark's
+  // chain (partition/chain.h); kNone if it is not there.
+  ChainRole ChainRoleOf(int64_t mark, std::string_view address) const;
+  // Its name: "single", "head", "middle" or "tail"; empty if it is not there.
   std::string RoleOf(int64_t mark, std::string_view address) const;
 
   // Every member of every mark, for logs: "10=[a:1,b:2] 20=[]". Without

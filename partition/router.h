@@ -3,7 +3,7 @@
 // is this instance's own mark, which member of the chain takes a read or a
 // write, how a batch splits by owner, how a ring-wide scan walks the key
 // space, and the cursor of a ring-wide insertion-order scan. No I/O: the
-// server (server/cluster.*) does the calls and the ZooKeeper side
+// server (server/member/cluster.*) does the calls and the ZooKeeper side
 // (registry.*) supplies the rings.
 //
 // Thread safety: Router is immutable after construction; every method is

@@ -586,7 +586,7 @@ Status LoadConfigInner(const std::string& path, const std::vector<std::string>& 
   if (config->server.workers < 0) {
     // A standalone put under sync: always waits for fdatasync: on a worker,
     // so that many wait together (group commit). A ring member's writes
-    // wait for their chain without holding any thread (server/forwarder.h).
+    // wait for their chain without holding any thread (server/member/forwarder.h).
     config->server.workers =
         config->storage.sync == engine::SyncMode::kAlways && !config->cluster.enabled() &&
                 !config->server.tls()

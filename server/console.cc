@@ -20,8 +20,8 @@
 
 #include "client/client.h"
 #include "partition/ring.h"
-#include "server/cluster.h"
 #include "server/handler.h"
+#include "server/member/cluster.h"
 
 namespace flatkv::server {
 namespace {

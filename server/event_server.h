@@ -42,7 +42,7 @@
 // Asynchronous calls (SetAsync()): an AsyncCalls object per I/O thread,
 // created on that thread's event_base, may take a call instead of running
 // it: it starts the call (a forward to a peer over a nonblocking connection
-// of the same event loop, server/forwarder.h) and answers it later on the
+// of the same event loop, server/member/forwarder.h) and answers it later on the
 // same thread, with no other thread involved. While its call is taken, a
 // connection is not served (its input is still read, up to one frame), so
 // pipelined calls are still answered in order; a client that goes away

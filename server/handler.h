@@ -10,7 +10,7 @@
 // (handler_cluster.cc: Routed(), the Ring* methods); the peer* methods are
 // the forwarded calls, served only when this mark owns the key. Under the
 // EventServer, single-key calls for other marks do not reach the handler at
-// all: the I/O thread's Forwarder (server/forwarder.h) forwards them and
+// all: the I/O thread's Forwarder (server/member/forwarder.h) forwards them and
 // counts them here (CountCall(), Finish()).
 //
 // Thread safety: called from the server's worker threads concurrently; the
@@ -29,12 +29,14 @@
 #include "engine/backup.h"
 #include "engine/cache/write_back.h"
 #include "engine/store.h"
-#include "server/cluster.h"
 #include "server/config.h"
 #include "server/metrics.h"
-#include "server/replicator.h"
 
 namespace flatkv::server {
+
+// The ring member (server/member/): the handler holds pointers to it only.
+class Cluster;
+class Replicator;
 
 class Handler : public rpc::FlatKVIf {
  public:
@@ -134,6 +136,9 @@ class Handler : public rpc::FlatKVIf {
   static void RunAsRetry(std::chrono::steady_clock::time_point start,
                          const std::function<void()>& run);
 
+  // The answer of a write through the chain: Replicator::WriteDone.
+  using ChainWriteDone = std::function<void(const Status& status, bool existed)>;
+
   // A single-key write (put, remove, append, sput, sremove: "string_key"
   // for the last two, "value" for the writes that carry one) of this
   // member's own mark, started through its chain without blocking (the
@@ -141,7 +146,7 @@ class Handler : public rpc::FlatKVIf {
   // thread. A write refused at once (value too large, key out of range)
   // returns its error and "done" is not called. Needs a replicator.
   Status StartChainWrite(Method method, int64_t key, const std::string& string_key,
-                         std::string value, Replicator::WriteDone done);
+                         std::string value, ChainWriteDone done);
 
   // The hash of a string key in the current ring (0 standalone).
   int64_t StringHash(const std::string& key) const;
@@ -157,7 +162,7 @@ class Handler : public rpc::FlatKVIf {
   // (the default) is standalone. The Cluster outlives the handler's calls.
   void SetCluster(Cluster* cluster) { cluster_ = cluster; }
   Cluster* cluster() const { return cluster_; }
-  // Chain replication (server/replicator.h): local writes go through it and
+  // Chain replication (server/member/replicator.h): local writes go through it and
   // local reads ask it first. Set once before serving, with SetCluster.
   void SetReplicator(Replicator* replicator) { replicator_ = replicator; }
 

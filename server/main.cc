@@ -35,13 +35,13 @@
 #include <thrift/server/TNonblockingServer.h>
 #include <thrift/transport/TNonblockingServerSocket.h>
 
-#include "server/front_processor.h"
-#include "server/cluster.h"
 #include "server/config.h"
 #include "server/event_server.h"
-#include "server/forwarder.h"
+#include "server/front_processor.h"
 #include "server/handler.h"
 #include "server/http.h"
+#include "server/member/cluster.h"
+#include "server/member/forwarder.h"
 #include "server/thrift_limits.h"
 #include "server/tls.h"
 
@@ -57,7 +57,7 @@ constexpr int kExitBadConfig = 2;
 // scans (which may fan out), calls to a member named by a host name, and the
 // retry after a NOT_OWNER answer (each blocks for a round trip to another
 // instance or to ZooKeeper, or its timeout). Single-key calls for other
-// marks are forwarded by the I/O threads themselves (server/forwarder.h).
+// marks are forwarded by the I/O threads themselves (server/member/forwarder.h).
 // A multiPut of the member's own keys holds one until its chain
 // acknowledged it; single-key writes hold none (the Forwarder's inbox).
 constexpr int kForwardThreads = 32;
@@ -355,7 +355,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
   flatkv::engine::EngineOptions engine_options = config.storage;
   if (config.cluster.enabled() && engine_options.sync == flatkv::engine::SyncMode::kAlways) {
     // A ring member's writes are made durable by its chain log, one
-    // fdatasync per batch (server/chain_log.h); the engine syncs on the
+    // fdatasync per batch (server/member/chain_log.h); the engine syncs on the
     // interval and at the log's checkpoints.
     engine_options.sync = flatkv::engine::SyncMode::kInterval;
   }

@@ -6,7 +6,11 @@ ctest print a 640-character line. Fails naming each entry that holds a ';'
 or is 100 characters or longer. A Catch2 case whose name holds a ';' is
 split there into an entry that matches no case and runs nothing (and
 passes): every TEST_CASE name in SOURCE_DIR/tests must be free of it.
+Every entry carries exactly one kind label of unit, sim, process and fuzz
+(docs/testing.md, "Running one kind of test"), so `ctest -L KIND` runs one
+kind: fails naming each entry with none or with two.
 Usage: ctest_names_test.py CTEST BUILD_DIR SOURCE_DIR"""
+import json
 import os
 import re
 import subprocess
@@ -32,4 +36,20 @@ for root, _, files in os.walk(os.path.join(source, "tests")):
                     split.append("%s: %s" % (os.path.relpath(path, source), name))
 for s in split:
     print("test case that ctest splits at ';' (it never runs): " + s)
-sys.exit(1 if bad or split or not names else 0)
+KINDS = {"unit", "sim", "process", "fuzz"}
+listing = json.loads(subprocess.run([ctest, "--test-dir", build, "--show-only=json-v1"],
+                                    capture_output=True, text=True, check=True).stdout)
+unkinded = []
+for test in listing["tests"]:
+    labels = []
+    for prop in test.get("properties", []):
+        if prop["name"] == "LABELS":
+            labels = prop["value"]
+    kinds = sorted(KINDS.intersection(labels))
+    if len(kinds) != 1:
+        unkinded.append("%s: %s" % (test["name"], ",".join(kinds) or "no kind label"))
+for u in unkinded:
+    print("ctest entry without exactly one kind label (unit, sim, process, fuzz): " + u)
+print("%d ctest entries, %d without exactly one kind label" % (len(listing["tests"]),
+                                                                len(unkinded)))
+sys.exit(1 if bad or split or unkinded or not names else 0)

@@ -23,7 +23,7 @@
 #include <thrift/transport/TBufferTransports.h>
 
 #include "partition/chain.h"
-#include "server/replicator.h"
+#include "server/member/replicator.h"
 #include "tests/fuzz/fuzz_server.h"
 
 using apache::thrift::protocol::TBinaryProtocol;

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Process test of a joiner's catch-up progress (server/replicator.h): one
+"""Process test of a joiner's catch-up progress (server/member/replicator.h): one
 mark, a member holding about 24 MB, cluster.resync_mb_per_sec = 6 on it and
 a backlog of 1 MB (its log does not cover an empty member), so
 the copy to an empty new member takes a few seconds. While it runs,

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Process test of an async chain (cluster.replication: async;
-server/replicator.h): one mark of three real flatkv-server members with
+server/member/replicator.h): one mark of three real flatkv-server members with
 storage.sync: always (so every batch goes through the chain log's
 fdatasync), a real ZooKeeper on loopback.
 

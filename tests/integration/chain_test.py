@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Process test of chain replication (shared/DESIGN.md, "Partitions and
-chains"; server/replicator.h): a real ZooKeeper on loopback and two marks
+chains"; server/member/replicator.h): a real ZooKeeper on loopback and two marks
 of three real flatkv-server members each, cluster.replication: sync.
 
 Writers call random instances (any instance forwards) with self-verifying

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A chain member whose disk fills (server/replicator.h, "a full disk"): a
+"""A chain member whose disk fills (server/member/replicator.h, "a full disk"): a
 real ZooKeeper, one mark with a chain of two members under
 cluster.replication: sync; member "a" keeps its store on the ordinary disk,
 member "b" (the tail) on a 128 MiB ext4 file system the test makes itself
@@ -17,7 +17,7 @@ acknowledged write is readable at its newest version through both
 instances and the two members' digests are equal.
 
 With a fourth argument "always" every member runs storage.sync: always,
-where a member's writes pass through its sync pipeline (server/replicator.h):
+where a member's writes pass through its sync pipeline (server/member/replicator.h):
 the disk fills with batches logged and passed down whose fdatasync has not
 finished.
 

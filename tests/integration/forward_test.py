@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Forwarding from the I/O thread (server/forwarder.h), against a real
+"""Forwarding from the I/O thread (server/member/forwarder.h), against a real
 ZooKeeper and real ring members, every call sent to ONE instance (the
 entry, mark A) as a plain Thrift client of any language would:
 
@@ -156,7 +156,7 @@ class Worker(threading.Thread):
         self.calls = 0
         self.errors = []
         # Writes of the entry's own keys: they wait for its chain on a
-        # worker (server/replicator.h); everything else stays off the pool.
+        # worker (server/member/replicator.h); everything else stays off the pool.
         self.local_writes = 0
 
     def want(self, what, got, expected):
@@ -452,7 +452,7 @@ t.close()
 # --- A member named by a host name: the worker pool forwards to it -----------
 
 # D takes over hashes [B, D - 1] from the mark that owns them: a new mark
-# registers only over a range that holds no key (server/migration.h).
+# registers only over a range that holds no key (server/member/migration.h).
 c, t = ma.client()
 while True:
     page = [p.key for p in c.scan(B, 1000, False).pairs if p.key < D]

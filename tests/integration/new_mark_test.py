@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Process test of a new mark joining a ring that holds data
-(server/migration.h): an instance started with a mark the ring does not have
+(server/member/migration.h): an instance started with a mark the ring does not have
 registers at once over a range that holds no key, and otherwise imports
 the range from its owner first (registering would hide those keys).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Process test of `flatkv admin remove-mark` under write load
-(server/cluster.h: StartRemoveMark, RemoveStep).
+(server/member/cluster.h: StartRemoveMark, RemoveStep).
 
 Marks A = 1000 (a chain of two) and B = 2000 (one member); keys 0..2999, so
 B owns [1000, 1999] and A the rest. Writers call random instances with

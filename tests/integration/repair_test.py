@@ -36,7 +36,7 @@ digests are equal.
 
 With a fifth argument "always" every server runs storage.sync: always, where
 a repair (a serial event reading the store) first drains the member's sync
-pipeline (server/replicator.h).
+pipeline (server/member/replicator.h).
 
 Usage: repair_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT [always]"""
 import os

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Process test of adding marks live under write load (partition/change.h,
-server/migration.h): real ZooKeeper, real members, kill -9.
+server/member/migration.h): real ZooKeeper, real members, kill -9.
 
 Mark A = 1,000,000 (a chain of two, sync) owns every key at first and holds
 about 24 MB in the ranges that will move. Writers call random instances

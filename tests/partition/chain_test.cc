@@ -136,6 +136,21 @@ void Net::Start(const std::vector<std::string>& names, uint64_t id, bool sync) {
 
 }  // namespace
 
+TEST_CASE("each chain role has the name stats, NodeInfo.role and the logs use") {
+  using flatkv::partition::ChainRole;
+  using flatkv::partition::RoleName;
+  CHECK(std::string(RoleName(ChainRole::kNone)) == "none");
+  CHECK(std::string(RoleName(ChainRole::kSyncing)) == "syncing");
+  CHECK(std::string(RoleName(ChainRole::kFenced)) == "fenced");
+  CHECK(std::string(RoleName(ChainRole::kSingle)) == "single");
+  CHECK(std::string(RoleName(ChainRole::kHead)) == "head");
+  CHECK(std::string(RoleName(ChainRole::kMiddle)) == "middle");
+  CHECK(std::string(RoleName(ChainRole::kTail)) == "tail");
+  ChainMember fresh("a:1", ChainOptions{}, ChainPosition{}, /*intact=*/true);
+  CHECK(fresh.chain_role() == ChainRole::kNone);
+  CHECK(std::string(fresh.role()) == "none");
+}
+
 TEST_CASE("sync: a write is answered only once the tail applied it, and reads go to the tail") {
   Net net;
   net.Start({"a", "b", "c"}, 7);

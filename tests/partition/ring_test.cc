@@ -169,6 +169,12 @@ TEST_CASE("A chain is ordered by registration, oldest first, and roles follow it
   CHECK(ring->RoleOf(20, "h:4") == "single");
   CHECK(ring->RoleOf(20, "h:1") == "");
   CHECK(ring->RoleOf(99, "h:1") == "");
+  using flatkv::partition::ChainRole;
+  CHECK(ring->ChainRoleOf(10, "h:1") == ChainRole::kHead);
+  CHECK(ring->ChainRoleOf(10, "h:2") == ChainRole::kMiddle);
+  CHECK(ring->ChainRoleOf(10, "h:3") == ChainRole::kTail);
+  CHECK(ring->ChainRoleOf(20, "h:4") == ChainRole::kSingle);
+  CHECK(ring->ChainRoleOf(20, "h:1") == ChainRole::kNone);
   CHECK(ring->version() == 5);
   CHECK(ring->ToString() == "10=[h:1,h:2,h:3] 20=[h:4]");
 }

@@ -87,7 +87,7 @@ WRITE, READ, APPEND = "put", "get", "append"
     (ErrorCode.NOT_OWNER, flatkv.NotOwner, APPEND, "not mine", False, True),
     (ErrorCode.OVERLOADED, flatkv.Overloaded, APPEND, "queue full", False, True),
     (ErrorCode.UNAVAILABLE, flatkv.Unavailable, APPEND, "mark 10 has no member", False, True),
-    # The server's words for a write it may have applied (server/cluster.cc,
+    # The server's words for a write it may have applied (server/member/cluster.cc,
     # partition/chain.cc): in doubt; an append then must not be retried.
     (ErrorCode.UNAVAILABLE, flatkv.Unavailable, APPEND,
      "lost the lease; the write may or may not have been applied", True, False),

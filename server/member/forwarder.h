@@ -11,7 +11,7 @@
 // ring gives to another member, when that member's address has a numeric
 // host (an IP literal: no name lookup on the I/O thread); and the writes
 // among them for this member's own mark, which go through its chain
-// (Handler::StartChainWrite(), server/replicator.h) without a worker: the
+// (Handler::StartChainWrite(), server/member/replicator.h) without a worker: the
 // replicator's loop thread hands each answer back through an eventfd of
 // this I/O thread (the Inbox), so a write costs two thread hand-offs and
 // the writes of every connection share the chain's batches. Everything
@@ -70,7 +70,7 @@
 #include <thrift/protocol/TBinaryProtocol.h>
 #include <thrift/transport/TBufferTransports.h>
 
-#include "server/cluster.h"
+#include "server/member/cluster.h"
 #include "server/config.h"
 #include "server/event_server.h"
 #include "server/handler.h"

@@ -42,7 +42,7 @@
 // removed: a store it may not keep) and loads the pages on its loop thread.
 //
 // Durability: every batch of writes is appended to the chain log
-// (<storage.path>/CHAINLOG, server/chain_log.h) before it is applied, and
+// (<storage.path>/CHAINLOG, server/member/chain_log.h) before it is applied, and
 // under storage.sync: always synced with one fdatasync, on the syncer
 // thread while later batches go on (the pipeline, below; the engine below
 // then runs as sync: interval). The log names the member's position and
@@ -76,7 +76,7 @@
 #include "partition/chain.h"
 #include "partition/registry.h"
 #include "partition/ring.h"
-#include "server/chain_log.h"
+#include "server/member/chain_log.h"
 
 namespace flatkv::server {
 
@@ -255,6 +255,8 @@ class Replicator {
 
   // "single", "head", "middle", "tail", "syncing", "fenced" or "none".
   std::string role() const;
+  // The same as a value the shell decides by.
+  partition::ChainRole chain_role() const;
   // False while the lease is out: every client call is refused.
   bool lease_held() const;
   partition::ChainPosition applied() const;

@@ -5,8 +5,8 @@
 // after a network failure the connection's state is unknown. There is no cap
 // on connections per peer beyond the callers in flight (one per handler
 // thread), so the pool never makes a call wait for another.
-#include "server/cluster.h"
-#include "server/migration.h"
+#include "server/member/cluster.h"
+#include "server/member/migration.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -188,10 +188,10 @@ void Cluster::ChangeLoop() {
       pause(lock);
       continue;
     }
-    const bool head = replicator_ != nullptr
-                          ? replicator_->head() == advertise_
-                          : ring->RoleOf(mark(), advertise_) == "head" ||
-                                ring->RoleOf(mark(), advertise_) == "single";
+    const partition::ChainRole ring_role = ring->ChainRoleOf(mark(), advertise_);
+    const bool head = replicator_ != nullptr ? replicator_->head() == advertise_
+                                             : ring_role == partition::ChainRole::kHead ||
+                                                   ring_role == partition::ChainRole::kSingle;
     partition::ChangeStep step;
     {
       std::lock_guard<std::mutex> lock(machine_mu_);
@@ -814,11 +814,12 @@ void Cluster::OnRingChange(const partition::Ring& ring) {
   }
   // A change this member drives (a remove's: whoever heads the inheriting
   // mark), or a machine waiting for a new ring.
-  const std::string role = ring.RoleOf(mark(), advertise_);
+  const partition::ChainRole role = ring.ChainRoleOf(mark(), advertise_);
   const bool drives =
       change != nullptr &&
       (change->importer == advertise_ ||
-       (change->kind == "remove" && change->into == mark() && (role == "head" || role == "single")));
+       (change->kind == "remove" && change->into == mark() &&
+        (role == partition::ChainRole::kHead || role == partition::ChainRole::kSingle)));
   if (running || drives) KickChange();
 }
 
@@ -846,8 +847,9 @@ void Cluster::Close() {
 
 std::string Cluster::role() const {
   if (replicator_) {
-    const std::string role = replicator_->role();
-    return role == "none" ? "syncing" : role;
+    const partition::ChainRole role = replicator_->chain_role();
+    return partition::RoleName(role == partition::ChainRole::kNone ? partition::ChainRole::kSyncing
+                                                                   : role);
   }
   const auto ring = registry_->ring();
   const std::string role = ring ? ring->RoleOf(mark(), advertise_) : "";

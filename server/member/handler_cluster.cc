@@ -14,7 +14,9 @@
 #include "engine/string_keys.h"
 #include "server/event_server.h"
 #include "server/handler.h"
-#include "server/migration.h"
+#include "server/member/cluster.h"
+#include "server/member/migration.h"
+#include "server/member/replicator.h"
 
 namespace flatkv::server {
 namespace {
@@ -111,7 +113,7 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
   // (Replicator::OnFrame) unless the loop is behind: then on a worker,
   // which waits for it.
   if (replicator_ != nullptr && name == "peerChain") return replicator_->FramesBacklogged();
-  // Writes through a chain wait for it (server/replicator.h): on a worker.
+  // Writes through a chain wait for it (server/member/replicator.h): on a worker.
   if (replicator_ != nullptr &&
       (name == "peerSnapshot" || name == "peerPut" ||
        name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
@@ -618,11 +620,14 @@ void Handler::peerGet(rpc::GetResult& result, const rpc::PeerContext& ctx, int64
     if (!ctx.ownCopy) return LocalGet(result, key);
     // Read repair's question: this member's own copy, no gate, no repair;
     // only from a member in the chain (one catching up may lack writes).
-    const std::string role = replicator_ != nullptr ? replicator_->role() : "";
-    if (role != "head" && role != "middle" && role != "tail") {
-      ThrowKvError(Status::Unavailable("member " + cluster_->advertise() + " is " +
-                                       (role.empty() ? "not in a chain" : role) +
-                                       ": no copy to repair from"));
+    const partition::ChainRole role =
+        replicator_ != nullptr ? replicator_->chain_role() : partition::ChainRole::kNone;
+    if (role != partition::ChainRole::kHead && role != partition::ChainRole::kMiddle &&
+        role != partition::ChainRole::kTail) {
+      ThrowKvError(Status::Unavailable(
+          "member " + cluster_->advertise() + " is " +
+          (replicator_ == nullptr ? "not in a chain" : partition::RoleName(role)) +
+          ": no copy to repair from"));
     }
     Status st = cache_->Get(key, &result.value);
     result.found = st.ok();
@@ -902,10 +907,11 @@ void Handler::peerBucket(std::string& result, const rpc::PeerContext& ctx, int64
       return;
     }
     // Read repair's question: this member's own copy, as peerGet's ownCopy.
-    const std::string role = replicator_->role();
-    if (role != "head" && role != "middle" && role != "tail") {
-      ThrowKvError(Status::Unavailable("member " + cluster_->advertise() + " is " + role +
-                                       ": no copy to repair from"));
+    const partition::ChainRole role = replicator_->chain_role();
+    if (role != partition::ChainRole::kHead && role != partition::ChainRole::kMiddle &&
+        role != partition::ChainRole::kTail) {
+      ThrowKvError(Status::Unavailable("member " + cluster_->advertise() + " is " +
+                                       partition::RoleName(role) + ": no copy to repair from"));
     }
     if (slots != static_cast<int64_t>(store_->options().string_slots)) {
       ThrowKvError(Status::InvalidArgument(

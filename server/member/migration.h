@@ -14,7 +14,7 @@
 #include "engine/status.h"
 #include "engine/store.h"
 #include "partition/ring.h"
-#include "server/replicator.h"
+#include "server/member/replicator.h"
 
 namespace flatkv::server {
 

@@ -1,8 +1,8 @@
-// What a ring change moves (server/migration.h) and how it is recorded
+// What a ring change moves (server/member/migration.h) and how it is recorded
 // (partition::RingChange): the ranges a new mark takes over, a range's
 // export from a real store in pages, and the change node's JSON.
 #include "partition/change.h"
-#include "server/migration.h"
+#include "server/member/migration.h"
 
 #include <catch2/catch.hpp>
 

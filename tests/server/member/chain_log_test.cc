@@ -1,7 +1,7 @@
-// The chain log (server/chain_log.h) on real files: what a restart reads
+// The chain log (server/member/chain_log.h) on real files: what a restart reads
 // back, checkpoints, a torn or damaged tail; and the replicator replaying it
 // into a real store.
-#include "server/chain_log.h"
+#include "server/member/chain_log.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 
 #include "engine/cache/write_back.h"
 #include "engine/store.h"
-#include "server/replicator.h"
+#include "server/member/replicator.h"
 #include "tests/engine/test_util.h"
 
 using flatkv::Status;

@@ -24,7 +24,7 @@
 // event), an Op is taken out of its FIFO and its Reply cleared before the
 // Reply is called, and Fail() detaches and frees its Conn before it answers
 // any of its calls (a call sent again goes to a new Conn).
-#include "server/forwarder.h"
+#include "server/member/forwarder.h"
 #include "server/thrift_limits.h"
 #include "server/tls.h"
 

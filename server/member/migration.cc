@@ -1,4 +1,4 @@
-#include "server/migration.h"
+#include "server/member/migration.h"
 
 #include <algorithm>
 #include <cstring>

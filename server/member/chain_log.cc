@@ -1,4 +1,4 @@
-#include "server/chain_log.h"
+#include "server/member/chain_log.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

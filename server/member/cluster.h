@@ -13,7 +13,7 @@
 // the receiver serves it only if its own ring says its mark owns the key
 // (CheckPeer), else NOT_OWNER, and the sender re-reads the ring and retries
 // once. Writes go to the head of the mark's chain, reads under sync to its
-// tail (server/replicator.h), under async to any member.
+// tail (server/member/replicator.h), under async to any member.
 //
 // Thread safety: every method may be called from any thread concurrently.
 #pragma once
@@ -38,7 +38,7 @@
 #include "partition/ring.h"
 #include "partition/router.h"
 #include "server/config.h"
-#include "server/replicator.h"
+#include "server/member/replicator.h"
 
 namespace flatkv::server {
 
@@ -64,7 +64,7 @@ class Cluster : public ChainCoordinator {
                       std::unique_ptr<Cluster>* result);
   ~Cluster() override;
 
-  // Starts chain replication of this member's store (server/replicator.h):
+  // Starts chain replication of this member's store (server/member/replicator.h):
   // from then on Register() joins the chain (catch up first, then the
   // member node) instead of registering at once. Before serving. "defer":
   // ReplicatorOptions::defer (EventServer::AtRoundEnd in flatkv-server).
@@ -102,7 +102,7 @@ class Cluster : public ChainCoordinator {
   // leave; the inheriting mark's head starts its part.
   void OnRingChange(const partition::Ring& ring);
   // Why this instance does not register although it would (a new mark
-  // whose range holds keys: server/migration.h); empty otherwise. For
+  // whose range holds keys: server/member/migration.h); empty otherwise. For
   // /health and the log.
   std::string register_blocked() const;
   // Closes the ZooKeeper session (the member node goes at once). Idempotent.
@@ -147,7 +147,7 @@ class Cluster : public ChainCoordinator {
   // message says so (the client's retry contract).
   Status PeerUnanswered(const Target& target, const std::string& why, bool sent = true) const;
 
-  // For the I/O threads' Forwarders (server/forwarder.h), which forward
+  // For the I/O threads' Forwarders (server/member/forwarder.h), which forward
   // without Forward(): the counter of calls forwarded to "address"
   // (cluster.forwarded.<address>; valid as long as the Cluster), and the
   // counts of their own (cluster.forwarded_async, cluster.peer_failures,
