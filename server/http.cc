@@ -743,6 +743,9 @@ void HttpServer::Handle(evhttp_request* req) {
 void HttpServer::Route(evhttp_request* req, const std::string& path) {
   const int cmd = evhttp_request_get_command(req);  // int: see IsRead
   std::string rest;
+  const auto off_loop = [this](evhttp_request* r, std::function<Reply()> work) {
+    Defer(r, std::move(work));
+  };
   if (path == "/health") {
     if (!IsRead(cmd)) return SendMethodNotAllowed(req, "GET, HEAD");
     const std::string unready = handler_->NotReady();
@@ -764,15 +767,11 @@ void HttpServer::Route(evhttp_request* req, const std::string& path) {
     const Deferrer defer =
         handler_->cluster() == nullptr
             ? Deferrer([](evhttp_request* r, std::function<Reply()> work) { work()(r); })
-            : Deferrer([this](evhttp_request* r, std::function<Reply()> work) {
-                Defer(r, std::move(work));
-              });
+            : Deferrer(off_loop);
     if (path[1] == 'k') ServeIntKey(handler_, defer, req, rest);
     else ServeStringKey(handler_, defer, req, rest);
   } else if (HasPrefix(path, "/admin/", &rest)) {
-    ServeAdmin(handler_, console_.get(),
-               [this](evhttp_request* r, std::function<Reply()> work) { Defer(r, std::move(work)); },
-               req, rest);
+    ServeAdmin(handler_, console_.get(), off_loop, req, rest);
   } else if (path == "/ui") {
     ServePage(req);
   } else {

@@ -156,15 +156,21 @@ def parse_bytes(text):
     return float(m.group(1)) * UNITS[m.group(2)] if m else None
 
 
-def health_of(member):
-    """(status, body) of the member's /health."""
-    c = http.client.HTTPConnection("127.0.0.1", member.http, timeout=10)
+def http_call(member, method, path, body=None, token=None):
+    """(status, body) of one request to the member's HTTP port."""
+    c = http.client.HTTPConnection("127.0.0.1", member.http, timeout=30)
     try:
-        c.request("GET", "/health")
+        c.request(method, path, body=body,
+                  headers={"Authorization": "Bearer " + token} if token else {})
         r = c.getresponse()
         return r.status, r.read().decode(errors="replace")
     finally:
         c.close()
+
+
+def health_of(member):
+    """(status, body) of the member's /health."""
+    return http_call(member, "GET", "/health")
 
 
 def wait(what, cond, timeout=20.0):
@@ -358,14 +364,8 @@ try:
     done = {}
 
     def timed(name, method, path, body=None, token=None):
-        c = http.client.HTTPConnection("127.0.0.1", low_head.http, timeout=30)
-        try:
-            c.request(method, path, body=body,
-                      headers={"Authorization": "Bearer " + token} if token else {})
-            r = c.getresponse()
-            done[name] = (time.monotonic(), r.status, r.read().decode(errors="replace"))
-        finally:
-            c.close()
+        status, text = http_call(low_head, method, path, body, token)
+        done[name] = (time.monotonic(), status, text)
     action = threading.Thread(target=timed, args=(
         "action", "PUT", "/admin/members/%s/write-mode" % joiner.address, "async", TOKEN))
     kv = threading.Thread(target=timed, args=("kv", "PUT", "/kv/%d" % (HIGH - 1), "while stopped"))
