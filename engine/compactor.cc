@@ -562,7 +562,7 @@ Status Store::CompactPinned(uint64_t segment) {
 // were its p999). With the loan a one-table store's writes wait only past
 // 0.6 x the copy rate, a store of n equal tables past about 0.1 n + 0.5 / n
 // of it, and the disk peak of n tables grows by about 0.5 / n^2 x live.
-uint64_t Store::PickAutomatic() {
+uint64_t Store::PickAutomatic(int64_t* allowance) {
   struct Figures {
     uint64_t seg, bytes, dead;
   };
@@ -608,10 +608,12 @@ uint64_t Store::PickAutomatic() {
     // Writers wake the compactor when what is left falls under the margin,
     // i.e. when the log passes disk_ratio x live (compaction is due): it
     // then starts before the allowance is gone, not after writes wait.
-    SetAllowance(static_cast<int64_t>(cap) - static_cast<int64_t>(log + taken),
-                 static_cast<int64_t>(kStallMargin * static_cast<double>(live)));
+    const int64_t bytes = static_cast<int64_t>(cap) - static_cast<int64_t>(log + taken);
+    SetAllowance(bytes, static_cast<int64_t>(kStallMargin * static_cast<double>(live)));
+    if (allowance != nullptr) *allowance = bytes;
   } else {
     SetAllowance(kNoLimit);
+    if (allowance != nullptr) *allowance = kNoLimit;
   }
   if (resume != kNoSegment) return resume;
   uint64_t pick = kNoSegment, most = 0;
@@ -655,7 +657,7 @@ void Store::AskCompactor() {
   compact_cv_.notify_all();
 }
 
-void Store::RenewForWriter() {
+bool Store::RenewForWriter() {
   // While a table compacts, only the compactor renews: from its switch
   // until its old generation is deleted, that generation's files are on
   // disk but in no table's figures, and renewals that counted without them
@@ -664,10 +666,12 @@ void Store::RenewForWriter() {
   // after a copy, long after this renewal.
   {
     std::lock_guard<std::mutex> lock(tables_mu_);
-    if (compacting_ != kNoSegment || !pending_.empty()) return;
+    if (compacting_ != kNoSegment || !pending_.empty()) return false;
   }
   // The renewal clears renew_asked_: ask again if a compaction is due.
-  if (PickAutomatic() != kNoSegment) AskCompactor();
+  int64_t renewed = 0;
+  if (PickAutomatic(&renewed) != kNoSegment) AskCompactor();
+  return renewed > 0;
 }
 
 void Store::WaitForCompactor(uint64_t bytes) {
@@ -685,9 +689,13 @@ void Store::WaitForCompactor(uint64_t bytes) {
   // so only garbage a compaction must free makes a writer wait; waiting for
   // the compactor to wake up and renew it stalled writes into a store that
   // had none. One writer renews at a time; the others find it renewed.
+  // What decides is the renewal this writer made or found, not the
+  // allowance read again afterwards: the other writers may have spent a
+  // renewal whole while this one was descheduled, and it then waited for a
+  // compactor with nothing to do.
   {
     std::lock_guard<std::mutex> renew(renew_mu_);
-    if (allowance_.load() <= 0 && !closed_.load()) RenewForWriter();
+    if (closed_.load() || allowance_.load() > 0 || RenewForWriter()) return;
   }
   if (allowance_.load() > 0 || closed_.load()) return;
   // Still spent: garbage past the bound. Ask the compactor to free some and

@@ -563,8 +563,9 @@ class Store {
   TableParams ParamsFor(uint64_t segment) const;
   static CopyTransform BucketTransform(uint64_t segment);
   // The automatic policy (compactor.cc): the next table to compact
-  // (kNoSegment if none is due). Also renews the write allowance.
-  uint64_t PickAutomatic();
+  // (kNoSegment if none is due). Also renews the write allowance, and
+  // stores what it set in *allowance if given.
+  uint64_t PickAutomatic(int64_t* allowance = nullptr);
   // PickAutomatic for the allowance alone, at most every 50 ms unless a
   // writer asked (compactor thread, called between records; no lock held).
   void RefreshAllowance();
@@ -577,8 +578,9 @@ class Store {
   // on).
   void WaitForCompactor(uint64_t bytes);
   // A writer's renewal of a spent allowance (PickAutomatic), unless a
-  // compaction is running: then the compactor renews it.
-  void RenewForWriter();
+  // compaction is running: then the compactor renews it. True if it
+  // renewed and left room.
+  bool RenewForWriter();
   // Sets the allowance to "bytes"; a writer that takes it below
   // "wake_below" wakes the compactor (-1: none does).
   void SetAllowance(int64_t bytes, int64_t wake_below = -1);
