@@ -618,7 +618,7 @@ Status HttpServer::Start() {
 // certificate.
 bufferevent* HttpServer::NewTlsBufferevent(event_base* base, void* arg) {
   auto* self = static_cast<HttpServer*>(arg);
-  SSL* ssl = self->tls_->NewSsl();
+  SSL* ssl = self->tls_->NewCountedSsl();  // evhttp owns the callbacks: counted on free
   if (ssl == nullptr) return nullptr;
   bufferevent* bev =
       bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);

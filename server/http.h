@@ -34,8 +34,8 @@
 // HTTPS (SetTls()): every connection is then a libevent OpenSSL
 // bufferevent on the instance's TLS certificate (server/tls.h, reloaded
 // with it); a client that fails the handshake, plaintext HTTP included, is
-// closed by evhttp without an answer (not counted: evhttp owns the
-// connection's callbacks).
+// closed by evhttp without an answer and counted in
+// server.tls_handshake_errors (TlsContext::NewCountedSsl).
 //
 // Thread safety: Start() and Stop() are called from one thread (main);
 // SetStopping() from any thread. Requests run one at a time on the HTTP

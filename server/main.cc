@@ -185,7 +185,7 @@ class EventPort final : public ThriftPort {
     (*out)["server.protocol_errors"] += server_.protocol_errors();
     (*out)["server.offloaded"] = server_.offloaded();
     (*out)["server.async_calls"] = server_.async_taken();
-    (*out)["server.tls_handshake_errors"] = server_.tls_handshake_errors();
+    (*out)["server.tls_handshake_errors"] += server_.tls_handshake_errors();
   }
 
  private:
@@ -443,7 +443,8 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
     (*out)["server.overloaded"] = processor->overloaded();
     (*out)["server.malformed_calls"] = processor->malformed();
     (*out)["server.protocol_errors"] = g_protocol_errors.load(std::memory_order_relaxed);
-    (*out)["server.tls_handshake_errors"] = 0;  // the EventPort's own count, with TLS
+    // The HTTP port's failed handshakes; the EventPort adds its own.
+    (*out)["server.tls_handshake_errors"] = tls ? tls->failed_handshakes() : 0;
     port->AddStats(out);
   });
 

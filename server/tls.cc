@@ -50,6 +50,33 @@ std::string AsText(const ASN1_TIME* t) {
   return text;
 }
 
+// The free callback of NewCountedSsl()'s ex_data: OpenSSL runs it in
+// SSL_free, before the SSL's BIOs go, with ptr the counter.
+void CountFailedHandshake(void* parent, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
+  auto* ssl = static_cast<SSL*>(parent);
+  auto* counter = static_cast<std::atomic<int64_t>*>(ptr);
+  if (ssl == nullptr || counter == nullptr || SSL_is_init_finished(ssl)) return;
+  BIO* rbio = SSL_get_rbio(ssl);
+  if (rbio == nullptr || BIO_number_read(rbio) == 0) return;  // a port probe
+  const int64_t failed = counter->fetch_add(1, std::memory_order_relaxed) + 1;
+  // At most one line every 10 s: a scanner must not flood the log.
+  static std::atomic<int64_t> last_log{INT64_MIN / 2};
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = last_log.load(std::memory_order_relaxed);
+  if (now - last >= 10 && last_log.compare_exchange_strong(last, now)) {
+    spdlog::warn("TLS handshake failed on the HTTP port, connection closed ({} since start; "
+                 "a plaintext client, or one that refused the certificate)",
+                 failed);
+  }
+}
+
+int FailedHandshakeIndex() {
+  static const int index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, &CountFailedHandshake);
+  return index;
+}
+
 }  // namespace
 
 Status NewPeerClientContext(const ServerOptions& o, SSL_CTX** result) {
@@ -159,6 +186,16 @@ TlsContext::~TlsContext() {
 SSL* TlsContext::NewSsl() {
   std::lock_guard<std::mutex> lock(mu_);
   return SSL_new(ctx_);  // the SSL holds its own reference to ctx_
+}
+
+SSL* TlsContext::NewCountedSsl() {
+  SSL* ssl = NewSsl();
+  const int index = FailedHandshakeIndex();
+  if (ssl != nullptr && (index < 0 || SSL_set_ex_data(ssl, index, &failed_handshakes_) != 1)) {
+    SSL_free(ssl);
+    return nullptr;
+  }
+  return ssl;
 }
 
 TlsContext::Stamp TlsContext::Current() const {

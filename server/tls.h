@@ -52,6 +52,13 @@ class TlsContext {
   // A new server-side SSL on the current certificate; the caller owns it
   // (SSL_free). Null if OpenSSL is out of memory.
   SSL* NewSsl();
+  // The same, for a port whose library owns the connection's events (the
+  // HTTP port: evhttp): a handshake that read bytes from the client and
+  // did not complete is counted in failed_handshakes() and logged (rate
+  // limited) when the SSL is freed. A client that connects and closes
+  // without a byte (a port probe) is not counted.
+  SSL* NewCountedSsl();
+  int64_t failed_handshakes() const { return failed_handshakes_.load(std::memory_order_relaxed); }
 
   // Starts the thread that reloads the files when they change. Idempotent.
   void Watch();
@@ -91,6 +98,7 @@ class TlsContext {
   std::thread watcher_;
   std::atomic<int64_t> reloads_{0};
   std::atomic<int64_t> reload_errors_{0};
+  std::atomic<int64_t> failed_handshakes_{0};  // of NewCountedSsl()'s SSLs
 };
 
 }  // namespace flatkv::server

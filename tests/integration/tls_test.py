@@ -331,6 +331,7 @@ metrics = conn.getresponse().read().decode()
 check("flatkv_server_tls_handshake_errors_total" in metrics,
       "/metrics has flatkv_server_tls_handshake_errors_total")
 conn.close()
+errors_before = stat(port, "server.tls_handshake_errors")
 try:
     plain = http.client.HTTPConnection("127.0.0.1", http_port, timeout=5)
     plain.request("GET", "/health")
@@ -338,6 +339,16 @@ try:
 except (OSError, http.client.HTTPException):
     answered = None
 check(answered is None, "a plain HTTP request to the HTTPS port gets no answer (%s)" % answered)
+harness.wait_until(work, "the plain HTTP request counted in server.tls_handshake_errors",
+                   lambda: stat(port, "server.tls_handshake_errors") == errors_before + 1,
+                   timeout=5)
+for _ in range(3):
+    socket.create_connection(("127.0.0.1", http_port), timeout=5).close()
+time.sleep(0.3)
+check(stat(port, "server.tls_handshake_errors") == errors_before + 1,
+      "a probe of the HTTPS port (connect, close) is not counted")
+check("failed on the HTTP port" in open(log).read(),
+      "the failed HTTPS handshake is logged")
 other = ssl.create_default_context(cafile=path("otherca.pem"))
 try:
     bad = http.client.HTTPSConnection("127.0.0.1", http_port, context=other, timeout=5)
