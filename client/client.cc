@@ -8,6 +8,8 @@
 // unknown (half a frame may be unread), so it is dropped.
 #include "client/client.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 #include <string_view>
@@ -73,7 +75,11 @@ Status Client::Connect() {
   auto config = std::make_shared<TConfiguration>(frame, frame);
   std::shared_ptr<TSocket> socket;
   if (options_.tls()) {
-    if (!tls_) FLATKV_RETURN_IF_ERROR(MakeTlsFactory());
+    if (std::string stamp = TlsFilesStamp(); !tls_ || stamp != tls_stamp_) {
+      tls_stamp_ = std::move(stamp);  // a refused set is not read again until it changes
+      Status st = MakeTlsFactory();
+      if (!tls_) return st;  // else the files loaded before stay in use
+    }
     socket = tls_->createSocket(options_.host, options_.port);
   } else {
     socket = std::make_shared<TSocket>(options_.host, options_.port, config);
@@ -96,6 +102,23 @@ Status Client::Connect() {
   conn_ = std::make_unique<Connection>(std::move(socket), std::move(transport));
   conn_used_ = false;
   return Status::OK();
+}
+
+// Each file's modification time and size: a rewrite or a rename over it
+// changes them.
+std::string Client::TlsFilesStamp() const {
+  std::string stamp;
+  for (const std::string* path : {&options_.tls_ca_file, &options_.tls_cert_file,
+                                  &options_.tls_key_file}) {
+    struct stat st {};
+    if (path->empty() || ::stat(path->c_str(), &st) != 0) {
+      stamp += "-;";
+      continue;
+    }
+    stamp += std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) + "/" +
+             std::to_string(st.st_size) + ";";
+  }
+  return stamp;
 }
 
 Status Client::MakeTlsFactory() {

@@ -47,7 +47,10 @@ struct ClientOptions {
   uint32_t max_frame_bytes = 256u << 20;
   // TLS (a server with server.tls_cert_file): on when tls_ca_file is set.
   // The server's certificate must verify against tls_ca_file and name
-  // "host" (a DNS or IP subject alternative name); TLS 1.2 or later.
+  // "host" (a DNS or IP subject alternative name); TLS 1.2 or later. The
+  // files are read again by the next connection after one of them changed
+  // (a renewed certificate needs no new Client); if the new ones do not
+  // load, the Client goes on with those it had.
   std::string tls_ca_file;    // PEM CA certificates; empty = plaintext
   std::string tls_cert_file;  // PEM client certificate, for server.tls_client_auth
   std::string tls_key_file;   // PEM key of tls_cert_file
@@ -134,11 +137,14 @@ class Client {
   template <typename Fn>
   Status Invoke(const char* method, bool idempotent, Fn&& call);
 
-  // The TLS settings of options_, made on the first Connect().
+  // The TLS settings of options_, made on the first Connect() and again
+  // when the files' stamp (TlsFilesStamp) changed.
   Status MakeTlsFactory();
+  std::string TlsFilesStamp() const;
 
   const ClientOptions options_;
   std::shared_ptr<apache::thrift::transport::TSSLSocketFactory> tls_;  // with options_.tls()
+  std::string tls_stamp_;  // of the files tls_ was made from (or last refused)
   std::unique_ptr<Connection> conn_;
   bool conn_used_ = false;  // the connection has completed a call
   bool network_failed_ = false;  // see network_failed()

@@ -429,8 +429,8 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
       events->Offload(
           [h = handler.get()](const uint8_t* m, uint32_t n) { return h->MayBlock(m, n); },
           kForwardThreads,
-          [h = handler.get(), c = cluster.get(), &config](event_base* base) {
-            return std::make_unique<flatkv::server::Forwarder>(base, h, c, config);
+          [h = handler.get(), c = cluster.get(), &config, tls](event_base* base) {
+            return std::make_unique<flatkv::server::Forwarder>(base, h, c, config, tls);
           });
     }
     port = std::move(events);
@@ -559,7 +559,7 @@ int main(int argc, char** argv) {
   // a bad one is a configuration error.
   std::shared_ptr<flatkv::server::TlsContext> tls;
   if (config.server.tls()) {
-    st = flatkv::server::TlsContext::Create(config.server, &tls);
+    st = flatkv::server::TlsContext::Create(config.server, config.cluster.peer_tls, &tls);
     if (!st.ok()) {
       std::fprintf(stderr, "flatkv-server: bad configuration: %s\n", st.message().c_str());
       return kExitBadConfig;

@@ -163,12 +163,24 @@ Status TlsContext::Build(const ServerOptions& o, SSL_CTX** result) {
   return Status::OK();
 }
 
-Status TlsContext::Create(const ServerOptions& options, std::shared_ptr<TlsContext>* result) {
-  std::shared_ptr<TlsContext> tls(new TlsContext(options));
+Status TlsContext::BuildBoth(SSL_CTX** ctx, SSL_CTX** peer) const {
+  FLATKV_RETURN_IF_ERROR(Build(options_, ctx));
+  if (!peer_client_) return Status::OK();
+  Status st = NewPeerClientContext(options_, peer);
+  if (!st.ok()) {
+    SSL_CTX_free(*ctx);
+    *ctx = nullptr;
+  }
+  return st;
+}
+
+Status TlsContext::Create(const ServerOptions& options, bool peer_client,
+                          std::shared_ptr<TlsContext>* result) {
+  std::shared_ptr<TlsContext> tls(new TlsContext(options, peer_client));
   // The stamp before the files are read: a change while they are read is
   // then seen by the next check.
   tls->loaded_ = tls->Current();
-  FLATKV_RETURN_IF_ERROR(Build(options, &tls->ctx_));
+  FLATKV_RETURN_IF_ERROR(tls->BuildBoth(&tls->ctx_, &tls->peer_ctx_));
   *result = std::move(tls);
   return Status::OK();
 }
@@ -181,11 +193,17 @@ TlsContext::~TlsContext() {
   wake_.notify_all();
   if (watcher_.joinable()) watcher_.join();
   if (ctx_ != nullptr) SSL_CTX_free(ctx_);
+  if (peer_ctx_ != nullptr) SSL_CTX_free(peer_ctx_);
 }
 
 SSL* TlsContext::NewSsl() {
   std::lock_guard<std::mutex> lock(mu_);
   return SSL_new(ctx_);  // the SSL holds its own reference to ctx_
+}
+
+SSL* TlsContext::NewPeerSsl() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer_ctx_ != nullptr ? SSL_new(peer_ctx_) : nullptr;
 }
 
 SSL* TlsContext::NewCountedSsl() {
@@ -219,7 +237,8 @@ bool TlsContext::CheckFiles() {
     loaded_ = now;  // a refused set of files is not tried again until it changes
   }
   SSL_CTX* fresh = nullptr;
-  Status st = Build(options_, &fresh);
+  SSL_CTX* fresh_peer = nullptr;
+  Status st = BuildBoth(&fresh, &fresh_peer);
   if (!st.ok()) {
     reload_errors_.fetch_add(1, std::memory_order_relaxed);
     spdlog::error("TLS certificate not reloaded, the previous one stays in use: {}",
@@ -227,12 +246,16 @@ bool TlsContext::CheckFiles() {
     return false;
   }
   SSL_CTX* old = nullptr;
+  SSL_CTX* old_peer = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     old = ctx_;
+    old_peer = peer_ctx_;
     ctx_ = fresh;
+    peer_ctx_ = fresh_peer;
   }
   SSL_CTX_free(old);  // connections on it keep their own references
+  if (old_peer != nullptr) SSL_CTX_free(old_peer);
   reloads_.fetch_add(1, std::memory_order_relaxed);
   spdlog::info("TLS certificate reloaded from {}", options_.tls_cert_file);
   return true;

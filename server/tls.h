@@ -3,9 +3,13 @@
 // server.tls_client_auth): an OpenSSL SSL_CTX built from the files, TLS 1.2
 // and 1.3 only, swapped for a new one when the files change.
 //
+// With peer_client (cluster.peer_tls) it also holds the client side of
+// calls between instances (NewPeerClientContext), reloaded with it.
+//
 // Reload: Watch() starts a thread that looks at the three files' mtime and
 // size every second (and at once after Reload() is called, e.g. on
-// SIGHUP); when one changed it builds a new SSL_CTX from them. If that
+// SIGHUP); when one changed it builds a new SSL_CTX (two with peer_client)
+// from them. If that
 // fails (a half-written file, a key that does not match, an expired
 // certificate) the error is logged once per change and the old context
 // stays. A connection keeps the context it was accepted with (an SSL holds
@@ -46,7 +50,8 @@ class TlsContext {
   // cannot be read or parsed, a certificate that has expired or is not yet
   // valid, a key that does not match the certificate, or a CA file without
   // a certificate.
-  static Status Create(const ServerOptions& options, std::shared_ptr<TlsContext>* result);
+  static Status Create(const ServerOptions& options, bool peer_client,
+                       std::shared_ptr<TlsContext>* result);
   ~TlsContext();
 
   // A new server-side SSL on the current certificate; the caller owns it
@@ -59,6 +64,10 @@ class TlsContext {
   // without a byte (a port probe) is not counted.
   SSL* NewCountedSsl();
   int64_t failed_handshakes() const { return failed_handshakes_.load(std::memory_order_relaxed); }
+  // A new client-side SSL for a call to a peer, on the current files; the
+  // caller owns it. Null without peer_client, or if OpenSSL is out of
+  // memory.
+  SSL* NewPeerSsl();
 
   // Starts the thread that reloads the files when they change. Idempotent.
   void Watch();
@@ -83,15 +92,21 @@ class TlsContext {
     bool operator==(const Stamp& o) const;
   };
 
-  explicit TlsContext(const ServerOptions& options) : options_(options) {}
+  TlsContext(const ServerOptions& options, bool peer_client)
+      : options_(options), peer_client_(peer_client) {}
+  // The server side, and with peer_client the client side (else *peer is
+  // left null): both or neither.
+  Status BuildBoth(SSL_CTX** ctx, SSL_CTX** peer) const;
   static Status Build(const ServerOptions& options, SSL_CTX** ctx);
   Stamp Current() const;
   bool CheckFiles();
   void Run();
 
   const ServerOptions options_;
+  const bool peer_client_;
   std::mutex mu_;
-  SSL_CTX* ctx_ = nullptr;  // GUARDED_BY(mu_); one reference is ours
+  SSL_CTX* ctx_ = nullptr;       // GUARDED_BY(mu_); one reference is ours
+  SSL_CTX* peer_ctx_ = nullptr;  // GUARDED_BY(mu_); with peer_client_
   Stamp loaded_;            // the files ctx_ (or the last refused try) was built from
   std::condition_variable wake_;
   bool stopping_ = false;   // GUARDED_BY(mu_)

@@ -211,8 +211,10 @@ struct Forwarder::Conn {
   std::deque<Op*> pending;  // sent, oldest first
 };
 
-Forwarder::Forwarder(event_base* base, Handler* handler, Cluster* cluster, const Config& config)
+Forwarder::Forwarder(event_base* base, Handler* handler, Cluster* cluster, const Config& config,
+                     std::shared_ptr<TlsContext> tls)
     : base_(base),
+      tls_(config.cluster.peer_tls ? std::move(tls) : nullptr),
       handler_(handler),
       cluster_(cluster),
       timeout_(config.cluster.peer_timeout_ms),
@@ -222,10 +224,6 @@ Forwarder::Forwarder(event_base* base, Handler* handler, Cluster* cluster, const
       in_protocol_(std::make_shared<TBinaryProtocol>(in_)),
       out_protocol_(std::make_shared<TBinaryProtocol>(out_)) {
   flush_event_ = event_new(base_, -1, 0, &Forwarder::OnFlush, this);
-  if (config.cluster.peer_tls) {
-    Status st = NewPeerClientContext(config.server, &tls_);
-    if (!st.ok()) spdlog::error("forwarder: peer TLS: {}", st.message());
-  }
   if (cluster_->replicator() != nullptr) {
     inbox_ = std::make_shared<Inbox>();
     inbox_->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -251,7 +249,6 @@ Forwarder::~Forwarder() {
     }
   }
   if (flush_event_ != nullptr) event_free(flush_event_);
-  if (tls_ != nullptr) SSL_CTX_free(tls_);
   if (inbox_ != nullptr) {
     std::lock_guard<std::mutex> lock(inbox_->mu);
     inbox_->closed = true;
@@ -638,7 +635,7 @@ std::string TlsFailure(SSL* ssl, int rc) {
 // address the ring gives for it (an IP literal: named hosts go through the
 // workers' client::Client, which checks the name).
 bool Forwarder::StartTls(Conn* conn) {
-  conn->ssl = SSL_new(tls_);
+  conn->ssl = tls_->NewPeerSsl();  // a reloaded certificate from the next connection on
   const std::string& address = conn->peer->address;
   std::string host = address.substr(0, address.rfind(':'));
   if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);

@@ -74,10 +74,10 @@
 #include "server/config.h"
 #include "server/event_server.h"
 #include "server/handler.h"
+#include "server/tls.h"
 
 struct event;
 
-struct ssl_ctx_st;
 
 namespace flatkv::server {
 
@@ -85,7 +85,10 @@ class Forwarder final : public AsyncCalls {
  public:
   // "handler" and "cluster" outlive the Forwarder; "base" is the I/O
   // thread's event loop, on which the peer connections are registered.
-  Forwarder(event_base* base, Handler* handler, Cluster* cluster, const Config& config);
+  // "tls" (with cluster.peer_tls) gives each new peer connection its client
+  // SSL on the current certificate files.
+  Forwarder(event_base* base, Handler* handler, Cluster* cluster, const Config& config,
+            std::shared_ptr<TlsContext> tls);
   // Closes the peer connections and drops the calls in flight unanswered
   // (the EventServer frees their client connections).
   ~Forwarder() override;
@@ -150,7 +153,7 @@ class Forwarder final : public AsyncCalls {
   static void OnFlush(int fd, short what, void* arg);
 
   event_base* const base_;
-  ssl_ctx_st* tls_ = nullptr;  // cluster.peer_tls: the client side; owned
+  const std::shared_ptr<TlsContext> tls_;  // with cluster.peer_tls
   Handler* const handler_;
   Cluster* const cluster_;
   const std::chrono::milliseconds timeout_;
