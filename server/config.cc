@@ -144,7 +144,7 @@ const std::vector<Key>& Schema() {
        Int<int>([](Config* c) { return &c->server.port; }, 0, 65535, "server.port")},
       {"server.workers", "auto",
        "handler threads; 0 = calls run on the I/O threads; auto = 0, or 16 with storage.sync: "
-       "always outside a ring and without TLS",
+       "always outside a ring",
        [](const std::string& text, Config* c) -> Status {
          if (text == "auto") {
            c->server.workers = -1;
@@ -504,9 +504,10 @@ Status CheckTls(Config* config) {
     config->cluster.peer_tls_cert_file = s.tls_cert_file;
     config->cluster.peer_tls_key_file = s.tls_key_file;
   }
-  if (s.tls() && config->server.workers > 0) {
+  if (s.tls() && config->cluster.enabled() && config->server.workers > 0) {
     return Bad("server.tls_cert_file",
-               "TLS is served by the I/O threads only: set server.workers to 0 or auto");
+               "a ring member's TLS port runs its calls on the I/O threads: set server.workers "
+               "to 0 or auto");
   }
   if (s.tls()) {
     struct stat st {};
@@ -588,10 +589,7 @@ Status LoadConfigInner(const std::string& path, const std::vector<std::string>& 
     // so that many wait together (group commit). A ring member's writes
     // wait for their chain without holding any thread (server/member/forwarder.h).
     config->server.workers =
-        config->storage.sync == engine::SyncMode::kAlways && !config->cluster.enabled() &&
-                !config->server.tls()
-            ? 16
-            : 0;
+        config->storage.sync == engine::SyncMode::kAlways && !config->cluster.enabled() ? 16 : 0;
   }
   if (config->storage.key_min >= config->storage.key_max) {
     return Status::InvalidArgument("storage.key_min: must be less than storage.key_max");

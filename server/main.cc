@@ -405,9 +405,10 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
                  config.cluster.advertise, config.cluster.zookeeper, config.cluster.service_path);
   }
   // server.workers = 0: no pool; each call runs on the I/O thread that read
-  // it (no hand-off between threads, no queue to overflow).
+  // it (no hand-off between threads, no queue to overflow). With TLS the
+  // workers are the EventPort's own (below): Thrift's pool port has no TLS.
   std::shared_ptr<ThreadManager> workers;
-  if (config.server.workers > 0) {
+  if (config.server.workers > 0 && !tls) {
     workers = ThreadManager::newSimpleThreadManager(static_cast<size_t>(config.server.workers));
     workers->threadFactory(std::make_shared<ThreadFactory>());
     workers->start();
@@ -432,6 +433,11 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
           [h = handler.get(), c = cluster.get(), &config, tls](event_base* base) {
             return std::make_unique<flatkv::server::Forwarder>(base, h, c, config, tls);
           });
+    } else if (config.server.workers > 0) {
+      // TLS with workers: the I/O threads do the TLS and hand every call
+      // to a worker, as Thrift's pool port does without TLS.
+      events->Offload([](const uint8_t*, uint32_t) { return true; }, config.server.workers,
+                      nullptr);
     }
     port = std::move(events);
   }

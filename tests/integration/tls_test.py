@@ -365,6 +365,39 @@ check(conn.getresponse().status == 200 and proc.poll() is None,
 conn.close()
 harness.stop(proc)
 
+# --- Workers behind TLS ------------------------------------------------------
+# storage.sync: always picks 16 workers (auto) with TLS too: the I/O thread
+# does the TLS and hands each call to a worker; every call still answers on
+# its own connection, in order.
+import threading  # noqa: E402
+proc, port, log = start_tls("w", "--set", "storage.sync=always")
+offloaded_before = stat(port, "server.offloaded")
+results = {}
+
+
+def writer(w):
+    c, t, _ = tls_client(port)
+    try:
+        for i in range(50):
+            k = 100000 + w * 1000 + i
+            c.put(k, b"w%d-%d" % (w, i))
+        results[w] = all(c.get(100000 + w * 1000 + i).value == b"w%d-%d" % (w, i)
+                         for i in range(50))
+    finally:
+        t.close()
+
+
+threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+for th in threads:
+    th.start()
+for th in threads:
+    th.join()
+check(len(results) == 8 and all(results.values()),
+      "8 TLS clients' puts under sync: always are each read back (%s)" % results)
+offloaded = stat(port, "server.offloaded") - offloaded_before
+check(offloaded >= 800, "each of their 800 calls ran on a worker (server.offloaded +%d)" % offloaded)
+harness.stop(proc)
+
 # --- Client certificates ----------------------------------------------------
 proc, port, log = start_tls("b", auth="required")
 r = cli(port, "put", "8", "eight", tls=("ca", "client"))

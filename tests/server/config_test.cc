@@ -324,16 +324,25 @@ TEST_CASE("TLS keys that go together are checked together", "[server][config]") 
   REQUIRE(st.message().find("server.tls_client_auth: required needs server.tls_ca_file") == 0);
   st = LoadConfig("", {"server.tls_client_auth=sometimes"}, &c);
   REQUIRE(st.message().find("server.tls_client_auth: must be one of") == 0);
+  // A ring member's TLS port has no worker pool; a standalone one has.
   st = LoadConfig("", {"server.tls_cert_file=/x.pem", "server.tls_key_file=/x.key",
-                       "server.workers=4"},
+                       "server.tls_ca_file=/ca.pem", "server.workers=4",
+                       "cluster.zookeeper=127.0.0.1:2181", "cluster.peer_tls=true"},
                   &c);
-  REQUIRE(st.message().find("server.tls_cert_file: TLS is served by the I/O threads") == 0);
-  // storage.sync: always picks no workers with TLS (auto).
+  REQUIRE(st.message().find("server.tls_cert_file: a ring member's TLS port runs its calls on "
+                            "the I/O threads") == 0);
+  REQUIRE(LoadConfig("", {"server.tls_cert_file=/x.pem", "server.tls_key_file=/x.key",
+                          "server.workers=4"},
+                     &c)
+              .ok());
+  REQUIRE(c.server.workers == 4);
+  // storage.sync: always picks 16 workers with TLS too (auto), so puts
+  // waiting for fdatasync wait on workers, not on the I/O threads.
   REQUIRE(LoadConfig("", {"server.tls_cert_file=/x.pem", "server.tls_key_file=/x.key",
                           "storage.sync=always"},
                      &c)
               .ok());
-  REQUIRE(c.server.workers == 0);
+  REQUIRE(c.server.workers == 16);
   REQUIRE(c.server.tls_client_auth == "none");
   st = LoadConfig("", {"cluster.peer_tls=yes"}, &c);
   REQUIRE(st.message() == "cluster.peer_tls: must be true or false, not 'yes'");
