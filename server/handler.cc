@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "server/methods.h"
 // The front still calls the ring member directly (server/member/README.md,
 // "The seam still missing").
 #include "server/member/cluster.h"
@@ -14,14 +15,6 @@
 
 namespace flatkv::server {
 namespace {
-
-constexpr const char* kMethodNames[] = {
-    "get", "put", "remove", "append", "multiGet", "multiPut", "scan", "scanLog", "sget", "sput",
-    "sremove", "setWriteMode", "getWriteMode", "compact", "compactionStatus", "info", "stats",
-    "ring", "peerGet", "peerPut", "peerRemove", "peerAppend", "peerMultiGet", "peerMultiPut",
-    "peerScan", "peerScanLog", "peerSGet", "peerSPut", "peerSRemove", "peerChain", "peerSnapshot",
-    "digest", "peerRepair", "verify", "peerExport", "peerFence", "peerDrop", "removeMark", "abortChange",
-    "backup", "backupStatus", "peerTrack", "peerDelta", "peerBucket"};
 
 // Room a frame needs beside the value: the call's name, sequence id, fields.
 constexpr uint64_t kFrameOverhead = 4096;
@@ -72,10 +65,10 @@ rpc::KvError Handler::Unexpected(Method method, const char* what) {
   errors_[method].fetch_add(1, std::memory_order_relaxed);
   if (what == nullptr) {
     return MakeError(rpc::ErrorCode::STORAGE_ERROR,
-                     std::string(kMethodNames[method]) + ": unexpected failure");
+                     std::string(TraitsOf(method).name) + ": unexpected failure");
   }
-  spdlog::error("{}: {}", kMethodNames[method], what);
-  return MakeError(rpc::ErrorCode::STORAGE_ERROR, std::string(kMethodNames[method]) + ": " + what);
+  spdlog::error("{}: {}", TraitsOf(method).name, what);
+  return MakeError(rpc::ErrorCode::STORAGE_ERROR, std::string(TraitsOf(method).name) + ": " + what);
 }
 
 Status Handler::ValueSize(size_t size) const {
@@ -487,8 +480,8 @@ void Handler::stats(std::map<std::string, int64_t>& result) {
 void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   std::map<std::string, int64_t>& result = *out;
   for (int m = 0; m < kMethods; ++m) {
-    result[std::string("calls.") + kMethodNames[m]] = calls_[m].load();
-    result[std::string("errors.") + kMethodNames[m]] = errors_[m].load();
+    result[std::string("calls.") + TraitsOf(static_cast<Method>(m)).name] = calls_[m].load();
+    result[std::string("errors.") + TraitsOf(static_cast<Method>(m)).name] = errors_[m].load();
   }
   const engine::cache::CacheStats c = cache_->stats();
   result["cache.hits"] = static_cast<int64_t>(c.hits);
@@ -567,7 +560,9 @@ std::string Handler::Degraded() const {
 
 std::vector<NamedLatency> Handler::latencies() const {
   std::vector<NamedLatency> out;
-  for (int m = 0; m < kMethods; ++m) out.emplace_back(kMethodNames[m], &latency_[m]);
+  for (int m = 0; m < kMethods; ++m) {
+    out.emplace_back(TraitsOf(static_cast<Method>(m)).name, &latency_[m]);
+  }
   return out;
 }
 

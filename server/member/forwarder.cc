@@ -25,6 +25,7 @@
 // Reply is called, and Fail() detaches and frees its Conn before it answers
 // any of its calls (a call sent again goes to a new Conn).
 #include "server/member/forwarder.h"
+#include "server/methods.h"
 #include "server/thrift_limits.h"
 #include "server/tls.h"
 
@@ -85,8 +86,6 @@ constexpr int kReadChunk = 64 << 10;
 constexpr size_t kMaxConnectionsPerPeer = 4;
 constexpr size_t kDeepPipeline = 16;
 
-enum class Result { kVoid, kBool, kGetResult };
-
 void PutFrameLength(uint8_t* at, uint32_t len) {
   at[0] = static_cast<uint8_t>(len >> 24);
   at[1] = static_cast<uint8_t>(len >> 16);
@@ -94,56 +93,31 @@ void PutFrameLength(uint8_t* at, uint32_t len) {
   at[3] = static_cast<uint8_t>(len);
 }
 
-// A client method forwarded here and its peer* twin (flatkv.thrift): the
-// client's arguments are (key[, value]), the peer's (ctx, key[, value]),
-// and both have the same result: field 0 "success" of type "result" (none
-// for void), field 1 "err" (KvError).
-struct Spec {
-  const char* name;
-  const char* peer_name;
-  Handler::Method method;
-  Handler::Method peer_method;
-  bool string_key;
-  bool has_value;
-  bool write;
-  bool idempotent;  // false: never sent twice (append)
-  Result result;
-};
-
-constexpr bool kStringKey = true, kIntKey = false;
-constexpr bool kValue = true, kNoValue = false;
-constexpr bool kWrite = true, kRead = false;
-
-const Spec kSpecs[] = {
-    {"get", "peerGet", Handler::kGet, Handler::kPeerGet, kIntKey, kNoValue, kRead, true,
-     Result::kGetResult},
-    {"put", "peerPut", Handler::kPut, Handler::kPeerPut, kIntKey, kValue, kWrite, true,
-     Result::kVoid},
-    {"remove", "peerRemove", Handler::kRemove, Handler::kPeerRemove, kIntKey, kNoValue, kWrite,
-     true, Result::kBool},
-    {"append", "peerAppend", Handler::kAppend, Handler::kPeerAppend, kIntKey, kValue, kWrite,
-     false, Result::kVoid},
-    {"sget", "peerSGet", Handler::kSGet, Handler::kPeerSGet, kStringKey, kNoValue, kRead, true,
-     Result::kGetResult},
-    {"sput", "peerSPut", Handler::kSPut, Handler::kPeerSPut, kStringKey, kValue, kWrite, true,
-     Result::kVoid},
-    {"sremove", "peerSRemove", Handler::kSRemove, Handler::kPeerSRemove, kStringKey, kNoValue,
-     kWrite, true, Result::kBool},
-};
-
-// The spec of a client method, or of a peer write (*peer).
-const Spec* FindSpec(std::string_view name, bool* peer) {
-  for (const Spec& spec : kSpecs) {
-    *peer = spec.write && name == spec.peer_name;
-    if (name == spec.name || *peer) return &spec;
-  }
-  return nullptr;
+// A client method forwarded here and its peer* twin (server/methods.h):
+// the client's arguments are (key[, value]), the peer's (ctx, key[, value]),
+// and both have the same result: field 0 "success" (none for void), field
+// 1 "err" (KvError). The traits of a single-key client call, for the call
+// or (*peer) for its peer* twin if that is a write; nullptr for the rest.
+const MethodTraits* FindSpec(std::string_view name, bool* peer) {
+  const MethodTraits* t = FindMethod(name);
+  *peer = false;
+  if (t == nullptr) return nullptr;
+  if (t->dispatch == Dispatch::kRouted) return t;
+  if (t->twin == Handler::kMethods) return nullptr;
+  const MethodTraits& client = TraitsOf(t->twin);
+  if (client.dispatch != Dispatch::kRouted || !client.write) return nullptr;
+  *peer = true;
+  return &client;
 }
+
+// The name of the peer* twin of a single-key client call.
+const char* PeerName(const MethodTraits& spec) { return TraitsOf(spec.twin).name; }
+bool StringKey(const MethodTraits& spec) { return spec.key == KeyKind::kString; }
 
 }  // namespace
 
 struct Forwarder::Op {
-  const Spec* spec = nullptr;
+  const MethodTraits* spec = nullptr;
   int32_t seqid = 0;  // the client's
   bool peer = false;  // a peer write (peerPut ...) for this member's chain
   rpc::PeerContext ctx;  // its context
@@ -332,10 +306,10 @@ bool Forwarder::Parse(const uint8_t* message, uint32_t len, Op* op, bool* inline
         if (fid == 1 && op->peer && ftype == T_STRUCT) {
           op->ctx.read(in_protocol_.get());
           have_ctx = true;
-        } else if (fid == key_id && !op->spec->string_key && ftype == T_I64) {
+        } else if (fid == key_id && !StringKey(*op->spec) && ftype == T_I64) {
           in_protocol_->readI64(op->key);
           have_key = true;
-        } else if (fid == key_id && op->spec->string_key && ftype == T_STRING) {
+        } else if (fid == key_id && StringKey(*op->spec) && ftype == T_STRING) {
           in_protocol_->readBinary(op->string_key);
           have_key = true;
         } else if (fid == key_id + 1 && op->spec->has_value && ftype == T_STRING) {
@@ -366,10 +340,10 @@ AsyncCalls::Decision Forwarder::Start(const uint8_t* message, uint32_t len, Repl
   if (!Parse(message, len, op.get(), &inline_call)) {
     return inline_call ? Decision::kInline : Decision::kNotTaken;
   }
-  const Spec& spec = *op->spec;
+  const MethodTraits& spec = *op->spec;
   // The handler answers these at once, before any forward.
   if (spec.has_value && op->value.size() > handler_->max_value_bytes()) return Decision::kInline;
-  const int64_t hash = spec.string_key ? handler_->StringHash(op->string_key) : op->key;
+  const int64_t hash = StringKey(spec) ? handler_->StringHash(op->string_key) : op->key;
   if (op->peer) {
     // A peer's write for our chain: checked as the handler's peer* method
     // checks it, refused through the inbox (never inside Start()).
@@ -383,7 +357,7 @@ AsyncCalls::Decision Forwarder::Start(const uint8_t* message, uint32_t len, Repl
     } else {
       inbox_->Push(raw, st, false);
     }
-    handler_->CountCall(spec.peer_method);
+    handler_->CountCall(spec.twin);
     *ticket = raw;
     return Decision::kTaken;
   }
@@ -469,7 +443,7 @@ bool Forwarder::Send(Peer* peer, Op* op) {
     if (fresh != nullptr) conn = fresh;
   }
   if (conn == nullptr) return false;
-  const Spec& spec = *op->spec;
+  const MethodTraits& spec = *op->spec;
   op->peer_seqid = conn->next_seqid++;
   op->on_used_conn = conn->completed > 0;
   try {
@@ -477,12 +451,12 @@ bool Forwarder::Send(Peer* peer, Op* op) {
     out_->getWritePtr(kFrameHeader);
     out_->wroteBytes(kFrameHeader);  // the length, filled in below
     TBinaryProtocol* p = out_protocol_.get();
-    p->writeMessageBegin(spec.peer_name, T_CALL, op->peer_seqid);
+    p->writeMessageBegin(PeerName(spec), T_CALL, op->peer_seqid);
     p->writeStructBegin("args");
     p->writeFieldBegin("ctx", T_STRUCT, 1);
     op->target.context.write(p);
     p->writeFieldEnd();
-    if (spec.string_key) {
+    if (StringKey(spec)) {
       p->writeFieldBegin("key", T_STRING, 2);
       p->writeBinary(op->string_key);
     } else {
@@ -772,7 +746,7 @@ void Forwarder::Read(Conn* conn) {
 bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
   if (conn->pending.empty()) return false;
   Op* op = conn->pending.front();
-  const Spec& spec = *op->spec;
+  const MethodTraits& spec = *op->spec;
   Outcome outcome;
   std::string failure;
   bool in_step = true;
@@ -788,7 +762,7 @@ bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
     TMessageType type;
     int32_t seqid = 0;
     p->readMessageBegin(name, type, seqid);
-    if (seqid != op->peer_seqid || name != spec.peer_name) {
+    if (seqid != op->peer_seqid || name != PeerName(spec)) {
       in_step = false;
     } else if (type == T_EXCEPTION) {
       TApplicationException e;
@@ -804,10 +778,10 @@ bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
       for (;;) {
         p->readFieldBegin(ignored, ftype, fid);
         if (ftype == T_STOP) break;
-        if (fid == 0 && spec.result == Result::kGetResult && ftype == T_STRUCT) {
+        if (fid == 0 && spec.result == ResultKind::kGetResult && ftype == T_STRUCT) {
           outcome.get.read(p);
           outcome.has_success = true;
-        } else if (fid == 0 && spec.result == Result::kBool && ftype == T_BOOL) {
+        } else if (fid == 0 && spec.result == ResultKind::kBool && ftype == T_BOOL) {
           p->readBool(outcome.existed);
           outcome.has_success = true;
         } else if (fid == 1 && ftype == T_STRUCT) {
@@ -829,8 +803,8 @@ bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
       }
       p->readStructEnd();
       p->readMessageEnd();
-      if (!outcome.has_err && !outcome.has_success && spec.result != Result::kVoid) {
-        failure = std::string(spec.peer_name) + " failed: unknown result";  // as recv_peer*
+      if (!outcome.has_err && !outcome.has_success && spec.result != ResultKind::kVoid) {
+        failure = std::string(PeerName(spec)) + " failed: unknown result";  // as recv_peer*
       }
     }
   } catch (const std::exception& e) {
@@ -843,7 +817,7 @@ bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
   conn->pending.pop_front();
   ++conn->completed;
   if (!failure.empty()) {
-    FailOp(op, conn->peer->address + ": " + spec.peer_name + ": " + failure);
+    FailOp(op, conn->peer->address + ": " + PeerName(spec) + ": " + failure);
   } else if (outcome.has_err && outcome.err.code == rpc::ErrorCode::NOT_OWNER) {
     Redo(op);
   } else {
@@ -856,8 +830,8 @@ bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
 // would: "success" if set, else "err" if set (never both).
 void Forwarder::Answer(Op* op, const Outcome& outcome) {
   std::unique_ptr<Op> owned(op);
-  const Spec& spec = *op->spec;
-  handler_->Finish(op->peer ? spec.peer_method : spec.method, op->start, outcome.has_err);
+  const MethodTraits& spec = *op->spec;
+  handler_->Finish(op->peer ? spec.twin : spec.method, op->start, outcome.has_err);
   Reply* reply = op->reply;
   op->reply = nullptr;
   if (reply == nullptr) return;  // the client went away
@@ -868,17 +842,17 @@ void Forwarder::Answer(Op* op, const Outcome& outcome) {
     out_->getWritePtr(kFrameHeader);
     out_->wroteBytes(kFrameHeader);
     TBinaryProtocol* p = out_protocol_.get();
-    p->writeMessageBegin(op->peer ? spec.peer_name : spec.name, T_REPLY, op->seqid);
+    p->writeMessageBegin(op->peer ? PeerName(spec) : spec.name, T_REPLY, op->seqid);
     p->writeStructBegin("result");
     if (outcome.has_err) {
       p->writeFieldBegin("err", T_STRUCT, 1);
       outcome.err.write(p);
       p->writeFieldEnd();
-    } else if (spec.result == Result::kGetResult) {
+    } else if (spec.result == ResultKind::kGetResult) {
       p->writeFieldBegin("success", T_STRUCT, 0);
       outcome.get.write(p);
       p->writeFieldEnd();
-    } else if (spec.result == Result::kBool) {
+    } else if (spec.result == ResultKind::kBool) {
       p->writeFieldBegin("success", T_BOOL, 0);
       p->writeBool(outcome.existed);
       p->writeFieldEnd();
@@ -910,7 +884,7 @@ void Forwarder::FailOp(Op* op, const std::string& why, bool sent) {
 // re-reads the ring and makes the one retry.
 void Forwarder::Redo(Op* op) {
   std::unique_ptr<Op> owned(op);
-  const Spec& spec = *op->spec;
+  const MethodTraits& spec = *op->spec;
   Reply* reply = op->reply;
   op->reply = nullptr;
   if (reply == nullptr) {
@@ -924,7 +898,7 @@ void Forwarder::Redo(Op* op) {
     TBinaryProtocol* p = out_protocol_.get();
     p->writeMessageBegin(spec.name, T_CALL, op->seqid);
     p->writeStructBegin("args");
-    if (spec.string_key) {
+    if (StringKey(spec)) {
       p->writeFieldBegin("key", T_STRING, 1);
       p->writeBinary(op->string_key);
     } else {
@@ -990,7 +964,7 @@ void Forwarder::Fail(Conn* conn, bool timed_out, bool connecting, const std::str
     }
     FailOp(op,
            peer->address + (connecting ? ": cannot connect: "
-                                       : std::string(": ") + op->spec->peer_name + ": ") +
+                                       : std::string(": ") + PeerName(*op->spec) + ": ") +
                why,
            // In doubt if any attempt went out: a call sent again whose fresh
            // connection could not be made was sent once before it.

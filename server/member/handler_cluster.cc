@@ -17,6 +17,7 @@
 #include "server/member/cluster.h"
 #include "server/member/migration.h"
 #include "server/member/replicator.h"
+#include "server/methods.h"
 
 namespace flatkv::server {
 namespace {
@@ -109,31 +110,24 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
       !r.Bytes(&name) || !r.I32(&seqid)) {
     return false;  // malformed or old-style: answered at once, inline
   }
-  // A chain message is answered at once on the I/O thread
-  // (Replicator::OnFrame) unless the loop is behind: then on a worker,
-  // which waits for it.
-  if (replicator_ != nullptr && name == "peerChain") return replicator_->FramesBacklogged();
-  // Writes through a chain wait for it (server/member/replicator.h): on a worker.
-  if (replicator_ != nullptr &&
-      (name == "peerSnapshot" || name == "peerPut" ||
-       name == "peerRemove" || name == "peerAppend" || name == "peerMultiPut" ||
-       name == "peerSPut" || name == "peerSRemove" || name == "digest" ||
-       name == "peerRepair" || name == "peerExport" || name == "peerFence" ||
-       name == "peerDrop" || name == "peerTrack" || name == "peerDelta" ||
-       name == "peerBucket")) {
-    return true;
+  const MethodTraits* traits = FindMethod(name);
+  if (traits == nullptr) return false;  // answered at once: no such method
+  switch (traits->dispatch) {
+    case Dispatch::kInline:
+      return false;
+    case Dispatch::kFanOut:
+    case Dispatch::kWholeStore:
+      return true;
+    case Dispatch::kChainWait:  // waits for the chain (server/member/replicator.h)
+      return replicator_ != nullptr;
+    case Dispatch::kChainFrame:
+      // Answered at once on the I/O thread (Replicator::OnFrame) unless
+      // the loop is behind: then on a worker, which waits for it.
+      return replicator_ != nullptr && replicator_->FramesBacklogged();
+    case Dispatch::kRouted:
+      break;
   }
-  // Calls that never forward: served here whatever the ring says.
-  if (name == "verify") return true;  // reads the whole store
-  if (name == "backup") return true;  // flushes the cache first
-  if (name.substr(0, 4) == "peer" || name == "digest" || name == "ring" || name == "info" ||
-      name == "stats" || name == "getWriteMode" || name == "setWriteMode" ||
-      name == "compact" || name == "compactionStatus" || name == "backupStatus") {
-    return false;
-  }
-  const bool int_key = name == "get" || name == "put" || name == "remove" || name == "append";
-  const bool string_key = name == "sget" || name == "sput" || name == "sremove";
-  if (!int_key && !string_key) return true;  // batches and scans may fan out
+  const bool int_key = traits->key == KeyKind::kInt;
   const uint8_t* type;
   const uint8_t* id;
   if (!r.Take(1, &type) || !r.Take(2, &id) || (id[0] << 8 | id[1]) != 1) return true;
@@ -146,10 +140,9 @@ bool Handler::MayBlock(const uint8_t* message, uint32_t len) const {
     hash = StringHash(std::string(key));
   }
   Cluster::Target target;
-  const bool write = name != "get" && name != "sget";
   // No ring or no member: answered UNAVAILABLE at once, inline.
-  if (!cluster_->Route(hash, write, &target).ok()) return false;
-  return !target.local || (write && replicator_ != nullptr);
+  if (!cluster_->Route(hash, traits->write, &target).ok()) return false;
+  return !target.local || (traits->write && replicator_ != nullptr);
 }
 
 thread_local Handler::Retry Handler::retry_;
