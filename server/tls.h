@@ -9,13 +9,14 @@
 // Reload: Watch() starts a thread that looks at the three files' mtime and
 // size every second (and at once after Reload() is called, e.g. on
 // SIGHUP); when one changed it builds a new SSL_CTX (two with peer_client)
-// from them. If that
-// fails (a half-written file, a key that does not match, an expired
-// certificate) the error is logged once per change and the old context
-// stays. A connection keeps the context it was accepted with (an SSL holds
-// a reference to its SSL_CTX), so no connection is dropped by a reload.
+// from them. If that fails (a half-written file, a key that does not
+// match, an expired certificate) the error is logged once per change and
+// the old context stays. A connection keeps the context it was accepted
+// with (an SSL holds a reference to its SSL_CTX), so no connection is
+// dropped by a reload.
 //
-// Thread safety: NewSsl(), Reload() and the counters may be called from any
+// Thread safety: the New*Ssl() calls, Reload() and the counters may be
+// called from any
 // thread; Create() and the destructor from one.
 #pragma once
 
