@@ -179,8 +179,13 @@ def fault_timings(events, ops, watch, members):
             # cut from ZooKeeper, the time from the last call it answered
             # itself to its node's removal. (Its other calls it forwards,
             # and the new chain answers them; a middle forwards all.)
+            # With two marks a member also forwards its clients' calls for
+            # the other mark's keys (and a ring change moves keys between
+            # them), which the client cannot tell from its own answers: no
+            # margin there.
             own = {"head": WRITES, "tail": ("get",)}.get(row["role"], ())
-            if gone is not None and own and "zk" in ev["detail"]:
+            one_mark = len({x.mark for x in members}) == 1
+            if gone is not None and own and one_mark and "zk" in ev["detail"]:
                 served_own = [r["ret"] for r in ops if r["member"] == m.address and r["type"] == "ok"
                               and r["f"] in own and t0 <= r["ret"] <= gone]
                 if served_own:
