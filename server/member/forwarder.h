@@ -78,7 +78,6 @@
 
 struct event;
 
-
 namespace flatkv::server {
 
 class Forwarder final : public AsyncCalls {
