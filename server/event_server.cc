@@ -50,15 +50,19 @@
 // the Connection at once: the AsyncCalls forgets the Reply. Free() destroys
 // the AsyncCalls before the Connections, so it never calls a freed Reply.
 //
-// TLS (SetTls()): a connection is then an OpenSSL bufferevent
-// (bufferevent_openssl, accepting) and libevent does its reading and
-// writing: the bufferevent's read callback serves the frames, its read
-// high-water mark (one largest frame plus its header) bounds the input, and
-// its writing stays enabled (it writes whatever the output holds). Pausing
-// and resuming a connection's reading is then bufferevent_disable/enable
-// instead of our own read event. A connection whose handshake fails (a
-// plaintext client, a certificate refused either way) or does not finish
-// within kHandshakeSeconds is closed and counted; nothing is served to it.
+// TLS (SetTls()): a connection also holds an OpenSSL session on its socket
+// (SSL_set_fd) and a write event. Its read event runs the handshake (with
+// a kHandshakeSeconds timeout until it completes), then SSL_read straight
+// into the input, like Read(); Flush() writes the output with SSL_write, a
+// record per call, and only a session that wants the socket writable adds
+// the write event. So a TLS call costs the system calls of a plaintext one:
+// no extra read to find the socket drained, no epoll_ctl to enable or
+// disable writing. A session reads ahead: what it holds decrypted or
+// undecrypted is not in the socket, so whenever reading stops with bytes
+// still held (SSL_has_pending), the read event is made active by hand. A
+// connection whose handshake fails (a plaintext client, a certificate
+// refused either way) or does not finish in time is closed and counted;
+// nothing is served to it.
 //
 // Stop() order: every thread frees its listener and breaks its loop from
 // the wake-up callback, so no connection is accepted after Stop() began and
@@ -80,6 +84,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -94,7 +99,6 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <openssl/err.h>
@@ -276,10 +280,15 @@ struct EventServer::Connection final : public AsyncCalls::Reply {
             std::function<void(const std::function<void()>&)> wrap) override;
 
   IoThread* io;
-  bufferevent* bev;              // plaintext: EV_READ never enabled (read_event reads); null once closed
-  event* read_event = nullptr;   // plaintext only; null once closed
-  bool tls = false;        // bev is an OpenSSL bufferevent: it reads and writes itself
-  bool handshaken = false;  // tls: the handshake completed
+  bufferevent* bev;              // EV_READ never enabled (read_event reads); null once closed
+  event* read_event = nullptr;   // null once closed
+  // TLS (SetTls()): the session on the socket, and the write event its
+  // SSL_ERROR_WANT_WRITE waits for (bev's own writing would send plaintext).
+  SSL* ssl = nullptr;
+  event* write_event = nullptr;
+  bool handshaken = false;        // ssl: the handshake completed
+  bool read_wants_write = false;  // ssl: SSL_read waits for the socket to take bytes
+  bool write_wants_read = false;  // ssl: SSL_write waits for bytes from the client
   bool paused = false;   // input not read until the pending answers are written
   bool busy = false;     // a call is on a worker: input neither read nor served
   bool waiting = false;  // a call is with the AsyncCalls: input read (one frame at most), not served
@@ -403,21 +412,30 @@ class EventServer::IoThread {
 
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
   static void OnWakeup(evutil_socket_t, short, void* arg);
-  static void OnReadable(evutil_socket_t fd, short, void* arg);
-  static void OnTlsRead(bufferevent*, void* arg);
+  static void OnReadable(evutil_socket_t fd, short what, void* arg);
+  static void OnTlsWritable(evutil_socket_t fd, short, void* arg);
   static void OnWrite(bufferevent*, void* arg);
   static void OnEvent(bufferevent*, short what, void* arg);
 
   void Accept(evutil_socket_t fd);
   void Adopt(evutil_socket_t fd);
-  bufferevent* NewTlsBufferevent(evutil_socket_t fd);
-  // Stop / start reading the client (our read event, or a TLS
-  // bufferevent's reading). ResumeReading is false on failure.
+  // Makes "conn" (its read event not yet added) a TLS server session with
+  // the current certificate; false if out of memory.
+  bool StartTls(Connection* conn, evutil_socket_t fd);
+  // Stop / start reading the client (its read event; a TLS session's
+  // decrypted bytes already buffered are read at once too). ResumeReading
+  // is false on failure.
   void StopReading(Connection* conn);
   bool ResumeReading(Connection* conn);
   void DrainPipe(bool stopped);
   void TakeAnswers();
   void Read(Connection* conn, evutil_socket_t fd);
+  void TlsReadable(Connection* conn, bool timed_out);
+  // One step of the server handshake; true once it completed. A failure
+  // (or "timed_out") closes the connection and counts it.
+  bool Handshake(Connection* conn, bool timed_out);
+  void TlsRead(Connection* conn);
+  bool TlsFlush(Connection* conn);
   static size_t ReadSize(evbuffer* input, size_t have);
   void ServeFrames(Connection* conn);
   bool WantsWorker(const uint8_t* message, uint32_t len) const;
@@ -635,18 +653,25 @@ void EventServer::IoThread::Accept(evutil_socket_t fd) {
 void EventServer::IoThread::Adopt(evutil_socket_t fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  const bool tls = server_->tls_ != nullptr;
-  bufferevent* bev = tls ? NewTlsBufferevent(fd) : bufferevent_socket_new(base_, fd, BEV_OPT_CLOSE_ON_FREE);
+  bufferevent* bev = bufferevent_socket_new(base_, fd, BEV_OPT_CLOSE_ON_FREE);
   Connection* conn = bev != nullptr ? new (std::nothrow) Connection(this, bev) : nullptr;
-  if (conn != nullptr && !tls) {
+  if (conn != nullptr) {
     conn->read_event = event_new(base_, fd, EV_READ | EV_PERSIST, &IoThread::OnReadable, conn);
   }
-  if (conn == nullptr ||
-      (!tls && (conn->read_event == nullptr || event_add(conn->read_event, nullptr) != 0))) {
-    if (conn != nullptr && conn->read_event != nullptr) event_free(conn->read_event);
-    delete conn;
+  // A TLS client has kHandshakeSeconds to finish its handshake: the read
+  // event's timeout until then.
+  const timeval handshake{kHandshakeSeconds, 0};
+  const bool tls = server_->tls_ != nullptr;
+  if (conn == nullptr || conn->read_event == nullptr || (tls && !StartTls(conn, fd)) ||
+      event_add(conn->read_event, tls ? &handshake : nullptr) != 0) {
+    if (conn != nullptr) {
+      if (conn->read_event != nullptr) event_free(conn->read_event);
+      if (conn->write_event != nullptr) event_free(conn->write_event);
+      if (conn->ssl != nullptr) SSL_free(conn->ssl);
+      delete conn;
+    }
     if (bev != nullptr) bufferevent_free(bev);
-    else if (!tls) close(fd);  // a TLS bufferevent that failed may have closed it
+    else close(fd);
     server_->open_.fetch_sub(1, std::memory_order_relaxed);
     spdlog::error("cannot serve a connection: out of memory");
     return;
@@ -654,56 +679,200 @@ void EventServer::IoThread::Adopt(evutil_socket_t fd) {
   connections_.insert(conn);
   load_.fetch_add(1, std::memory_order_relaxed);
   server_->accepted_.fetch_add(1, std::memory_order_relaxed);
-  if (!tls) {
-    bufferevent_setcb(bev, nullptr, &IoThread::OnWrite, &IoThread::OnEvent, conn);
-    bufferevent_disable(bev, EV_READ | EV_WRITE);
+  bufferevent_setcb(bev, nullptr, &IoThread::OnWrite, &IoThread::OnEvent, conn);
+  bufferevent_disable(bev, EV_READ | EV_WRITE);
+}
+
+// The session reads ahead (one read() takes whatever the client sent, not
+// a record header and then its body) and writes record by record
+// (SSL_MODE_ENABLE_PARTIAL_WRITE: the output is drained as records go out).
+bool EventServer::IoThread::StartTls(Connection* conn, evutil_socket_t fd) {
+  conn->ssl = server_->tls_->NewSsl();
+  conn->write_event = event_new(base_, fd, EV_WRITE, &IoThread::OnTlsWritable, conn);
+  if (conn->ssl == nullptr || conn->write_event == nullptr || SSL_set_fd(conn->ssl, fd) != 1) {
+    return false;
+  }
+  SSL_set_accept_state(conn->ssl);
+  SSL_set_mode(conn->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  SSL_set_read_ahead(conn->ssl, 1);
+  return true;
+}
+
+void EventServer::IoThread::StopReading(Connection* conn) { event_del(conn->read_event); }
+
+// Bytes a TLS session read ahead and holds are not in the socket: epoll
+// would not report them, so the read event is made active for them.
+bool EventServer::IoThread::ResumeReading(Connection* conn) {
+  if (event_add(conn->read_event, nullptr) != 0) return false;
+  if (conn->ssl != nullptr && SSL_has_pending(conn->ssl) != 0) {
+    event_active(conn->read_event, EV_READ, 1);
+  }
+  return true;
+}
+
+void EventServer::IoThread::OnReadable(evutil_socket_t fd, short what, void* arg) {
+  auto* conn = static_cast<Connection*>(arg);
+  if (conn->ssl != nullptr) return conn->io->TlsReadable(conn, (what & EV_TIMEOUT) != 0);
+  conn->io->Read(conn, fd);
+}
+
+void EventServer::IoThread::OnTlsWritable(evutil_socket_t, short, void* arg) {
+  auto* conn = static_cast<Connection*>(arg);
+  IoThread* io = conn->io;
+  if (!conn->handshaken) {
+    if (io->Handshake(conn, false)) io->TlsRead(conn);
     return;
   }
-  conn->tls = true;
-  bufferevent_setcb(bev, &IoThread::OnTlsRead, &IoThread::OnWrite, &IoThread::OnEvent, conn);
-  bufferevent_setwatermark(bev, EV_READ, 0, max_frame_ + kFrameHeader);
-  const timeval handshake{kHandshakeSeconds, 0};
-  bufferevent_set_timeouts(bev, &handshake, &handshake);
-  if (bufferevent_enable(bev, EV_READ | EV_WRITE) != 0) Close(conn);
-}
-
-// An accepting OpenSSL bufferevent on "fd" with the current certificate;
-// null if out of memory.
-bufferevent* EventServer::IoThread::NewTlsBufferevent(evutil_socket_t fd) {
-  SSL* ssl = server_->tls_->NewSsl();
-  if (ssl == nullptr) {
-    close(fd);
-    return nullptr;
+  if (conn->read_wants_write) {  // read again in this round
+    conn->read_wants_write = false;
+    event_active(conn->read_event, EV_READ, 1);
   }
-  // On failure libevent has freed the SSL (and closed the socket) or not,
-  // depending on where it failed: both are left, a leak at worst.
-  return bufferevent_openssl_socket_new(base_, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
-                                        BEV_OPT_CLOSE_ON_FREE);
+  if (!io->TlsFlush(conn)) return;
+  if (evbuffer_get_length(bufferevent_get_output(conn->bev)) == 0) OnWrite(conn->bev, conn);
 }
 
-void EventServer::IoThread::StopReading(Connection* conn) {
-  if (conn->tls) {
-    bufferevent_disable(conn->bev, EV_READ);
-  } else {
+void EventServer::IoThread::TlsReadable(Connection* conn, bool timed_out) {
+  if (!conn->handshaken && !Handshake(conn, timed_out)) return;
+  if (conn->write_wants_read) {
+    conn->write_wants_read = false;
+    event_active(conn->write_event, EV_WRITE, 1);
+  }
+  if (!conn->paused) TlsRead(conn);
+}
+
+bool EventServer::IoThread::Handshake(Connection* conn, bool timed_out) {
+  std::string reason = "not finished within " + std::to_string(kHandshakeSeconds) + " s";
+  bool count = true;
+  if (!timed_out) {
+    ERR_clear_error();
+    const int rc = SSL_do_handshake(conn->ssl);
+    if (rc == 1) {
+      conn->handshaken = true;
+      // No timeout from now on: an idle client stays connected.
+      event_del(conn->read_event);
+      if (event_add(conn->read_event, nullptr) != 0) {
+        Close(conn);
+        return false;
+      }
+      return true;
+    }
+    const int err = SSL_get_error(conn->ssl, rc);
+    if (err == SSL_ERROR_WANT_READ) return false;  // the read event is added
+    if (err == SSL_ERROR_WANT_WRITE) {
+      if (event_add(conn->write_event, nullptr) != 0) Close(conn);
+      return false;
+    }
+    const int sys = errno;
+    const unsigned long code = ERR_peek_error();
+    char buf[256];
+    ERR_error_string_n(code, buf, sizeof(buf));
+    reason = code != 0 ? buf : sys != 0 ? std::strerror(sys) : "connection closed";
+    // A client that closes before finishing its hello (a port probe that
+    // connects and closes) is not counted.
+    count = !(err == SSL_ERROR_ZERO_RETURN || (code == 0 && sys == 0) ||
+              ERR_GET_REASON(code) == SSL_R_UNEXPECTED_EOF_WHILE_READING);
+    ERR_clear_error();
+  }
+  if (count) {
+    server_->tls_handshake_errors_.fetch_add(1, std::memory_order_relaxed);
+    WarnRateLimited("TLS handshake failed; connection closed: " + reason);
+  }
+  Close(conn);
+  return false;
+}
+
+// SSL_read straight into the input's own memory, record after record while
+// the session holds more (read ahead), up to one largest frame plus its
+// header; then the frames are served. End of stream or an error closes
+// the connection.
+void EventServer::IoThread::TlsRead(Connection* conn) {
+  evbuffer* input = bufferevent_get_input(conn->bev);
+  const size_t limit = max_frame_ + kFrameHeader;
+  if (evbuffer_get_length(input) >= limit) {  // as in Read(): waiting, input full
+    conn->stalled = true;
     event_del(conn->read_event);
+    return;
   }
+  evbuffer_unfreeze(input, 0);
+  bool got = false;
+  bool failed = false;
+  for (size_t have = evbuffer_get_length(input); have < limit; have = evbuffer_get_length(input)) {
+    evbuffer_iovec space;
+    const size_t want = std::min(limit - have, ReadSize(input, have));
+    if (evbuffer_reserve_space(input, static_cast<ev_ssize_t>(want), &space, 1) != 1) {
+      failed = true;
+      break;
+    }
+    ERR_clear_error();
+    const int n = SSL_read(conn->ssl, space.iov_base,
+                           static_cast<int>(std::min({want, space.iov_len, size_t{INT_MAX}})));
+    if (n > 0) {
+      space.iov_len = static_cast<size_t>(n);
+      if (evbuffer_commit_space(input, &space, 1) != 0) {
+        failed = true;
+        break;
+      }
+      got = true;
+      if (SSL_has_pending(conn->ssl) == 0) break;
+      continue;
+    }
+    const int err = SSL_get_error(conn->ssl, n);
+    if (err == SSL_ERROR_WANT_WRITE) {
+      conn->read_wants_write = true;
+      failed = event_add(conn->write_event, nullptr) != 0;
+    } else if (err != SSL_ERROR_WANT_READ) {
+      failed = true;  // close_notify, end of stream, a reset, a bad record
+    }
+    ERR_clear_error();
+    break;
+  }
+  evbuffer_freeze(input, 0);
+  if (failed) {
+    Close(conn);
+    return;
+  }
+  // Stopped with a full input while the session holds more: read on once
+  // the frames are served (or at ResumeReading()).
+  if (SSL_has_pending(conn->ssl) != 0) event_active(conn->read_event, EV_READ, 1);
+  if (got) ServeFrames(conn);
 }
 
-bool EventServer::IoThread::ResumeReading(Connection* conn) {
-  if (conn->tls) return bufferevent_enable(conn->bev, EV_READ) == 0;
-  return event_add(conn->read_event, nullptr) == 0;
-}
-
-// TLS: the bufferevent decrypted more input (at most up to its high-water
-// mark); served like the plaintext input Read() appends.
-void EventServer::IoThread::OnTlsRead(bufferevent*, void* arg) {
-  auto* conn = static_cast<Connection*>(arg);
-  conn->io->ServeFrames(conn);
-}
-
-void EventServer::IoThread::OnReadable(evutil_socket_t fd, short, void* arg) {
-  auto* conn = static_cast<Connection*>(arg);
-  conn->io->Read(conn, fd);
+// SSL_write of the output, a record (at most 16 KiB) at a time; what the
+// socket does not take waits for the write event. False if the connection
+// failed (it is closed then).
+bool EventServer::IoThread::TlsFlush(Connection* conn) {
+  constexpr size_t kRecord = 16 << 10;
+  evbuffer* output = bufferevent_get_output(conn->bev);
+  evbuffer_unfreeze(output, 1);
+  bool failed = false;
+  for (size_t len = evbuffer_get_length(output); len > 0; len = evbuffer_get_length(output)) {
+    const size_t n = std::min(len, kRecord);
+    uint8_t* data = evbuffer_pullup(output, static_cast<ev_ssize_t>(n));
+    if (data == nullptr) {
+      failed = true;
+      break;
+    }
+    ERR_clear_error();
+    const int written = SSL_write(conn->ssl, data, static_cast<int>(n));
+    if (written > 0) {
+      evbuffer_drain(output, static_cast<size_t>(written));
+      continue;
+    }
+    const int err = SSL_get_error(conn->ssl, written);
+    if (err == SSL_ERROR_WANT_WRITE) {
+      failed = event_add(conn->write_event, nullptr) != 0;
+    } else if (err == SSL_ERROR_WANT_READ) {
+      conn->write_wants_read = true;
+      failed = event_add(conn->read_event, nullptr) != 0;
+    } else {
+      failed = true;
+    }
+    ERR_clear_error();
+    break;
+  }
+  evbuffer_freeze(output, 1);
+  if (failed) Close(conn);
+  return !failed;
 }
 
 // One recv(), at most up to one largest frame plus its header buffered,
@@ -769,7 +938,7 @@ size_t EventServer::IoThread::ReadSize(evbuffer* input, size_t have) {
 // the frames that arrived while the connection was paused.
 void EventServer::IoThread::OnWrite(bufferevent* bev, void* arg) {
   auto* conn = static_cast<Connection*>(arg);
-  if (!conn->tls) bufferevent_disable(bev, EV_WRITE);  // a TLS bufferevent writes by itself
+  bufferevent_disable(bev, EV_WRITE);
   if (conn->paused) {
     conn->paused = false;
     if (!conn->io->ResumeReading(conn)) {
@@ -780,33 +949,11 @@ void EventServer::IoThread::OnWrite(bufferevent* bev, void* arg) {
   }
 }
 
-void EventServer::IoThread::OnEvent(bufferevent* bev, short what, void* arg) {
+// Libevent could not write pending answers (the client reset or went
+// away); end of stream itself shows up in Read().
+void EventServer::IoThread::OnEvent(bufferevent*, short what, void* arg) {
   auto* conn = static_cast<Connection*>(arg);
-  if ((what & BEV_EVENT_CONNECTED) != 0) {  // TLS: the handshake completed
-    conn->handshaken = true;
-    bufferevent_set_timeouts(bev, nullptr, nullptr);
-    return;
-  }
-  // Libevent could not write pending answers (the client reset or went
-  // away); end of stream itself shows up in Read() (plaintext) or here
-  // (TLS), as does a failed or timed-out handshake.
-  if ((what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) != 0) {
-    // A client that closes before finishing its hello (a port probe that
-    // connects and closes: OpenSSL reports an unexpected end of file) is
-    // not counted.
-    if (conn->tls && !conn->handshaken && (what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) != 0) {
-      unsigned long code = bufferevent_get_openssl_error(bev);
-      while (bufferevent_get_openssl_error(bev) != 0) {
-      }
-      if (ERR_GET_REASON(code) != SSL_R_UNEXPECTED_EOF_WHILE_READING) {
-        conn->io->server_->tls_handshake_errors_.fetch_add(1, std::memory_order_relaxed);
-        char reason[256] = "connection reset or timed out";
-        if (code != 0) ERR_error_string_n(code, reason, sizeof(reason));
-        WarnRateLimited(std::string("TLS handshake failed; connection closed: ") + reason);
-      }
-    }
-    conn->io->Close(conn);
-  }
+  if ((what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) != 0) conn->io->Close(conn);
 }
 
 // Answers every complete frame in the input, then writes the answers; a
@@ -931,7 +1078,7 @@ void EventServer::IoThread::AsyncAnswered(Connection* conn, const uint8_t* frame
   }
   if (conn->stalled) {
     conn->stalled = false;
-    if (event_add(conn->read_event, nullptr) != 0) {
+    if (!ResumeReading(conn)) {
       Close(conn);
       return;
     }
@@ -1018,8 +1165,9 @@ bool EventServer::IoThread::Answer(uint8_t* message, uint32_t len, evbuffer* out
 // Writes what the socket takes now; the rest waits for EV_WRITE. False if
 // the connection failed (it is closed then).
 bool EventServer::IoThread::Flush(Connection* conn) {
+  if (conn->ssl != nullptr) return TlsFlush(conn);
   evbuffer* output = bufferevent_get_output(conn->bev);
-  if (conn->tls || evbuffer_get_length(output) == 0) return true;  // TLS: libevent writes
+  if (evbuffer_get_length(output) == 0) return true;
   // A socket bufferevent keeps its output's start frozen outside its own
   // write callback; thawed here for this one write on the same thread.
   evbuffer_unfreeze(output, 1);
@@ -1058,8 +1206,12 @@ void EventServer::IoThread::Close(Connection* conn) {
 void EventServer::IoThread::Disconnect(Connection* conn) {
   load_.fetch_sub(1, std::memory_order_relaxed);
   if (conn->read_event != nullptr) event_free(conn->read_event);
+  if (conn->write_event != nullptr) event_free(conn->write_event);
+  if (conn->ssl != nullptr) SSL_free(conn->ssl);  // the socket is not its to close
   bufferevent_free(conn->bev);  // closes the socket
   conn->read_event = nullptr;
+  conn->write_event = nullptr;
+  conn->ssl = nullptr;
   conn->bev = nullptr;
   server_->open_.fetch_sub(1, std::memory_order_relaxed);
 }

@@ -191,6 +191,52 @@ check(c.get(7).value == b"seven" and fp == pem_fingerprint("server.pem"),
       "a Python TSSLSocket client reads it and sees server.pem")
 t.close()
 
+# Pipelined calls whose answers the socket cannot take at once: the client
+# sends a 4 MiB put and eight gets of it, then waits before reading, so the
+# server's writing stops on a full socket and goes on as the client reads;
+# then 300 small calls pipelined in one write, and a call sent a few bytes
+# per TLS record. Every answer arrives, in order, intact.
+c, t, _ = tls_client(port)
+big = os.urandom(4 << 20)
+c.send_put(4000, big)
+for _ in range(8):
+    c.send_get(4000)
+time.sleep(1.0)
+c.recv_put()
+gets = [c.recv_get().value for _ in range(8)]
+check(all(v == big for v in gets),
+      "eight pipelined 4 MiB answers over TLS arrive whole after the socket filled (%s)"
+      % [len(v) for v in gets])
+for i in range(300):
+    c.send_put(4001 + i % 3, b"v%d" % i)
+for _ in range(300):
+    c.recv_put()
+check(c.get(4001).value == b"v297" and c.get(4003).value == b"v299",
+      "300 pipelined puts over TLS are applied in order")
+t.close()
+dribble = ssl.create_default_context(cafile=path("ca.pem")).wrap_socket(
+    socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="127.0.0.1")
+buf = TTransport.TMemoryBuffer()
+FlatKV.Client(TBinaryProtocol.TBinaryProtocol(buf)).send_get(4001)
+call = buf.getvalue()
+frame = len(call).to_bytes(4, "big") + call
+for i in range(0, len(frame), 3):  # a TLS record of three bytes at a time
+    dribble.sendall(frame[i:i + 3])
+reply = b""
+while len(reply) < 4 or len(reply) < 4 + int.from_bytes(reply[:4], "big"):
+    more = dribble.recv(65536)
+    if not more:
+        break
+    reply += more
+answer = TTransport.TMemoryBuffer(reply[4:])
+result = FlatKV.get_result()
+iprot = TBinaryProtocol.TBinaryProtocol(answer)
+iprot.readMessageBegin()
+result.read(iprot)
+check(result.success is not None and result.success.value == b"v297",
+      "a call sent in 3-byte TLS records is answered (%r)" % (result.success,))
+dribble.close()
+
 errors_before = stat(port, "server.tls_handshake_errors")
 refused = [plaintext_refused(port) for _ in range(3)]
 check(all(refused), "a plaintext client is closed without an answer (%s)" % refused)
