@@ -21,7 +21,6 @@
 #include "client/client.h"
 #include "partition/ring.h"
 #include "server/handler.h"
-#include "server/member/cluster.h"
 
 namespace flatkv::server {
 namespace {
@@ -137,7 +136,7 @@ Status StatusOf(const rpc::KvError& e) { return client::FromKvError(e); }
 }  // namespace
 
 Console::Console(Handler* handler, const Config& config)
-    : handler_(handler), cluster_(handler->cluster()), config_(config) {}
+    : handler_(handler), ring_view_(handler->ring_view()), config_(config) {}
 
 Console::~Console() { Stop(); }
 
@@ -155,7 +154,7 @@ void Console::Stop() {
 }
 
 std::string Console::Self() const {
-  if (cluster_ != nullptr) return cluster_->advertise();
+  if (ring_view_ != nullptr) return ring_view_->advertise();
   return config_.server.host + ":" + std::to_string(config_.server.port);
 }
 
@@ -177,10 +176,10 @@ Console::Sample Console::SampleSelf() const {
 
 Console::Sample Console::SampleRemote(const std::string& address) const {
   Sample s;
-  std::unique_ptr<client::Client> c = cluster_->Borrow(address);
+  std::unique_ptr<client::Client> c = ring_view_->Borrow(address);
   Status st = c->Stats(&s.stats);
   if (st.ok()) st = c->Info(&s.info);
-  cluster_->Return(std::move(c));
+  ring_view_->Return(std::move(c));
   s.ok = st.ok();
   if (!st.ok()) s.error = st.ToString();
   return s;
@@ -188,11 +187,11 @@ Console::Sample Console::SampleRemote(const std::string& address) const {
 
 std::map<std::string, int64_t> Console::Targets() {
   std::map<std::string, int64_t> now;
-  if (cluster_ == nullptr) {
+  if (ring_view_ == nullptr) {
     now[Self()] = 0;
     return now;
   }
-  const auto ring = cluster_->ring();
+  const auto ring = ring_view_->ring();
   if (ring) {
     for (const partition::Partition& p : ring->partitions()) {
       for (const partition::Member& m : p.chain) now[m.address()] = p.mark;
@@ -225,7 +224,7 @@ std::map<std::string, int64_t> Console::Targets() {
   }
   if (ring && ring->change() != nullptr) targets.emplace(ring->change()->importer, ring->change()->into);
   // This instance, even before it is in the ring.
-  targets.emplace(Self(), cluster_->mark());
+  targets.emplace(Self(), ring_view_->mark());
   return targets;
 }
 
@@ -328,13 +327,13 @@ void AddChange(const partition::RingChange& change, const std::map<std::string, 
 
 std::string Console::RingJson() const {
   std::shared_ptr<const partition::Ring> ring =
-      cluster_ != nullptr ? cluster_->ring()
+      ring_view_ != nullptr ? ring_view_->ring()
                           : partition::Ring::Standalone(config_.server.host, config_.server.port);
   Json j;
   j.Begin('{');
   j.Key("self").Str(Self());
-  j.Key("standalone").Bool(cluster_ == nullptr);
-  j.Key("selfMark").Int(cluster_ != nullptr ? cluster_->mark() : 0);
+  j.Key("standalone").Bool(ring_view_ == nullptr);
+  j.Key("selfMark").Int(ring_view_ != nullptr ? ring_view_->mark() : 0);
   j.Key("keyMin").Int(config_.storage.key_min);
   j.Key("keyMax").Int(config_.storage.key_max);
   if (!ring) {
@@ -383,7 +382,7 @@ std::string Console::RingJson() const {
     j.Key("chain").Begin('[');
     for (const partition::Member& m : p.chain) j.Str(m.address());
     j.End(']');
-    j.Key("inMarks").Bool(p.in_marks || cluster_ == nullptr);
+    j.Key("inMarks").Bool(p.in_marks || ring_view_ == nullptr);
     j.End('}');
   }
   j.End(']');
@@ -477,7 +476,7 @@ std::string Console::MembersJson() {
                    [&] { return stop_ || rounds_ > before; });
   }
   std::shared_ptr<const partition::Ring> ring =
-      cluster_ != nullptr ? cluster_->ring()
+      ring_view_ != nullptr ? ring_view_->ring()
                           : partition::Ring::Standalone(config_.server.host, config_.server.port);
   std::map<std::string, std::string> upstream;  // member -> the member whose lag it is
   const std::vector<Entry> entries = Entries(ring.get(), &upstream);
@@ -554,8 +553,8 @@ std::string Console::MembersJson() {
 
 bool Console::Known(const std::string& address) {
   if (IsSelf(address)) return true;
-  if (cluster_ == nullptr) return false;
-  if (const auto ring = cluster_->ring()) {
+  if (ring_view_ == nullptr) return false;
+  if (const auto ring = ring_view_->ring()) {
     for (const partition::Partition& p : ring->partitions()) {
       for (const partition::Member& m : p.chain) {
         if (m.address() == address) return true;
@@ -581,9 +580,9 @@ Status Console::OnMember(const std::string& member, const std::function<void()>&
       st = Status::IOError(e.what());
     }
   } else {
-    std::unique_ptr<client::Client> c = cluster_->Borrow(member);
+    std::unique_ptr<client::Client> c = ring_view_->Borrow(member);
     st = remote(*c);
-    cluster_->Return(std::move(c));
+    ring_view_->Return(std::move(c));
   }
   Kick();  // the member's new state shows at the page's next refresh
   return st;

@@ -57,8 +57,8 @@ class Ring;
 
 namespace flatkv::server {
 
-class Cluster;
 class Handler;
+class RingView;
 
 class Console {
  public:
@@ -67,7 +67,7 @@ class Console {
   // A member that left the ring stays listed (as a gap) this long.
   static constexpr std::chrono::seconds kGoneFor{300};
 
-  // "handler" (not owned) must outlive the Console; its cluster() is the
+  // "handler" (not owned) must outlive the Console; its ring_view() is the
   // ring (null: a standalone instance, a ring of itself).
   Console(Handler* handler, const Config& config);
   ~Console();  // Stop()
@@ -147,7 +147,7 @@ class Console {
                   const std::function<Status(client::Client&)>& remote);
 
   Handler* const handler_;
-  Cluster* const cluster_;
+  RingView* const ring_view_;
   const Config config_;
 
   mutable std::mutex mu_;

@@ -72,6 +72,7 @@
 // the connections, calls, listeners and bases are freed on the caller's
 // thread, which is safe because every other thread has ended.
 #include "server/event_server.h"
+#include "server/event_server_internal.h"
 #include "server/thrift_limits.h"
 #include "server/tls.h"
 
@@ -101,7 +102,6 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/listener.h>
-#include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <spdlog/spdlog.h>
 #include <thrift/protocol/TBinaryProtocol.h>
@@ -114,16 +114,14 @@ using apache::thrift::transport::TMemoryBuffer;
 
 namespace {
 
+using event_io::kAnswerInitial;
+using event_io::kAnswerKeep;
+using event_io::kFrameHeader;
+using event_io::kHandshakeSeconds;
+using event_io::kMaxSingleRead;
+using event_io::kReadChunk;
+
 constexpr int kBacklog = 1024;
-constexpr size_t kFrameHeader = 4;
-constexpr size_t kMaxSingleRead = 64 << 10;  // the most one recv() asks for
-constexpr size_t kReadChunk = 16 << 10;      // what it asks for between large frames
-// The per-thread answer buffer is reused; one grown past this by a large
-// answer is replaced after that call, so memory follows the calls in flight.
-constexpr uint32_t kAnswerKeep = 64 << 10;
-constexpr uint32_t kAnswerInitial = 4 << 10;
-// A TLS client that has not finished its handshake by then is closed.
-constexpr int kHandshakeSeconds = 10;
 
 Status Resolve(const std::string& host, int port, sockaddr_storage* addr, socklen_t* len) {
   addrinfo hints{};
@@ -174,26 +172,9 @@ Status BindSocket(const sockaddr_storage& addr, socklen_t len, bool serve, int* 
   return Status::OK();
 }
 
-// Decodes calls from, and encodes answers into, buffers reused call after
-// call: one per thread that runs calls (each I/O thread and each worker).
-class Caller {
- public:
-  // Runs one call of "processor" on the "len" bytes at "message" (which
-  // must stay put until Run() returns). On success, *answer and *size hold
-  // the answer with its frame header filled in (size 0: a oneway call has
-  // no answer), valid until the next Run() or Trim(). False if the processor
-  // threw or gave up.
-  bool Run(apache::thrift::TProcessor* processor, uint8_t* message, uint32_t len,
-           uint8_t** answer, uint32_t* size);
-  // Replaces an answer buffer grown past kAnswerKeep by a large answer.
-  void Trim();
+}  // namespace
 
- private:
-  std::shared_ptr<TMemoryBuffer> in_ = std::make_shared<TMemoryBuffer>();
-  std::shared_ptr<TMemoryBuffer> out_ = std::make_shared<TMemoryBuffer>(kAnswerInitial);
-  std::shared_ptr<TBinaryProtocol> in_protocol_ = std::make_shared<TBinaryProtocol>(in_);
-  std::shared_ptr<TBinaryProtocol> out_protocol_ = std::make_shared<TBinaryProtocol>(out_);
-};
+namespace event_io {
 
 bool Caller::Run(apache::thrift::TProcessor* processor, uint8_t* message, uint32_t len,
                  uint8_t** answer, uint32_t* size) {
@@ -237,113 +218,12 @@ void Caller::Trim() {
   }
 }
 
-// A FIFO of T linked through T::next: pushing allocates nothing, so handing
-// a call between threads cannot fail. Not thread-safe by itself.
-template <typename T>
-class Fifo {
- public:
-  bool empty() const { return head_ == nullptr; }
-  void Push(T* item) {
-    item->next = nullptr;
-    (tail_ != nullptr ? tail_->next : head_) = item;
-    tail_ = item;
-  }
-  T* Pop() {
-    T* item = head_;
-    if (item != nullptr) head_ = item->next;
-    if (head_ == nullptr) tail_ = nullptr;
-    return item;
-  }
-  void DeleteAll() {
-    while (T* item = Pop()) delete item;
-  }
-  void Swap(Fifo& other) {
-    std::swap(head_, other.head_);
-    std::swap(tail_, other.tail_);
-  }
-
- private:
-  T* head_ = nullptr;
-  T* tail_ = nullptr;
-};
-
-}  // namespace
-
-// A client connection: a bufferevent (its buffers, and libevent's writing
-// of answers the socket could not take at once) plus our own read event.
-// Touched only by its I/O thread. It is the Reply of its call taken by the
-// thread's AsyncCalls.
-struct EventServer::Connection final : public AsyncCalls::Reply {
-  Connection(IoThread* thread, bufferevent* b) : io(thread), bev(b) {}
-  void Answer(const uint8_t* frame, size_t len) override;
-  void Redo(std::unique_ptr<uint8_t[]> message, uint32_t len,
-            std::function<void(const std::function<void()>&)> wrap) override;
-
-  IoThread* io;
-  bufferevent* bev;              // EV_READ never enabled (read_event reads); null once closed
-  event* read_event = nullptr;   // null once closed
-  // TLS (SetTls()): the session on the socket, and the write event its
-  // SSL_ERROR_WANT_WRITE waits for (bev's own writing would send plaintext).
-  SSL* ssl = nullptr;
-  event* write_event = nullptr;
-  bool handshaken = false;        // ssl: the handshake completed
-  bool read_wants_write = false;  // ssl: SSL_read waits for the socket to take bytes
-  bool write_wants_read = false;  // ssl: SSL_write waits for bytes from the client
-  bool paused = false;   // input not read until the pending answers are written
-  bool busy = false;     // a call is on a worker: input neither read nor served
-  bool waiting = false;  // a call is with the AsyncCalls: input read (one frame at most), not served
-  bool stalled = false;  // waiting with a full input: read_event deleted until the answer
-  void* ticket = nullptr;  // the waiting call's, for AsyncCalls::Cancel()
-};
-
-// A call handed to a worker and, once run, its answer handed back. Owned by
-// the list or the thread holding it: the pool's queue, a worker, then the
-// I/O thread's answered list. The worker touches only message, answer and ok.
-struct EventServer::Call {
-  IoThread* io = nullptr;
-  Connection* conn = nullptr;           // touched only by the I/O thread
-  std::unique_ptr<uint8_t[]> message;   // a copy of the frame's body
-  uint32_t len = 0;
-  std::vector<uint8_t> answer;          // with its frame header; empty: oneway
-  bool ok = false;                      // false: close the connection
-  // Set by Reply::Redo(): the worker runs the call inside it.
-  std::function<void(const std::function<void()>&)> wrap;
-  Call* next = nullptr;                 // in a Fifo
-};
-
-// The workers of SetOffload(): a fixed set of threads taking Calls off one
-// queue, each with its own Caller; a worker hands each call back, answered,
-// to its I/O thread (IoThread::Answered()).
-class EventServer::WorkerPool {
- public:
-  explicit WorkerPool(EventServer* server) : server_(server) {}
-  ~WorkerPool() { Stop(); }
-
-  // Starts "workers" threads. IOError if one cannot be started (the others
-  // are stopped by Stop()).
-  Status Start(int workers);
-  // From an I/O thread: queues "call" (taken) for the next free worker.
-  void Submit(Call* call);
-  // Waits for the calls being run (their answers go to their I/O threads),
-  // joins the workers and deletes the calls still queued. Idempotent.
-  void Stop();
-
- private:
-  void Run(Caller* caller);
-
-  EventServer* const server_;
-  std::mutex mu_;
-  std::condition_variable ready_;
-  Fifo<Call> queue_;       // GUARDED_BY(mu_)
-  bool stopping_ = false;  // GUARDED_BY(mu_)
-  std::vector<std::unique_ptr<Caller>> callers_;
-  std::vector<std::thread> threads_;
-};
+}  // namespace event_io
 
 Status EventServer::WorkerPool::Start(int workers) {
   try {
     for (int i = 0; i < workers; ++i) {
-      callers_.push_back(std::make_unique<Caller>());
+      callers_.push_back(std::make_unique<event_io::Caller>());
       threads_.emplace_back([this, caller = callers_.back().get()] { Run(caller); });
     }
   } catch (const std::exception& e) {
@@ -372,116 +252,6 @@ void EventServer::WorkerPool::Stop() {
   queue_.DeleteAll();  // their connections are closed by IoThread::Free()
 }
 
-// One I/O thread: its base, listener, wake-up pipe, connections, and the
-// reused buffers and protocols calls are decoded from and answered into.
-// Everything here is touched only by the thread itself, except Init() and
-// Start() (before the thread runs), Free() (after it and the workers were
-// joined), and Post(), Wake(), Answered() and load(), which any thread may
-// call.
-class EventServer::IoThread {
- public:
-  explicit IoThread(EventServer* server) : server_(server) {}
-  ~IoThread() { Free(); }
-
-  // Creates the base, the wake-up pipe and a listener on "fd" (taken).
-  Status Init(int fd);
-  Status Start();
-  // From any thread: makes the loop free its listener and return.
-  void Wake() { Post(kStop); }
-  // From any thread: hands an accepted socket to this thread. False if
-  // the pipe is full (the caller serves it itself).
-  bool Post(int message);
-  // From a worker: hands back "call" (taken), answered; this thread then
-  // writes the answer and serves its connection again (Resume()).
-  void Answered(Call* call);
-  // On this thread: the AsyncCalls answered the waiting call of "conn", or
-  // handed it back for a worker (Connection's Reply methods).
-  void AsyncAnswered(Connection* conn, const uint8_t* frame, size_t len);
-  void AsyncRedo(Connection* conn, std::unique_ptr<uint8_t[]> message, uint32_t len,
-                 std::function<void(const std::function<void()>&)> wrap);
-  // Connections served by this thread now (read by the other threads).
-  int load() const { return load_.load(std::memory_order_relaxed); }
-  void Join() {
-    if (thread_.joinable()) thread_.join();
-  }
-  // Closes every connection, drops the answered calls and frees the base
-  // (thread and workers not running).
-  void Free();
-
- private:
-
-  static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
-  static void OnWakeup(evutil_socket_t, short, void* arg);
-  static void OnReadable(evutil_socket_t fd, short what, void* arg);
-  static void OnTlsWritable(evutil_socket_t fd, short, void* arg);
-  static void OnWrite(bufferevent*, void* arg);
-  static void OnEvent(bufferevent*, short what, void* arg);
-
-  void Accept(evutil_socket_t fd);
-  void Adopt(evutil_socket_t fd);
-  // Makes "conn" (its read event not yet added) a TLS server session with
-  // the current certificate; false if out of memory.
-  bool StartTls(Connection* conn, evutil_socket_t fd);
-  // Stop / start reading the client (its read event; a TLS session's
-  // decrypted bytes already buffered are read at once too). ResumeReading
-  // is false on failure.
-  void StopReading(Connection* conn);
-  bool ResumeReading(Connection* conn);
-  void DrainPipe(bool stopped);
-  void TakeAnswers();
-  void Read(Connection* conn, evutil_socket_t fd);
-  void TlsReadable(Connection* conn, bool timed_out);
-  // One step of the server handshake; true once it completed. A failure
-  // (or "timed_out") closes the connection and counts it.
-  bool Handshake(Connection* conn, bool timed_out);
-  void TlsRead(Connection* conn);
-  bool TlsFlush(Connection* conn);
-  static size_t ReadSize(evbuffer* input, size_t have);
-  void ServeFrames(Connection* conn);
-  bool WantsWorker(const uint8_t* message, uint32_t len) const;
-  bool Offload(Connection* conn, const uint8_t* message, uint32_t len);
-  bool Submit(Connection* conn, std::unique_ptr<Call> call);
-  void Resume(std::unique_ptr<Call> call);
-  // Runs the call inline; *redo if it asked for a worker (RedoOnWorker):
-  // then nothing is written.
-  bool Answer(uint8_t* message, uint32_t len, evbuffer* output, bool* redo);
-  bool Flush(Connection* conn);
-  void ProtocolError(Connection* conn, const std::string& what);
-  void Close(Connection* conn);
-  void Disconnect(Connection* conn);
-
-  EventServer* const server_;
-  const uint64_t max_frame_ = server_->config_.server.max_frame_bytes;
-  event_base* base_ = nullptr;
-  evconnlistener* listener_ = nullptr;
-  event* wakeup_ = nullptr;
-  // AtRoundEnd(): made active behind the events already active, it runs
-  // at_round_end_ (this thread's only).
-  event* round_end_ = nullptr;
-  std::vector<std::function<void()>> at_round_end_;
-  static void OnRoundEnd(evutil_socket_t, short, void* arg);
-
- public:
-  // The I/O thread the caller runs on, if any.
-  static thread_local IoThread* current;
-  bool AtRoundEnd(std::function<void()> fn);
-
- private:
-  // Wake-up pipe: ints, each an accepted socket handed over by another
-  // thread, kStop, or kAnswered (calls wait in answered_).
-  static constexpr int kStop = -1;
-  static constexpr int kAnswered = -2;
-  int wake_fds_[2] = {-1, -1};
-  std::atomic<int> load_{0};
-  std::thread thread_;
-  // Served connections, and closed ones whose call is still on a worker.
-  std::unordered_set<Connection*> connections_;
-  Caller caller_;
-  std::unique_ptr<AsyncCalls> async_;  // SetAsync(): this thread's
-  std::mutex answered_mu_;
-  Fifo<Call> answered_;            // GUARDED_BY(answered_mu_)
-  bool answered_posted_ = false;   // GUARDED_BY(answered_mu_): a kAnswered is on its way
-};
 
 Status EventServer::IoThread::Init(int fd) {
   base_ = event_base_new();
@@ -582,7 +352,7 @@ void EventServer::IoThread::Answered(Call* call) {
 }
 
 void EventServer::IoThread::TakeAnswers() {
-  Fifo<Call> calls;
+  event_io::Fifo<Call> calls;
   {
     std::lock_guard<std::mutex> lock(answered_mu_);
     calls.Swap(answered_);
@@ -683,21 +453,6 @@ void EventServer::IoThread::Adopt(evutil_socket_t fd) {
   bufferevent_disable(bev, EV_READ | EV_WRITE);
 }
 
-// The session reads ahead (one read() takes whatever the client sent, not
-// a record header and then its body) and writes record by record
-// (SSL_MODE_ENABLE_PARTIAL_WRITE: the output is drained as records go out).
-bool EventServer::IoThread::StartTls(Connection* conn, evutil_socket_t fd) {
-  conn->ssl = server_->tls_->NewSsl();
-  conn->write_event = event_new(base_, fd, EV_WRITE, &IoThread::OnTlsWritable, conn);
-  if (conn->ssl == nullptr || conn->write_event == nullptr || SSL_set_fd(conn->ssl, fd) != 1) {
-    return false;
-  }
-  SSL_set_accept_state(conn->ssl);
-  SSL_set_mode(conn->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  SSL_set_read_ahead(conn->ssl, 1);
-  return true;
-}
-
 void EventServer::IoThread::StopReading(Connection* conn) { event_del(conn->read_event); }
 
 // Bytes a TLS session read ahead and holds are not in the socket: epoll
@@ -714,165 +469,6 @@ void EventServer::IoThread::OnReadable(evutil_socket_t fd, short what, void* arg
   auto* conn = static_cast<Connection*>(arg);
   if (conn->ssl != nullptr) return conn->io->TlsReadable(conn, (what & EV_TIMEOUT) != 0);
   conn->io->Read(conn, fd);
-}
-
-void EventServer::IoThread::OnTlsWritable(evutil_socket_t, short, void* arg) {
-  auto* conn = static_cast<Connection*>(arg);
-  IoThread* io = conn->io;
-  if (!conn->handshaken) {
-    if (io->Handshake(conn, false)) io->TlsRead(conn);
-    return;
-  }
-  if (conn->read_wants_write) {  // read again in this round
-    conn->read_wants_write = false;
-    event_active(conn->read_event, EV_READ, 1);
-  }
-  if (!io->TlsFlush(conn)) return;
-  if (evbuffer_get_length(bufferevent_get_output(conn->bev)) == 0) OnWrite(conn->bev, conn);
-}
-
-void EventServer::IoThread::TlsReadable(Connection* conn, bool timed_out) {
-  if (!conn->handshaken && !Handshake(conn, timed_out)) return;
-  if (conn->write_wants_read) {
-    conn->write_wants_read = false;
-    event_active(conn->write_event, EV_WRITE, 1);
-  }
-  if (!conn->paused) TlsRead(conn);
-}
-
-bool EventServer::IoThread::Handshake(Connection* conn, bool timed_out) {
-  std::string reason = "not finished within " + std::to_string(kHandshakeSeconds) + " s";
-  bool count = true;
-  if (!timed_out) {
-    ERR_clear_error();
-    const int rc = SSL_do_handshake(conn->ssl);
-    if (rc == 1) {
-      conn->handshaken = true;
-      // No timeout from now on: an idle client stays connected.
-      event_del(conn->read_event);
-      if (event_add(conn->read_event, nullptr) != 0) {
-        Close(conn);
-        return false;
-      }
-      return true;
-    }
-    const int err = SSL_get_error(conn->ssl, rc);
-    if (err == SSL_ERROR_WANT_READ) return false;  // the read event is added
-    if (err == SSL_ERROR_WANT_WRITE) {
-      if (event_add(conn->write_event, nullptr) != 0) Close(conn);
-      return false;
-    }
-    const int sys = errno;
-    const unsigned long code = ERR_peek_error();
-    char buf[256];
-    ERR_error_string_n(code, buf, sizeof(buf));
-    reason = code != 0 ? buf : sys != 0 ? std::strerror(sys) : "connection closed";
-    // A client that closes before finishing its hello (a port probe that
-    // connects and closes) is not counted.
-    count = !(err == SSL_ERROR_ZERO_RETURN || (code == 0 && sys == 0) ||
-              ERR_GET_REASON(code) == SSL_R_UNEXPECTED_EOF_WHILE_READING);
-    ERR_clear_error();
-  }
-  if (count) {
-    server_->tls_handshake_errors_.fetch_add(1, std::memory_order_relaxed);
-    WarnRateLimited("TLS handshake failed; connection closed: " + reason);
-  }
-  Close(conn);
-  return false;
-}
-
-// SSL_read straight into the input's own memory, record after record while
-// the session holds more (read ahead), up to one largest frame plus its
-// header; then the frames are served. End of stream or an error closes
-// the connection.
-void EventServer::IoThread::TlsRead(Connection* conn) {
-  evbuffer* input = bufferevent_get_input(conn->bev);
-  const size_t limit = max_frame_ + kFrameHeader;
-  if (evbuffer_get_length(input) >= limit) {  // as in Read(): waiting, input full
-    conn->stalled = true;
-    event_del(conn->read_event);
-    return;
-  }
-  evbuffer_unfreeze(input, 0);
-  bool got = false;
-  bool failed = false;
-  for (size_t have = evbuffer_get_length(input); have < limit; have = evbuffer_get_length(input)) {
-    evbuffer_iovec space;
-    const size_t want = std::min(limit - have, ReadSize(input, have));
-    if (evbuffer_reserve_space(input, static_cast<ev_ssize_t>(want), &space, 1) != 1) {
-      failed = true;
-      break;
-    }
-    ERR_clear_error();
-    const int n = SSL_read(conn->ssl, space.iov_base,
-                           static_cast<int>(std::min({want, space.iov_len, size_t{INT_MAX}})));
-    if (n > 0) {
-      space.iov_len = static_cast<size_t>(n);
-      if (evbuffer_commit_space(input, &space, 1) != 0) {
-        failed = true;
-        break;
-      }
-      got = true;
-      if (SSL_has_pending(conn->ssl) == 0) break;
-      continue;
-    }
-    const int err = SSL_get_error(conn->ssl, n);
-    if (err == SSL_ERROR_WANT_WRITE) {
-      conn->read_wants_write = true;
-      failed = event_add(conn->write_event, nullptr) != 0;
-    } else if (err != SSL_ERROR_WANT_READ) {
-      failed = true;  // close_notify, end of stream, a reset, a bad record
-    }
-    ERR_clear_error();
-    break;
-  }
-  evbuffer_freeze(input, 0);
-  if (failed) {
-    Close(conn);
-    return;
-  }
-  // Stopped with a full input while the session holds more: read on once
-  // the frames are served (or at ResumeReading()).
-  if (SSL_has_pending(conn->ssl) != 0) event_active(conn->read_event, EV_READ, 1);
-  if (got) ServeFrames(conn);
-}
-
-// SSL_write of the output, a record (at most 16 KiB) at a time; what the
-// socket does not take waits for the write event. False if the connection
-// failed (it is closed then).
-bool EventServer::IoThread::TlsFlush(Connection* conn) {
-  constexpr size_t kRecord = 16 << 10;
-  evbuffer* output = bufferevent_get_output(conn->bev);
-  evbuffer_unfreeze(output, 1);
-  bool failed = false;
-  for (size_t len = evbuffer_get_length(output); len > 0; len = evbuffer_get_length(output)) {
-    const size_t n = std::min(len, kRecord);
-    uint8_t* data = evbuffer_pullup(output, static_cast<ev_ssize_t>(n));
-    if (data == nullptr) {
-      failed = true;
-      break;
-    }
-    ERR_clear_error();
-    const int written = SSL_write(conn->ssl, data, static_cast<int>(n));
-    if (written > 0) {
-      evbuffer_drain(output, static_cast<size_t>(written));
-      continue;
-    }
-    const int err = SSL_get_error(conn->ssl, written);
-    if (err == SSL_ERROR_WANT_WRITE) {
-      failed = event_add(conn->write_event, nullptr) != 0;
-    } else if (err == SSL_ERROR_WANT_READ) {
-      conn->write_wants_read = true;
-      failed = event_add(conn->read_event, nullptr) != 0;
-    } else {
-      failed = true;
-    }
-    ERR_clear_error();
-    break;
-  }
-  evbuffer_freeze(output, 1);
-  if (failed) Close(conn);
-  return !failed;
 }
 
 // One recv(), at most up to one largest frame plus its header buffered,
@@ -1216,7 +812,7 @@ void EventServer::IoThread::Disconnect(Connection* conn) {
   server_->open_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void EventServer::WorkerPool::Run(Caller* caller) {
+void EventServer::WorkerPool::Run(event_io::Caller* caller) {
   for (;;) {
     Call* call = nullptr;
     {

@@ -5,13 +5,13 @@
 #include <cstring>
 #include <type_traits>
 
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
+#include "server/event_server.h"
 #include "server/methods.h"
-// The front still calls the ring member directly (server/member/README.md,
-// "The seam still missing").
-#include "server/member/cluster.h"
-#include "server/member/replicator.h"
 
 namespace flatkv::server {
 namespace {
@@ -29,6 +29,16 @@ void ToPairs(std::vector<engine::KeyValue>* in, std::vector<rpc::KvPair>* out) {
 }
 
 }  // namespace
+
+// Both tokens are hashed first, so the comparison takes the same time
+// whatever their lengths and wherever they first differ.
+bool SameToken(const std::string& a, const std::string& b) {
+  unsigned char ha[SHA256_DIGEST_LENGTH];
+  unsigned char hb[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(a.data()), a.size(), ha);
+  SHA256(reinterpret_cast<const unsigned char*>(b.data()), b.size(), hb);
+  return CRYPTO_memcmp(ha, hb, sizeof(ha)) == 0;
+}
 
 rpc::KvError MakeError(rpc::ErrorCode::type code, const std::string& message) {
   rpc::KvError e;
@@ -61,6 +71,44 @@ Handler::Handler(engine::Store* store, engine::cache::WriteBackCache* cache, con
       started_(std::chrono::steady_clock::now()),
       backup_(std::make_unique<engine::Backup>(store)) {}
 
+Status ForEachPage(const engine::Store& store, size_t page,
+                   const std::function<bool(std::vector<engine::KeyValue>*)>& ints,
+                   const std::function<bool(std::vector<engine::StringKeyValue>*)>& strings) {
+  const int64_t lo = store.options().key_min;
+  const int64_t hi = store.options().key_max - 1;
+  int64_t from = lo;
+  bool done = false;
+  while (!done) {
+    std::vector<engine::KeyValue> out;
+    int64_t next = 0;
+    std::vector<int64_t> bad;  // a copy or a digest without them would be wrong
+    FLATKV_RETURN_IF_ERROR(store.Scan(from, false, page, lo, hi, &out, &next, &done, &bad));
+    if (!bad.empty()) {
+      return Status::Corruption("key " + std::to_string(bad.front()) +
+                                " fails its checksum (flatkv admin verify repairs it from the "
+                                "chain)");
+    }
+    if (!ints(&out)) return Status::OK();
+    from = next;
+  }
+  std::string cursor;
+  done = false;
+  while (!done) {
+    std::vector<engine::StringKeyValue> out;
+    std::string next;
+    std::vector<int64_t> bad;
+    FLATKV_RETURN_IF_ERROR(store.SScan(cursor, page, &out, &next, &done, &bad));
+    if (!bad.empty()) {
+      return Status::Corruption("string-key bucket " + std::to_string(bad.front()) +
+                                " fails its checksum or lost entries to one (flatkv admin verify "
+                                "repairs it from the chain)");
+    }
+    if (!strings(&out)) return Status::OK();
+    cursor = std::move(next);
+  }
+  return Status::OK();
+}
+
 rpc::KvError Handler::Unexpected(Method method, const char* what) {
   errors_[method].fetch_add(1, std::memory_order_relaxed);
   if (what == nullptr) {
@@ -90,23 +138,11 @@ template <typename Read>
 void Handler::GatedRead(const int64_t* hashes, size_t n, const Read& read) {
   for (size_t i = 0; i < n; ++i) CheckRead(hashes[i]);
   read();
-  if (replicator_ == nullptr) return;
   // Each round waits (CheckRead) until the keys' newest writes are
   // committed; only a key written again within every round fails it.
   constexpr int kRounds = 64;
   for (int round = 0; round < kRounds; ++round) {
-    bool confirmed = true;
-    for (size_t i = 0; i < n && confirmed; ++i) {
-      confirmed = replicator_->ConfirmRead(static_cast<uint64_t>(hashes[i]));
-    }
-    if (confirmed) {
-      // A ring change may have moved a key while it was read (the source
-      // lets a range go only after its members' views refuse it).
-      if (cluster_ != nullptr) {
-        for (size_t i = 0; i < n; ++i) ThrowIfError(cluster_->CheckStillServed(hashes[i]));
-      }
-      return;
-    }
+    if (ReadCommitted(hashes, n)) return;
     for (size_t i = 0; i < n; ++i) CheckRead(hashes[i]);
     read();
   }
@@ -127,17 +163,14 @@ void Handler::LocalGet(rpc::GetResult& result, int64_t key) {
 
 void Handler::LocalPut(int64_t key, const std::string& value) {
   CheckValue(value.size());
-  if (replicator_ != nullptr) return ReplicatedWrite(kPut, key, {}, value, nullptr);
+  if (ChainWrite(kPut, key, {}, value, nullptr)) return;
   Status st = cache_->Put(key, value);
   if (!st.ok()) ThrowKvError(st);
 }
 
 bool Handler::LocalRemove(int64_t key) {
   bool existed = false;
-  if (replicator_ != nullptr) {
-    ReplicatedWrite(kRemove, key, {}, {}, &existed);
-    return existed;
-  }
+  if (ChainWrite(kRemove, key, {}, {}, &existed)) return existed;
   Status st = cache_->Remove(key, &existed);
   if (!st.ok()) ThrowKvError(st);
   return existed;
@@ -145,7 +178,7 @@ bool Handler::LocalRemove(int64_t key) {
 
 void Handler::LocalAppend(int64_t key, const std::string& value) {
   CheckValue(value.size());
-  if (replicator_ != nullptr) return ReplicatedWrite(kAppend, key, {}, value, nullptr);
+  if (ChainWrite(kAppend, key, {}, value, nullptr)) return;
   Status st = cache_->Append(key, value);
   if (!st.ok()) ThrowKvError(st);
 }
@@ -153,9 +186,7 @@ void Handler::LocalAppend(int64_t key, const std::string& value) {
 void Handler::LocalMultiGet(std::vector<rpc::GetResult>& result,
                             const std::vector<int64_t>& keys) {
   GatedRead(keys.data(), keys.size(), [&] {
-    if (cluster_ != nullptr) {
-      for (int64_t key : keys) ThrowIfError(cluster_->CheckReadable(key));
-    }
+    for (int64_t key : keys) ThrowIfError(CheckMoving(key, false));
     // One pass through the cache: each shard locked once, misses read from
     // the Store.
     std::vector<std::string> values;
@@ -197,25 +228,9 @@ void Handler::LocalMultiPut(const std::vector<rpc::KvPair>& pairs) {
   for (size_t i = 0; i < pairs.size(); ++i) {
     CheckValue(pairs[i].value.size());
     batch[i] = {pairs[i].key, pairs[i].value};
-    if (cluster_ != nullptr) ThrowIfError(cluster_->CheckWritable(pairs[i].key));
+    ThrowIfError(CheckMoving(pairs[i].key, true));
   }
-  if (replicator_ != nullptr) {
-    // One replicated write: atomic on every member of this partition.
-    std::vector<rpc::ChainOp> ops(pairs.size());
-    std::vector<uint64_t> keys(pairs.size());
-    for (size_t i = 0; i < pairs.size(); ++i) {
-      ThrowIfError(store_->CheckKey(pairs[i].key));
-      ops[i].kind = rpc::ChainOpKind::PUT;
-      ops[i].__set_key(pairs[i].key);
-      ops[i].__set_value(pairs[i].value);
-      keys[i] = static_cast<uint64_t>(pairs[i].key);
-    }
-    if (!ops.empty()) {
-      ThrowIfError(replicator_->Write(std::move(ops), std::move(keys), nullptr, /*import=*/false,
-                                      /*run_here=*/true));
-    }
-    return;
-  }
+  if (ChainWriteBatch(pairs)) return;
   Status st = cache_->PutBatch(batch);
   if (!st.ok()) ThrowKvError(st);
 }
@@ -265,24 +280,21 @@ void Handler::LocalSGet(rpc::GetResult& result, const std::string& key) {
 
 void Handler::LocalSPut(const std::string& key, const std::string& value) {
   CheckValue(value.size());
-  if (replicator_ != nullptr) return ReplicatedWrite(kSPut, 0, key, value, nullptr);
+  if (ChainWrite(kSPut, 0, key, value, nullptr)) return;
   Status st = cache_->SPut(key, value);
   if (!st.ok()) ThrowKvError(st);
 }
 
 bool Handler::LocalSRemove(const std::string& key) {
   bool existed = false;
-  if (replicator_ != nullptr) {
-    ReplicatedWrite(kSRemove, 0, key, {}, &existed);
-    return existed;
-  }
+  if (ChainWrite(kSRemove, 0, key, {}, &existed)) return existed;
   Status st = cache_->SRemove(key, &existed);
   if (!st.ok()) ThrowKvError(st);
   return existed;
 }
 
 // The client methods: served here standalone, routed in a ring
-// (handler_cluster.cc).
+// (MemberHandler's Routed() and its batch and scan methods).
 void Handler::get(rpc::GetResult& result, int64_t key) {
   Run(kGet, [&] {
     Routed(
@@ -323,32 +335,19 @@ void Handler::append(int64_t key, const std::string& value) {
 }
 
 void Handler::multiGet(std::vector<rpc::GetResult>& result, const std::vector<int64_t>& keys) {
-  Run(kMultiGet, [&] {
-    if (cluster_ == nullptr) return LocalMultiGet(result, keys);
-    RingMultiGet(result, keys);
-  });
+  Run(kMultiGet, [&] { LocalMultiGet(result, keys); });
 }
 
 void Handler::multiPut(const std::vector<rpc::KvPair>& pairs) {
-  Run(kMultiPut, [&] {
-    for (const rpc::KvPair& p : pairs) CheckValue(p.value.size());
-    if (cluster_ == nullptr) return LocalMultiPut(pairs);
-    RingMultiPut(pairs);
-  });
+  Run(kMultiPut, [&] { LocalMultiPut(pairs); });
 }
 
 void Handler::scan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse) {
-  Run(kScan, [&] {
-    if (cluster_ == nullptr) return LocalScan(result, from, limit, reverse, INT64_MIN, INT64_MAX);
-    RingScan(result, from, limit, reverse);
-  });
+  Run(kScan, [&] { LocalScan(result, from, limit, reverse, INT64_MIN, INT64_MAX); });
 }
 
 void Handler::scanLog(rpc::LogScanResult& result, const std::string& cursor, int32_t limit) {
-  Run(kScanLog, [&] {
-    if (cluster_ == nullptr) return LocalScanLog(result, cursor, limit);
-    RingScanLog(result, cursor, limit);
-  });
+  Run(kScanLog, [&] { LocalScanLog(result, cursor, limit); });
 }
 
 void Handler::sget(rpc::GetResult& result, const std::string& key) {
@@ -464,7 +463,7 @@ void Handler::info(rpc::NodeInfo& result) {
     result.mark = config_.cluster.mark;
     result.keyMin = config_.storage.key_min;
     result.keyMax = config_.storage.key_max;
-    result.role = cluster_ != nullptr ? cluster_->role() : "standalone";
+    result.role = Role();
     result.writeMode = cache_->mode() == engine::cache::WriteMode::kSafe ? rpc::WriteMode::SAFE
                                                                           : rpc::WriteMode::ASYNC;
     result.uptimeSeconds = std::chrono::duration_cast<std::chrono::seconds>(
@@ -526,7 +525,7 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["engine.write_stall_ms"] = static_cast<int64_t>(e.write_stall_us / 1000);
   result["cache.flush_failing"] = c.flush_failing ? 1 : 0;
   AddRecentLoad(&result);
-  if (cluster_ != nullptr) cluster_->AddStats(&result);
+  AddMemberStats(&result);
   if (server_stats_) server_stats_(&result);
 }
 
@@ -547,6 +546,260 @@ void Handler::AddRecentLoad(std::map<std::string, int64_t>* out) const {
   (*out)["recent.window_ms"] = r.window_ms;
   (*out)["recent.ops_per_sec"] = r.ops_per_sec;
   (*out)["recent.p99_us"] = r.p99_us;
+}
+
+void Handler::verify(rpc::VerifyResult& result, const std::string& token, bool repair) {
+  Run(kVerify, [&] {
+    CheckAdmin(token);
+    ThrowIfError(cache_->Flush());  // async writes reach the store first
+    engine::Store::VerifyReport report;
+    ThrowIfError(store_->Verify(&report));
+    result.records = static_cast<int64_t>(report.records);
+    result.bytes = static_cast<int64_t>(report.bytes);
+    result.corrupt = static_cast<int64_t>(report.corrupt_keys.size() +
+                                          report.corrupt_buckets.size());
+    result.repaired = 0;
+    constexpr size_t kMaxProblems = 100;
+    auto note = [&](std::string line) {
+      spdlog::warn("verify: {}", line);
+      if (result.problems.size() < kMaxProblems) result.problems.push_back(std::move(line));
+    };
+    for (int64_t key : report.corrupt_keys) {
+      std::string value;
+      Status bad = store_->Get(key, &value);  // its message names the file and offset
+      if (!bad.IsCorruption()) {
+        note("key " + std::to_string(key) + ": bad when read, rewritten since");
+        continue;
+      }
+      if (!repair) {
+        note(bad.message());
+        continue;
+      }
+      rpc::GetResult ignored;
+      Status st = RepairRead(key, bad, &ignored);
+      if (st.ok()) {
+        ++result.repaired;
+        note(bad.message() + ": repaired from the chain");
+      } else if (st.message() == bad.message()) {
+        note(bad.message() + ": not repaired (no other member holds a copy)");
+      } else {
+        note(st.message());
+      }
+    }
+    for (int64_t slot : report.corrupt_buckets) {
+      std::vector<engine::StringKeyValue> live;
+      Status bad = store_->SReadBucket(slot, &live);
+      const std::string what = "string-key bucket " + std::to_string(slot);
+      if (!bad.IsCorruption()) {
+        note(what + ": bad when read, rewritten since");
+        continue;
+      }
+      if (!repair || !HasOtherCopies()) {
+        note(what + ": " + bad.message() +
+             (repair ? ": not repaired (no other member holds a copy)" : ""));
+        continue;
+      }
+      std::string bucket;
+      Status st = RepairBucket(slot, &bucket);
+      if (st.ok()) {
+        ++result.repaired;
+        note(what + ": " + bad.message() + ": repaired from the chain");
+      } else {
+        note(what + ": " + bad.message() + "; repair from the chain failed: " + st.message());
+      }
+    }
+  });
+}
+
+void Handler::digest(rpc::Digest& result, const std::string& token) {
+  Run(kDigest, [&] {
+    CheckAdmin(token);
+    // What the store holds now: writes still in an async cache first.
+    ThrowIfError(cache_->Flush());
+    uint64_t x = 0;
+    int64_t keys = 0;
+    int64_t skeys = 0;
+    std::string buf;
+    ThrowIfError(ForEachPage(
+        *store_, 1024,
+        [&](std::vector<engine::KeyValue>* out) {
+          for (const engine::KeyValue& kv : *out) {
+            buf.assign(reinterpret_cast<const char*>(&kv.key), sizeof(kv.key));
+            buf += kv.value;
+            x ^= XXH64(buf.data(), buf.size(), 0);
+          }
+          keys += static_cast<int64_t>(out->size());
+          return true;
+        },
+        [&](std::vector<engine::StringKeyValue>* out) {
+          for (const engine::StringKeyValue& kv : *out) {
+            // Length-prefixed so ("ab", "c") and ("a", "bc") differ; seed 1
+            // keeps string keys apart from integer ones.
+            const uint32_t n = static_cast<uint32_t>(kv.key.size());
+            buf.assign(reinterpret_cast<const char*>(&n), sizeof(n));
+            buf += kv.key;
+            buf += kv.value;
+            x ^= XXH64(buf.data(), buf.size(), 1);
+          }
+          skeys += static_cast<int64_t>(out->size());
+          return true;
+        }));
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(x));
+    result.keys = keys;
+    result.stringKeys = skeys;
+    result.digest = hex;
+  });
+}
+
+void Handler::ring(rpc::RingInfo& result) {
+  Run(kRing, [&] {
+    result.version = 0;
+    result.hashBound = config_.cluster.hash_bound;
+    result.replication = config_.cluster.replication;
+    rpc::Member self;
+    self.host = config_.server.host;
+    self.port = config_.server.port;
+    rpc::Partition p;
+    p.mark = 0;
+    p.chain.push_back(self);
+    result.partitions = {p};
+  });
+}
+
+// A standalone instance is not a member of a ring: the calls only a ring
+// member answers are refused.
+namespace {
+
+[[noreturn]] void NotAMember(const char* method) {
+  ThrowKvError(Status::NotOwner(std::string(method) +
+                                ": this instance is standalone, not a member of a ring"));
+}
+
+}  // namespace
+
+void Handler::peerGet(rpc::GetResult&, const rpc::PeerContext&, int64_t) {
+  Run(kPeerGet, [] { NotAMember("peerGet"); });
+}
+void Handler::peerPut(const rpc::PeerContext&, int64_t, const std::string&) {
+  Run(kPeerPut, [] { NotAMember("peerPut"); });
+}
+bool Handler::peerRemove(const rpc::PeerContext&, int64_t) {
+  Run(kPeerRemove, [] { NotAMember("peerRemove"); });
+  return false;
+}
+void Handler::peerAppend(const rpc::PeerContext&, int64_t, const std::string&) {
+  Run(kPeerAppend, [] { NotAMember("peerAppend"); });
+}
+void Handler::peerMultiGet(std::vector<rpc::GetResult>&, const rpc::PeerContext&,
+                           const std::vector<int64_t>&) {
+  Run(kPeerMultiGet, [] { NotAMember("peerMultiGet"); });
+}
+void Handler::peerMultiPut(const rpc::PeerContext&, const std::vector<rpc::KvPair>&) {
+  Run(kPeerMultiPut, [] { NotAMember("peerMultiPut"); });
+}
+void Handler::peerScan(rpc::ScanResult&, const rpc::PeerContext&, int64_t, int32_t, bool, int64_t,
+                       int64_t) {
+  Run(kPeerScan, [] { NotAMember("peerScan"); });
+}
+void Handler::peerScanLog(rpc::LogScanResult&, const rpc::PeerContext&, const std::string&,
+                          int32_t) {
+  Run(kPeerScanLog, [] { NotAMember("peerScanLog"); });
+}
+void Handler::peerSGet(rpc::GetResult&, const rpc::PeerContext&, const std::string&) {
+  Run(kPeerSGet, [] { NotAMember("peerSGet"); });
+}
+void Handler::peerSPut(const rpc::PeerContext&, const std::string&, const std::string&) {
+  Run(kPeerSPut, [] { NotAMember("peerSPut"); });
+}
+bool Handler::peerSRemove(const rpc::PeerContext&, const std::string&) {
+  Run(kPeerSRemove, [] { NotAMember("peerSRemove"); });
+  return false;
+}
+void Handler::peerChain(const rpc::PeerContext&, const std::string& from,
+                        const rpc::ChainFrame&) {
+  try {
+    Run(kPeerChain, [] { NotAMember("peerChain"); });
+  } catch (const rpc::KvError& e) {  // a oneway call: only the log hears of it
+    WarnRateLimited("chain: refused a message from " + from + ": " + e.message);
+  }
+}
+int64_t Handler::peerSnapshot(const rpc::PeerContext&, const std::string&,
+                              const rpc::SnapshotPage&) {
+  Run(kPeerSnapshot, [] { NotAMember("peerSnapshot"); });
+  return 0;
+}
+void Handler::peerRepair(rpc::GetResult&, const rpc::PeerContext&, int64_t) {
+  Run(kPeerRepair, [] { NotAMember("peerRepair"); });
+}
+void Handler::peerBucket(std::string&, const rpc::PeerContext&, int64_t, int64_t, bool) {
+  Run(kPeerBucket, [] { NotAMember("peerBucket"); });
+}
+void Handler::peerExport(rpc::ExportPage&, const rpc::PeerContext&, int64_t, int64_t,
+                         const std::string&, int32_t) {
+  Run(kPeerExport, [] { NotAMember("peerExport"); });
+}
+void Handler::peerFence(const rpc::PeerContext&) {
+  Run(kPeerFence, [] { NotAMember("peerFence"); });
+}
+void Handler::peerTrack(rpc::TrackToken&, const rpc::PeerContext&, int64_t) {
+  Run(kPeerTrack, [] { NotAMember("peerTrack"); });
+}
+void Handler::peerDelta(rpc::DeltaPage&, const rpc::PeerContext&, const rpc::TrackToken&,
+                        const std::string&, int32_t) {
+  Run(kPeerDelta, [] { NotAMember("peerDelta"); });
+}
+int64_t Handler::peerDrop(const rpc::PeerContext&, int64_t, int64_t, int32_t) {
+  Run(kPeerDrop, [] { NotAMember("peerDrop"); });
+  return 0;
+}
+
+void Handler::removeMark(const std::string& token, int64_t) {
+  Run(kRemoveMark, [&] {
+    CheckAdmin(token);
+    ThrowKvError(Status::InvalidArgument("removeMark: this instance is not a ring member"));
+  });
+}
+
+void Handler::abortChange(const std::string& token) {
+  Run(kAbortChange, [&] {
+    CheckAdmin(token);
+    ThrowKvError(Status::InvalidArgument("abortChange: this instance is not a ring member"));
+  });
+}
+
+thread_local Handler::Retry Handler::retry_;
+thread_local bool Handler::redo_ = false;
+
+void Handler::RunAsRetry(std::chrono::steady_clock::time_point start,
+                         const std::function<void()>& run) {
+  retry_.active = true;
+  retry_.refresh = true;
+  retry_.start = start;
+  run();
+  retry_ = Retry();  // whatever the call did not consume
+}
+
+void Handler::Finish(Method method, std::chrono::steady_clock::time_point start, bool error) {
+  latency_[method].Record(std::chrono::steady_clock::now() - start);
+  if (error) errors_[method].fetch_add(1, std::memory_order_relaxed);
+}
+
+// Standalone: every call is this store's, none blocks on another instance.
+bool Handler::MayBlock(const uint8_t*, uint32_t) const { return false; }
+
+int64_t Handler::StringHash(const std::string&) const { return 0; }
+
+std::string Handler::NotReady() const { return ""; }
+
+void Handler::Routed(int64_t, bool, const char*, bool, const std::function<void()>& local,
+                     const RemoteCall&) {
+  local();
+}
+
+Status Handler::RepairBucket(int64_t slot, std::string*) {
+  return Status::Corruption("string-key bucket " + std::to_string(slot) +
+                            ": no other member holds a copy");
 }
 
 std::string Handler::Degraded() const {

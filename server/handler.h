@@ -5,13 +5,13 @@
 // TApplicationException). Counters per method feed stats(); latency
 // histograms per method feed GET /metrics.
 //
-// In a ring (SetCluster) every data method is served here only for the keys
-// this instance's mark owns and forwarded to the owner otherwise
-// (handler_cluster.cc: Routed(), the Ring* methods); the peer* methods are
-// the forwarded calls, served only when this mark owns the key. Under the
-// EventServer, single-key calls for other marks do not reach the handler at
-// all: the I/O thread's Forwarder (server/member/forwarder.h) forwards them and
-// counts them here (CountCall(), Finish()).
+// This class is the single-node front: every call served from this
+// instance's store. A ring member is its subclass MemberHandler
+// (server/member/member_handler.h), which overrides the protected hooks
+// below (routing a call to the key's owner, the chain's read gate and
+// write path, read repair) and the methods a ring changes (batches, scans,
+// ring(), the peer* methods). The dependency runs one way: nothing here
+// knows the member. Standalone, a peer* method is refused with NOT_OWNER.
 //
 // Thread safety: called from the server's worker threads concurrently; the
 // Store and the cache are thread-safe, counters are atomics.
@@ -32,11 +32,27 @@
 #include "server/config.h"
 #include "server/metrics.h"
 
+namespace flatkv::client {
+class Client;
+}
+namespace flatkv::partition {
+class Ring;
+}
+
 namespace flatkv::server {
 
-// The ring member (server/member/): the handler holds pointers to it only.
-class Cluster;
-class Replicator;
+// What the operator console (console.h) reads of a ring: the ring, this
+// member's mark and address, and pooled connections to the other members.
+// A ring member's Cluster (server/member/cluster.h) is one.
+class RingView {
+ public:
+  virtual ~RingView() = default;
+  virtual std::shared_ptr<const partition::Ring> ring() const = 0;
+  virtual int64_t mark() const = 0;
+  virtual const std::string& advertise() const = 0;
+  virtual std::unique_ptr<client::Client> Borrow(const std::string& address) = 0;
+  virtual void Return(std::unique_ptr<client::Client> connection) = 0;
+};
 
 class Handler : public rpc::FlatKVIf {
  public:
@@ -50,6 +66,7 @@ class Handler : public rpc::FlatKVIf {
   };
 
   Handler(engine::Store* store, engine::cache::WriteBackCache* cache, const Config& config);
+  ~Handler() override = default;
 
   void get(rpc::GetResult& result, int64_t key) override;
   void put(int64_t key, const std::string& value) override;
@@ -118,9 +135,10 @@ class Handler : public rpc::FlatKVIf {
 
   // Whether the call in "message" (a binary-protocol message of "len"
   // bytes) may block: in a ring, a data call for a key another instance
-  // serves, and every batch and scan (they may fan out). The EventServer
-  // runs those on a worker instead of the I/O thread. Cheap; never throws.
-  bool MayBlock(const uint8_t* message, uint32_t len) const;
+  // serves, and every batch and scan (they may fan out); standalone none.
+  // The EventServer runs those on a worker instead of the I/O thread.
+  // Cheap; never throws.
+  virtual bool MayBlock(const uint8_t* message, uint32_t len) const;
 
   // For calls answered without the handler (the Forwarder's): counts a
   // call of "method" when it starts, then its latency from "start" and
@@ -136,35 +154,17 @@ class Handler : public rpc::FlatKVIf {
   static void RunAsRetry(std::chrono::steady_clock::time_point start,
                          const std::function<void()>& run);
 
-  // The answer of a write through the chain: Replicator::WriteDone.
-  using ChainWriteDone = std::function<void(const Status& status, bool existed)>;
-
-  // A single-key write (put, remove, append, sput, sremove: "string_key"
-  // for the last two, "value" for the writes that carry one) of this
-  // member's own mark, started through its chain without blocking (the
-  // Forwarder's, on an I/O thread): "done" gets the answer, on another
-  // thread. A write refused at once (value too large, key out of range)
-  // returns its error and "done" is not called. Needs a replicator.
-  Status StartChainWrite(Method method, int64_t key, const std::string& string_key,
-                         std::string value, ChainWriteDone done);
-
   // The hash of a string key in the current ring (0 standalone).
-  int64_t StringHash(const std::string& key) const;
+  virtual int64_t StringHash(const std::string& key) const;
 
   // Empty when data calls can be served; else why not (a ring member that
   // has not reached ZooKeeper yet), for /health.
-  std::string NotReady() const;
+  virtual std::string NotReady() const;
+  // The ring this instance is a member of, for the console; null standalone.
+  virtual RingView* ring_view() const { return nullptr; }
   // Empty when writes work; else why they fail though reads are served (a
   // full disk: the message of the last write's NoSpace), for /health.
   std::string Degraded() const;
-
-  // Makes this handler a member of a ring: set once before serving; null
-  // (the default) is standalone. The Cluster outlives the handler's calls.
-  void SetCluster(Cluster* cluster) { cluster_ = cluster; }
-  Cluster* cluster() const { return cluster_; }
-  // Chain replication (server/member/replicator.h): local writes go through it and
-  // local reads ask it first. Set once before serving, with SetCluster.
-  void SetReplicator(Replicator* replicator) { replicator_ = replicator; }
 
   // Adds the server's own counters (connections, overload) to stats();
   // set once before serving.
@@ -184,7 +184,55 @@ class Handler : public rpc::FlatKVIf {
   // order. They live as long as the Handler.
   std::vector<NamedLatency> latencies() const;
 
- private:
+ protected:
+  // The ring member's part of a call: MemberHandler overrides each; the
+  // versions here are the standalone ones (everything is this store's).
+
+  // A call of the processor on the other side of a forward.
+  using RemoteCall = std::function<void(rpc::FlatKVClient&, const rpc::PeerContext&)>;
+  // Runs "local" if this instance serves "hash", else "remote" on a
+  // connection to the member that does (standalone: "local").
+  virtual void Routed(int64_t hash, bool write, const char* peer_method, bool idempotent,
+                      const std::function<void()>& local, const RemoteCall& remote);
+  // The gate before a local read of the key with hash "hash" (throws
+  // KvError); then, after the read, whether what was read of the keys
+  // with "hashes" is committed (false: read again), throwing if the keys
+  // moved away meanwhile. Standalone every read is.
+  virtual void CheckRead(int64_t /*hash*/) {}
+  virtual bool ReadCommitted(const int64_t* /*hashes*/, size_t /*n*/) { return true; }
+  // Whether this instance may serve a read or write of "key" now (a ring
+  // change may be moving it away).
+  virtual Status CheckMoving(int64_t /*key*/, bool /*write*/) const { return Status::OK(); }
+  // A single-key write (put, remove, append, sput, sremove: "string_key"
+  // for the last two, "value" for the writes that carry one) or a batch of
+  // puts through the chain, waiting for its answer (throws KvError); false
+  // if there is no chain (the caller writes the cache).
+  virtual bool ChainWrite(Method /*method*/, int64_t /*key*/, const std::string& /*string_key*/,
+                          const std::string& /*value*/, bool* /*existed*/) {
+    return false;
+  }
+  virtual bool ChainWriteBatch(const std::vector<rpc::KvPair>& /*pairs*/) { return false; }
+  // Read repair: this instance's record of "key" failed its checksum
+  // ("bad"). With other copies (a chain of several members) the key is
+  // rewritten with the newest value and *result gets it: OK; else "bad",
+  // or why the repair failed. The same for a string key, by its bucket.
+  virtual Status RepairRead(int64_t /*key*/, const Status& bad, rpc::GetResult* /*result*/) {
+    return bad;
+  }
+  virtual Status RepairStringRead(const std::string& /*key*/, const Status& bad,
+                                  rpc::GetResult* /*result*/) {
+    return bad;
+  }
+  // verify's repair of string-key bucket "slot": whether other copies
+  // exist, and the rewrite (*bucket gets the pairs written).
+  virtual bool HasOtherCopies() const { return false; }
+  virtual Status RepairBucket(int64_t slot, std::string* bucket);
+  // What info() says this instance is, and the member's own stats().
+  virtual std::string Role() const { return "standalone"; }
+  virtual void AddMemberStats(std::map<std::string, int64_t>* /*out*/) const {}
+
+  // The front's side, for MemberHandler.
+
   // Set on a worker by RunAsRetry() for the one call it runs.
   struct Retry {
     bool active = false;   // Run(): not counted again, timed from start
@@ -201,13 +249,9 @@ class Handler : public rpc::FlatKVIf {
   // STORAGE_ERROR.
   template <typename Body>
   void Run(Method method, Body&& body);
-  // Counts and logs a failure other than KvError; the KvError to throw.
-  rpc::KvError Unexpected(Method method, const char* what);
   Status ValueSize(size_t size) const;  // ValueTooLarge over max_value_bytes()
   void CheckValue(size_t size) const;    // throws it
   void CheckAdmin(const std::string& token) const;
-  // recent.window_ms, recent.ops_per_sec, recent.p99_us (CollectStats).
-  void AddRecentLoad(std::map<std::string, int64_t>* out) const;
 
   // This instance's own data, whatever the ring says; each throws KvError.
   void LocalGet(rpc::GetResult& result, int64_t key);
@@ -224,58 +268,23 @@ class Handler : public rpc::FlatKVIf {
   void LocalSPut(const std::string& key, const std::string& value);
   bool LocalSRemove(const std::string& key);
 
-  // In a ring (handler_cluster.cc). Routed() runs "local" if this instance
-  // serves "hash", else "remote" on a connection to the member that does;
-  // a NOT_OWNER answer re-reads the ring and routes once more. Standalone
-  // it runs "local".
-  void Routed(int64_t hash, bool write, const char* peer_method, bool idempotent,
-              const std::function<void()>& local,
-              const std::function<void(rpc::FlatKVClient&, const rpc::PeerContext&)>& remote);
-  void RingMultiGet(std::vector<rpc::GetResult>& result, const std::vector<int64_t>& keys);
-  void RingMultiPut(const std::vector<rpc::KvPair>& pairs);
-  void RingScan(rpc::ScanResult& result, int64_t from, int32_t limit, bool reverse);
-  void RingScanLog(rpc::LogScanResult& result, const std::string& cursor, int32_t limit);
-  // Throws NOT_OWNER/UNAUTHORIZED unless this mark owns every hash of
-  // [lo, hi] (a peer call's keys).
-  void CheckPeer(const rpc::PeerContext& ctx, int64_t lo, int64_t hi);
-  // StartChainWrite(), waiting for the answer (throws KvError).
-  void ReplicatedWrite(Method method, int64_t key, const std::string& string_key,
-                       const std::string& value, bool* existed);
-  // The gate of a local read (throws KvError); a no-op without a replicator.
-  void CheckRead(int64_t hash);
-  // A chain member's local read of the keys with hashes "hashes": the gate
-  // (CheckRead), the store read ("read"), then the member's confirmation
-  // that what it read was committed (Replicator::ConfirmRead), else all
-  // again. Throws UNAVAILABLE if the keys keep changing under the reads.
-  // (Defined in handler.cc, its only user.)
-  template <typename Read>
-  void GatedRead(const int64_t* hashes, size_t n, const Read& read);
-  // Read repair: this member's record of "key" failed its checksum ("bad").
-  // In a chain of several members the head rewrites the key with its newest
-  // value (Replicator::Repair; asked with peerRepair unless this member is
-  // the head) and *result gets it: OK. Else "bad", or why the repair
-  // failed. Inline on an I/O thread it asks to run on a worker instead
-  // (EventServer::RedoOnWorker, sets redo_) and returns "bad".
-  Status RepairRead(int64_t key, const Status& bad, rpc::GetResult* result);
-  // The same for a string key, by its bucket (RepairBucket).
-  Status RepairStringRead(const std::string& key, const Status& bad, rpc::GetResult* result);
-  // Rewrites this member's bucket "slot" through the chain (at the head:
-  // Replicator::RepairBucket; elsewhere asked with peerBucket); *bucket gets
-  // the pairs written. Blocks: a worker's call.
-  Status RepairBucket(int64_t slot, std::string* bucket);
-  // Throws NOT_OWNER unless this instance is the head of ctx.mark's chain
-  // (and ctx's token and mark are right).
-  void CheckHeadOf(const rpc::PeerContext& ctx, const char* what);
-  // The head's side of a repair: another member's copy of "key" (peerGet
-  // with ownCopy), from the first member after the head that has a good one.
-  Status FetchCopy(int64_t key, rpc::GetResult* result);
-  // The same for a string-key bucket (peerBucket without repair).
-  Status FetchBucket(int64_t slots, int64_t slot, std::string* bucket);
-
   engine::Store* const store_;
   engine::cache::WriteBackCache* const cache_;
   const Config config_;
   const uint64_t max_value_bytes_;
+
+ private:
+  // Counts and logs a failure other than KvError; the KvError to throw.
+  rpc::KvError Unexpected(Method method, const char* what);
+  // recent.window_ms, recent.ops_per_sec, recent.p99_us (CollectStats).
+  void AddRecentLoad(std::map<std::string, int64_t>* out) const;
+  // A local read of the keys with hashes "hashes": the gate (CheckRead),
+  // the store read ("read"), then the check that what it read was
+  // committed (ReadCommitted), else all again. Throws UNAVAILABLE if the
+  // keys keep changing under the reads.
+  template <typename Read>
+  void GatedRead(const int64_t* hashes, size_t n, const Read& read);
+
   const std::chrono::steady_clock::time_point started_;
   const std::unique_ptr<engine::Backup> backup_;
   bool backup_disabled_ = false;
@@ -284,8 +293,6 @@ class Handler : public rpc::FlatKVIf {
   std::array<LatencyHistogram, kMethods> latency_;
   mutable RecentLoad recent_;  // the data methods' "recent.*" stats
   std::function<void(std::map<std::string, int64_t>*)> server_stats_;
-  Cluster* cluster_ = nullptr;
-  Replicator* replicator_ = nullptr;
 };
 
 template <typename Body>
@@ -312,6 +319,19 @@ void Handler::Run(Method method, Body&& body) {
     throw Unexpected(method, nullptr);
   }
 }
+
+// Visits every live record of "store" in pages of up to "page": integer
+// keys in key order, then string keys in hash order. A callback returning
+// false ends the walk (OK). Used by digest, and by a ring member's
+// snapshots and wipe: a record failing its checksum ends it with
+// Corruption (never skipped).
+Status ForEachPage(const engine::Store& store, size_t page,
+                   const std::function<bool(std::vector<engine::KeyValue>*)>& ints,
+                   const std::function<bool(std::vector<engine::StringKeyValue>*)>& strings);
+
+// Constant-time comparison of two tokens (admin.token, cluster.peer_token),
+// so a token cannot be guessed byte by byte.
+bool SameToken(const std::string& a, const std::string& b);
 
 // A KvError with "code" and "message".
 rpc::KvError MakeError(rpc::ErrorCode::type code, const std::string& message);

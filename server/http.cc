@@ -765,7 +765,7 @@ void HttpServer::Route(evhttp_request* req, const std::string& path) {
   } else if (HasPrefix(path, "/kv/", &rest) || HasPrefix(path, "/skv/", &rest)) {
     // Standalone, a call never waits on another instance: answered here.
     const Deferrer defer =
-        handler_->cluster() == nullptr
+        handler_->ring_view() == nullptr
             ? Deferrer([](evhttp_request* r, std::function<Reply()> work) { work()(r); })
             : Deferrer(off_loop);
     if (path[1] == 'k') ServeIntKey(handler_, defer, req, rest);

@@ -42,6 +42,7 @@
 #include "server/http.h"
 #include "server/member/cluster.h"
 #include "server/member/forwarder.h"
+#include "server/member/member_handler.h"
 #include "server/thrift_limits.h"
 #include "server/tls.h"
 
@@ -370,7 +371,9 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
     spdlog::critical("cannot start the cache: {}", st.ToString());
     return 1;
   }
-  auto handler = std::make_shared<flatkv::server::Handler>(store.get(), cache.get(), config);
+  std::shared_ptr<flatkv::server::Handler> handler;
+  // A ring member's handler, for its Forwarder (null standalone).
+  flatkv::server::MemberHandler* member = nullptr;
   // A ring member: the registry connects to ZooKeeper in the background;
   // data calls answer UNAVAILABLE until a ring is known, and the member node
   // is created once the port serves. Settings that differ from the ring's
@@ -391,7 +394,6 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
       CloseEngine(cache.get(), store.get(), nullptr);
       return kExitBadConfig;
     }
-    handler->SetCluster(cluster.get());
     st = cluster->StartReplication(config, store.get(), cache.get(),
                                    &flatkv::server::EventServer::AtRoundEnd);
     if (!st.ok()) {
@@ -400,9 +402,15 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
       CloseEngine(cache.get(), store.get(), nullptr);
       return 1;
     }
-    handler->SetReplicator(cluster->replicator());
+    auto member_handler = std::make_shared<flatkv::server::MemberHandler>(
+        store.get(), cache.get(), config, cluster.get(), cluster->replicator());
+    member = member_handler.get();
+    handler = std::move(member_handler);
     spdlog::info("ring member: mark {} at {}, ZooKeeper {}{}", config.cluster.mark,
                  config.cluster.advertise, config.cluster.zookeeper, config.cluster.service_path);
+  }
+  if (!handler) {
+    handler = std::make_shared<flatkv::server::Handler>(store.get(), cache.get(), config);
   }
   // server.workers = 0: no pool; each call runs on the I/O thread that read
   // it (no hand-off between threads, no queue to overflow). With TLS the
@@ -430,7 +438,7 @@ int Serve(const flatkv::server::Config& config, const std::string& open_files,
       events->Offload(
           [h = handler.get()](const uint8_t* m, uint32_t n) { return h->MayBlock(m, n); },
           kForwardThreads,
-          [h = handler.get(), c = cluster.get(), &config, tls](event_base* base) {
+          [h = member, c = cluster.get(), &config, tls](event_base* base) {
             return std::make_unique<flatkv::server::Forwarder>(base, h, c, config, tls);
           });
     } else if (config.server.workers > 0) {

@@ -38,15 +38,13 @@
 #include "partition/ring.h"
 #include "partition/router.h"
 #include "server/config.h"
+#include "server/handler.h"
 #include "server/member/replicator.h"
 
 namespace flatkv::server {
 
-// Constant-time comparison of two tokens (admin.token, cluster.peer_token),
-// so a token cannot be guessed byte by byte.
-bool SameToken(const std::string& a, const std::string& b);
 
-class Cluster : public ChainCoordinator {
+class Cluster : public ChainCoordinator, public RingView {
  public:
   // Where one call goes.
   struct Target {
@@ -108,10 +106,10 @@ class Cluster : public ChainCoordinator {
   // Closes the ZooKeeper session (the member node goes at once). Idempotent.
   void Close();
 
-  int64_t mark() const { return router_.self_mark(); }
-  const std::string& advertise() const { return advertise_; }
+  int64_t mark() const override { return router_.self_mark(); }
+  const std::string& advertise() const override { return advertise_; }
   // The newest ring, or nullptr while ZooKeeper has not been reached.
-  std::shared_ptr<const partition::Ring> ring() const { return registry_->ring(); }
+  std::shared_ptr<const partition::Ring> ring() const override { return registry_->ring(); }
   // This instance's role: single | head | middle | tail, or syncing while
   // it is not (yet) a registered member of the ring it sees.
   std::string role() const;
@@ -135,8 +133,8 @@ class Cluster : public ChainCoordinator {
                  const std::function<void(rpc::FlatKVClient&)>& call);
   // For calls sent to several members before any answer is read: a
   // connection of the pool, and its return (kept only if it is healthy).
-  std::unique_ptr<client::Client> Borrow(const std::string& address);
-  void Return(std::unique_ptr<client::Client> connection);
+  std::unique_ptr<client::Client> Borrow(const std::string& address) override;
+  void Return(std::unique_ptr<client::Client> connection) override;
   // The Status Forward() gives for a failure of "connection".
   Status PeerFailure(const Target& target, const client::Client& connection, Status st) const;
   // The Unavailable status of a forwarded call the member of "target" did
@@ -242,6 +240,9 @@ class Cluster : public ChainCoordinator {
   static Status IndexOf(const partition::Ring& ring, int64_t mark, const char* what,
                         size_t* index);
   static int64_t NowMillis();
+  // An import's progress in percent: of the source's estimate, 100 once
+  // the copy is complete.
+  static int64_t ImportPercent(uint64_t bytes, uint64_t total, bool copied);
 
   const ClusterOptions options_;
   const partition::Router router_;

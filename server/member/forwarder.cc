@@ -185,7 +185,7 @@ struct Forwarder::Conn {
   std::deque<Op*> pending;  // sent, oldest first
 };
 
-Forwarder::Forwarder(event_base* base, Handler* handler, Cluster* cluster, const Config& config,
+Forwarder::Forwarder(event_base* base, MemberHandler* handler, Cluster* cluster, const Config& config,
                      std::shared_ptr<TlsContext> tls)
     : base_(base),
       tls_(config.cluster.peer_tls ? std::move(tls) : nullptr),

@@ -11,7 +11,7 @@
 // ring gives to another member, when that member's address has a numeric
 // host (an IP literal: no name lookup on the I/O thread); and the writes
 // among them for this member's own mark, which go through its chain
-// (Handler::StartChainWrite(), server/member/replicator.h) without a worker: the
+// (MemberHandler::StartChainWrite(), server/member/replicator.h) without a worker: the
 // replicator's loop thread hands each answer back through an eventfd of
 // this I/O thread (the Inbox), so a write costs two thread hand-offs and
 // the writes of every connection share the chain's batches. Everything
@@ -32,7 +32,7 @@
 // client method's answer (same result fields), then written to the client
 // connection by the EventServer.
 //
-// Semantics, as the blocking path (handler_cluster.cc, Routed()) has them:
+// Semantics, as the blocking path (MemberHandler::Routed()) has them:
 //   - A NOT_OWNER answer: the call goes to a worker (Reply::Redo()), which
 //     re-reads the ring (a blocking ZooKeeper read) and makes one more
 //     attempt, with no further retry (Handler::RunAsRetry()).
@@ -70,10 +70,10 @@
 #include <thrift/protocol/TBinaryProtocol.h>
 #include <thrift/transport/TBufferTransports.h>
 
-#include "server/member/cluster.h"
 #include "server/config.h"
 #include "server/event_server.h"
-#include "server/handler.h"
+#include "server/member/cluster.h"
+#include "server/member/member_handler.h"
 #include "server/tls.h"
 
 struct event;
@@ -86,7 +86,7 @@ class Forwarder final : public AsyncCalls {
   // thread's event loop, on which the peer connections are registered.
   // "tls" (with cluster.peer_tls) gives each new peer connection its client
   // SSL on the current certificate files.
-  Forwarder(event_base* base, Handler* handler, Cluster* cluster, const Config& config,
+  Forwarder(event_base* base, MemberHandler* handler, Cluster* cluster, const Config& config,
             std::shared_ptr<TlsContext> tls);
   // Closes the peer connections and drops the calls in flight unanswered
   // (the EventServer frees their client connections).
@@ -153,7 +153,7 @@ class Forwarder final : public AsyncCalls {
 
   event_base* const base_;
   const std::shared_ptr<TlsContext> tls_;  // with cluster.peer_tls
-  Handler* const handler_;
+  MemberHandler* const handler_;
   Cluster* const cluster_;
   const std::chrono::milliseconds timeout_;
   const uint32_t max_answer_;

@@ -518,14 +518,6 @@ class Replicator {
   std::atomic<int64_t> pipeline_syncs_{0};
 };
 
-// Visits every live record of "store" in pages of up to "page": integer
-// keys in key order, then string keys in hash order. A callback returning
-// false ends the walk (OK). Used by snapshots, the wipe and digest: a
-// record failing its checksum ends it with Corruption (never skipped).
-Status ForEachPage(const engine::Store& store, size_t page,
-                   const std::function<bool(std::vector<engine::KeyValue>*)>& ints,
-                   const std::function<bool(std::vector<engine::StringKeyValue>*)>& strings);
-
 // Encodes / decodes ChainEntry::op (a serialized rpc::ChainOps). Decoding
 // untrusted bytes: InvalidArgument for anything malformed.
 std::string EncodeChainOps(const std::vector<rpc::ChainOp>& ops);

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "client/client.h"
+#include "server/handler.h"
 #include "server/member/replicator.h"
 #include "server/member/replicator_internal.h"
 
@@ -23,44 +24,6 @@ using replicator_internal::PeerContextOf;
 using replicator_internal::PeerOptions;
 
 }  // namespace
-
-Status ForEachPage(const engine::Store& store, size_t page,
-                   const std::function<bool(std::vector<engine::KeyValue>*)>& ints,
-                   const std::function<bool(std::vector<engine::StringKeyValue>*)>& strings) {
-  const int64_t lo = store.options().key_min;
-  const int64_t hi = store.options().key_max - 1;
-  int64_t from = lo;
-  bool done = false;
-  while (!done) {
-    std::vector<engine::KeyValue> out;
-    int64_t next = 0;
-    std::vector<int64_t> bad;  // a copy or a digest without them would be wrong
-    FLATKV_RETURN_IF_ERROR(store.Scan(from, false, page, lo, hi, &out, &next, &done, &bad));
-    if (!bad.empty()) {
-      return Status::Corruption("key " + std::to_string(bad.front()) +
-                                " fails its checksum (flatkv admin verify repairs it from the "
-                                "chain)");
-    }
-    if (!ints(&out)) return Status::OK();
-    from = next;
-  }
-  std::string cursor;
-  done = false;
-  while (!done) {
-    std::vector<engine::StringKeyValue> out;
-    std::string next;
-    std::vector<int64_t> bad;
-    FLATKV_RETURN_IF_ERROR(store.SScan(cursor, page, &out, &next, &done, &bad));
-    if (!bad.empty()) {
-      return Status::Corruption("string-key bucket " + std::to_string(bad.front()) +
-                                " fails its checksum or lost entries to one (flatkv admin verify "
-                                "repairs it from the chain)");
-    }
-    if (!strings(&out)) return Status::OK();
-    cursor = std::move(next);
-  }
-  return Status::OK();
-}
 
 Replicator::SnapshotSender::SnapshotSender(Replicator* owner, const std::string& to,
                                            ChainPosition at)

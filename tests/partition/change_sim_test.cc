@@ -25,7 +25,7 @@
 // lingers until their session expires; ZooKeeper goes away for a while; a
 // removed mark's members leave once they see the flip. The machine is the
 // real ChangeMachine and the serving rule the real Moving(); the copy, the
-// fence and the drop are modelled on server/member/cluster.cc and handler_cluster.cc.
+// fence and the drop are modelled on server/member/cluster.cc and member_handler.cc.
 //
 // Checked after every event: at most one instance would accept a write to
 // any key, and every instance that would serve a read of a key holds its

@@ -41,7 +41,7 @@ std::shared_ptr<const Ring> MakeRing(int64_t version, const std::map<int64_t, in
 }
 
 // Walks a whole ring-wide scan with Router::Step/After over per-mark stores,
-// "page" keys per partition call, as handler_cluster.cc does.
+// "page" keys per partition call, as member_handler.cc does.
 std::vector<int64_t> RingScan(const Ring& ring, const std::map<int64_t, std::set<int64_t>>& stores,
                               int64_t from, bool reverse, size_t page) {
   std::vector<int64_t> out;
