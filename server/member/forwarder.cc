@@ -25,6 +25,7 @@
 // Reply is called, and Fail() detaches and frees its Conn before it answers
 // any of its calls (a call sent again goes to a new Conn).
 #include "server/member/forwarder.h"
+#include "server/member/forwarder_internal.h"
 #include "server/methods.h"
 #include "server/thrift_limits.h"
 #include "server/tls.h"
@@ -58,132 +59,18 @@
 namespace flatkv::server {
 
 using apache::thrift::TApplicationException;
-using apache::thrift::protocol::T_BOOL;
 using apache::thrift::protocol::T_CALL;
-using apache::thrift::protocol::T_EXCEPTION;
 using apache::thrift::protocol::T_I64;
-using apache::thrift::protocol::T_REPLY;
-using apache::thrift::protocol::T_STOP;
 using apache::thrift::protocol::T_STRING;
-using apache::thrift::protocol::T_STRUCT;
 using apache::thrift::protocol::TBinaryProtocol;
-using apache::thrift::protocol::TMessageType;
-using apache::thrift::protocol::TType;
 using apache::thrift::transport::TMemoryBuffer;
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-constexpr size_t kFrameHeader = 4;
-constexpr int kReadChunk = 64 << 10;
-// Nonblocking connections per peer per I/O thread. One usually suffices:
-// the calls of all the thread's clients are pipelined on it, and a peer on
-// the EventServer serves every frame it has read in one pass. But a peer
-// with a worker pool (server.workers > 0, e.g. storage.sync: always) runs
-// the frames of one connection one at a time, so when every connection has
-// kDeepPipeline calls waiting another is opened, up to kMaxConnectionsPerPeer,
-// and a call goes to the first connection that is not that deep.
-constexpr size_t kMaxConnectionsPerPeer = 4;
-constexpr size_t kDeepPipeline = 16;
-
-void PutFrameLength(uint8_t* at, uint32_t len) {
-  at[0] = static_cast<uint8_t>(len >> 24);
-  at[1] = static_cast<uint8_t>(len >> 16);
-  at[2] = static_cast<uint8_t>(len >> 8);
-  at[3] = static_cast<uint8_t>(len);
-}
-
-// A client method forwarded here and its peer* twin (server/methods.h):
-// the client's arguments are (key[, value]), the peer's (ctx, key[, value]),
-// and both have the same result: field 0 "success" (none for void), field
-// 1 "err" (KvError). The traits of a single-key client call, for the call
-// or (*peer) for its peer* twin if that is a write; nullptr for the rest.
-const MethodTraits* FindSpec(std::string_view name, bool* peer) {
-  const MethodTraits* t = FindMethod(name);
-  *peer = false;
-  if (t == nullptr) return nullptr;
-  if (t->dispatch == Dispatch::kRouted) return t;
-  if (t->twin == Handler::kMethods) return nullptr;
-  const MethodTraits& client = TraitsOf(t->twin);
-  if (client.dispatch != Dispatch::kRouted || !client.write) return nullptr;
-  *peer = true;
-  return &client;
-}
-
-// The name of the peer* twin of a single-key client call.
-const char* PeerName(const MethodTraits& spec) { return TraitsOf(spec.twin).name; }
-bool StringKey(const MethodTraits& spec) { return spec.key == KeyKind::kString; }
-
-}  // namespace
-
-struct Forwarder::Op {
-  const MethodTraits* spec = nullptr;
-  int32_t seqid = 0;  // the client's
-  bool peer = false;  // a peer write (peerPut ...) for this member's chain
-  rpc::PeerContext ctx;  // its context
-  int64_t key = 0;
-  std::string string_key;
-  std::string value;
-  Cluster::Target target;
-  Reply* reply = nullptr;  // null once the client connection closed
-  Clock::time_point start;
-  Clock::time_point deadline;
-  int32_t peer_seqid = 0;
-  bool on_used_conn = false;  // its Conn had completed a call when it was sent
-  bool sent_again = false;    // already sent on a fresh connection once
-};
-
-// What the peer answered, in the client method's terms.
-struct Forwarder::Outcome {
-  bool has_success = false;
-  rpc::GetResult get;
-  bool existed = false;
-  bool has_err = false;
-  rpc::KvError err;
-};
-
-// Chain writes answered by the replicator's loop thread, waiting for this
-// I/O thread. The loop writes the eventfd only when the queue was empty.
-// Once the Forwarder is gone ("closed") an answer is dropped with its Op.
-struct Forwarder::Inbox {
-  std::mutex mu;
-  bool closed = false;  // GUARDED_BY(mu)
-  int fd = -1;
-  struct Done {
-    Op* op;
-    Status status;
-    bool existed;
-  };
-  std::vector<Done> done;  // GUARDED_BY(mu)
-
-  void Push(Op* op, const Status& status, bool existed);
-};
-
-struct Forwarder::Peer {
-  std::string address;  // host:port, as the ring names the member
-  sockaddr_storage addr{};
-  socklen_t addr_len = 0;  // 0: the host is not an IP literal
-  std::atomic<int64_t>* forwarded = nullptr;
-  std::vector<Conn*> conns;
-};
-
-struct Forwarder::Conn {
-  Forwarder* owner = nullptr;
-  Peer* peer = nullptr;
-  int fd = -1;
-  event* read_event = nullptr;
-  event* write_event = nullptr;
-  event* timer = nullptr;
-  evbuffer* input = nullptr;
-  evbuffer* output = nullptr;
-  bool connecting = true;  // until the TCP connect (and the TLS handshake) completed
-  SSL* ssl = nullptr;      // cluster.peer_tls: the session, once TCP connected
-  int connect_error = 0;  // connect() failed at once: reported by write_event
-  bool dirty = false;     // in owner->dirty_
-  int64_t completed = 0;  // calls answered on it
-  int32_t next_seqid = 0;
-  std::deque<Op*> pending;  // sent, oldest first
-};
+using forwarder_io::kDeepPipeline;
+using forwarder_io::kFrameHeader;
+using forwarder_io::kMaxConnectionsPerPeer;
+using forwarder_io::kReadChunk;
+using forwarder_io::PeerName;
+using forwarder_io::StringKey;
 
 Forwarder::Forwarder(event_base* base, MemberHandler* handler, Cluster* cluster, const Config& config,
                      std::shared_ptr<TlsContext> tls)
@@ -278,61 +165,6 @@ void Forwarder::DrainInbox() {
   }
 }
 
-// Reads the call's name and arguments with the protocol the processor
-// uses, so anything it would refuse is left to it.
-bool Forwarder::Parse(const uint8_t* message, uint32_t len, Op* op, bool* inline_call) {
-  *inline_call = false;
-  bool ok = false;
-  try {
-    in_->resetBuffer(const_cast<uint8_t*>(message), len, TMemoryBuffer::OBSERVE);
-    LimitToMessage(in_protocol_.get(), len);  // lengths that lie are refused unallocated
-    std::string name;
-    TMessageType type;
-    in_protocol_->readMessageBegin(name, type, op->seqid);
-    op->spec = type == T_CALL ? FindSpec(name, &op->peer) : nullptr;
-    if (op->spec != nullptr) {
-      // The arguments struct: (field 1 the peer's context,) then the key
-      // and the value; the generated code skips unknown fields and insists
-      // on the required.
-      std::string ignored;
-      TType ftype;
-      int16_t fid;
-      const int16_t key_id = op->peer ? 2 : 1;
-      bool have_ctx = !op->peer, have_key = false, have_value = false;
-      in_protocol_->readStructBegin(ignored);
-      for (;;) {
-        in_protocol_->readFieldBegin(ignored, ftype, fid);
-        if (ftype == T_STOP) break;
-        if (fid == 1 && op->peer && ftype == T_STRUCT) {
-          op->ctx.read(in_protocol_.get());
-          have_ctx = true;
-        } else if (fid == key_id && !StringKey(*op->spec) && ftype == T_I64) {
-          in_protocol_->readI64(op->key);
-          have_key = true;
-        } else if (fid == key_id && StringKey(*op->spec) && ftype == T_STRING) {
-          in_protocol_->readBinary(op->string_key);
-          have_key = true;
-        } else if (fid == key_id + 1 && op->spec->has_value && ftype == T_STRING) {
-          in_protocol_->readBinary(op->value);
-          have_value = true;
-        } else {
-          in_protocol_->skip(ftype);
-        }
-        in_protocol_->readFieldEnd();
-      }
-      in_protocol_->readStructEnd();
-      in_protocol_->readMessageEnd();
-      ok = have_ctx && have_key && (have_value || !op->spec->has_value);
-      *inline_call = !ok;  // a required argument missing
-    }
-  } catch (const std::exception&) {
-    *inline_call = op->spec != nullptr;  // malformed arguments
-  }
-  in_->readEnd();  // resets the bytes counted against the message size limit
-  in_->resetBuffer();
-  return ok;
-}
-
 AsyncCalls::Decision Forwarder::Start(const uint8_t* message, uint32_t len, Reply* reply,
                                       void** ticket) {
   auto op = std::make_unique<Op>();
@@ -423,8 +255,7 @@ Forwarder::Peer* Forwarder::FindPeer(const std::string& address) {
   return it->second->addr_len != 0 ? it->second.get() : nullptr;
 }
 
-// Encodes op's peer call (the blocking path's FlatKVClient::send_peer*
-// writes the same bytes) onto the least loaded connection.
+// Sends op's peer call on the least loaded connection.
 bool Forwarder::Send(Peer* peer, Op* op) {
   // The first connection not kDeepPipeline deep: the others carry only the
   // overflow, so against a peer that keeps up one connection takes
@@ -443,42 +274,11 @@ bool Forwarder::Send(Peer* peer, Op* op) {
     if (fresh != nullptr) conn = fresh;
   }
   if (conn == nullptr) return false;
-  const MethodTraits& spec = *op->spec;
   op->peer_seqid = conn->next_seqid++;
   op->on_used_conn = conn->completed > 0;
-  try {
-    out_->resetBuffer();
-    out_->getWritePtr(kFrameHeader);
-    out_->wroteBytes(kFrameHeader);  // the length, filled in below
-    TBinaryProtocol* p = out_protocol_.get();
-    p->writeMessageBegin(PeerName(spec), T_CALL, op->peer_seqid);
-    p->writeStructBegin("args");
-    p->writeFieldBegin("ctx", T_STRUCT, 1);
-    op->target.context.write(p);
-    p->writeFieldEnd();
-    if (StringKey(spec)) {
-      p->writeFieldBegin("key", T_STRING, 2);
-      p->writeBinary(op->string_key);
-    } else {
-      p->writeFieldBegin("key", T_I64, 2);
-      p->writeI64(op->key);
-    }
-    p->writeFieldEnd();
-    if (spec.has_value) {
-      p->writeFieldBegin("value", T_STRING, 3);
-      p->writeBinary(op->value);
-      p->writeFieldEnd();
-    }
-    p->writeFieldStop();
-    p->writeStructEnd();
-    p->writeMessageEnd();
-  } catch (const std::exception&) {
-    return false;  // out of memory
-  }
   uint8_t* frame = nullptr;
   uint32_t size = 0;
-  out_->getBuffer(&frame, &size);
-  PutFrameLength(frame, size - static_cast<uint32_t>(kFrameHeader));
+  if (!EncodePeerCall(*op, op->peer_seqid, &frame, &size)) return false;
   if (evbuffer_add(conn->output, frame, size) != 0) return false;
   if (conn->pending.empty()) {
     const timeval tv{static_cast<time_t>(timeout_.count() / 1000),
@@ -738,136 +538,6 @@ void Forwarder::Read(Conn* conn) {
       return;
     }
   }
-}
-
-// Decodes the answer to the oldest call, as the generated recv_peer* would
-// (result field 0 or field 1, unknown fields skipped), drains it, then
-// answers the client or hands the call to a worker (NOT_OWNER).
-bool Forwarder::Complete(Conn* conn, uint8_t* body, uint32_t len) {
-  if (conn->pending.empty()) return false;
-  Op* op = conn->pending.front();
-  const MethodTraits& spec = *op->spec;
-  Outcome outcome;
-  std::string failure;
-  bool in_step = true;
-  try {
-    in_->resetBuffer(body, len, TMemoryBuffer::OBSERVE);
-    TBinaryProtocol* p = in_protocol_.get();
-    // A peer's answer is no more trusted than a client's call: no string or
-    // list longer than the frame (answers to forwarded calls hold no list
-    // of small elements, so this refuses only lengths that lie).
-    p->setStringSizeLimit(static_cast<int32_t>(std::min<uint32_t>(len, INT32_MAX)));
-    p->setContainerSizeLimit(static_cast<int32_t>(std::min<uint32_t>(len, INT32_MAX)));
-    std::string name;
-    TMessageType type;
-    int32_t seqid = 0;
-    p->readMessageBegin(name, type, seqid);
-    if (seqid != op->peer_seqid || name != PeerName(spec)) {
-      in_step = false;
-    } else if (type == T_EXCEPTION) {
-      TApplicationException e;
-      e.read(p);
-      failure = e.what();
-    } else if (type != T_REPLY) {
-      in_step = false;
-    } else {
-      std::string ignored;
-      TType ftype;
-      int16_t fid;
-      p->readStructBegin(ignored);
-      for (;;) {
-        p->readFieldBegin(ignored, ftype, fid);
-        if (ftype == T_STOP) break;
-        if (fid == 0 && spec.result == ResultKind::kGetResult && ftype == T_STRUCT) {
-          outcome.get.read(p);
-          outcome.has_success = true;
-        } else if (fid == 0 && spec.result == ResultKind::kBool && ftype == T_BOOL) {
-          p->readBool(outcome.existed);
-          outcome.has_success = true;
-        } else if (fid == 1 && ftype == T_STRUCT) {
-          outcome.err.read(p);
-          outcome.has_err = true;
-          // Passed on to the client as the peer said it, unless the code is
-          // none this build knows (read as its integer: RawEnum).
-          const int64_t code = RawEnum(outcome.err.code);
-          if (code < rpc::ErrorCode::KEY_OUT_OF_RANGE || code > rpc::ErrorCode::UNAVAILABLE) {
-            outcome.err.code = rpc::ErrorCode::UNAVAILABLE;
-            outcome.err.message = "member " + conn->peer->address +
-                                  " answered an unknown error code " + std::to_string(code) +
-                                  ": " + outcome.err.message;
-          }
-        } else {
-          p->skip(ftype);
-        }
-        p->readFieldEnd();
-      }
-      p->readStructEnd();
-      p->readMessageEnd();
-      if (!outcome.has_err && !outcome.has_success && spec.result != ResultKind::kVoid) {
-        failure = std::string(PeerName(spec)) + " failed: unknown result";  // as recv_peer*
-      }
-    }
-  } catch (const std::exception& e) {
-    in_step = false;  // a malformed answer: the connection's state is unknown
-  }
-  in_->readEnd();
-  in_->resetBuffer();
-  if (!in_step) return false;
-  evbuffer_drain(conn->input, kFrameHeader + len);
-  conn->pending.pop_front();
-  ++conn->completed;
-  if (!failure.empty()) {
-    FailOp(op, conn->peer->address + ": " + PeerName(spec) + ": " + failure);
-  } else if (outcome.has_err && outcome.err.code == rpc::ErrorCode::NOT_OWNER) {
-    Redo(op);
-  } else {
-    Answer(op, outcome);
-  }
-  return true;
-}
-
-// Writes the client method's answer exactly as its generated *_result
-// would: "success" if set, else "err" if set (never both).
-void Forwarder::Answer(Op* op, const Outcome& outcome) {
-  std::unique_ptr<Op> owned(op);
-  const MethodTraits& spec = *op->spec;
-  handler_->Finish(op->peer ? spec.twin : spec.method, op->start, outcome.has_err);
-  Reply* reply = op->reply;
-  op->reply = nullptr;
-  if (reply == nullptr) return;  // the client went away
-  uint8_t* frame = nullptr;
-  uint32_t size = 0;
-  try {
-    out_->resetBuffer();
-    out_->getWritePtr(kFrameHeader);
-    out_->wroteBytes(kFrameHeader);
-    TBinaryProtocol* p = out_protocol_.get();
-    p->writeMessageBegin(op->peer ? PeerName(spec) : spec.name, T_REPLY, op->seqid);
-    p->writeStructBegin("result");
-    if (outcome.has_err) {
-      p->writeFieldBegin("err", T_STRUCT, 1);
-      outcome.err.write(p);
-      p->writeFieldEnd();
-    } else if (spec.result == ResultKind::kGetResult) {
-      p->writeFieldBegin("success", T_STRUCT, 0);
-      outcome.get.write(p);
-      p->writeFieldEnd();
-    } else if (spec.result == ResultKind::kBool) {
-      p->writeFieldBegin("success", T_BOOL, 0);
-      p->writeBool(outcome.existed);
-      p->writeFieldEnd();
-    }
-    p->writeFieldStop();
-    p->writeStructEnd();
-    p->writeMessageEnd();
-    out_->getBuffer(&frame, &size);
-    PutFrameLength(frame, size - static_cast<uint32_t>(kFrameHeader));
-  } catch (const std::exception&) {
-    size = 0;
-  }
-  // Copied before anything else runs on this thread; an empty answer (out
-  // of memory) closes the client connection.
-  reply->Answer(frame, size);
 }
 
 void Forwarder::FailOp(Op* op, const std::string& why, bool sent) {
