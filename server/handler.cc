@@ -69,7 +69,13 @@ Handler::Handler(engine::Store* store, engine::cache::WriteBackCache* cache, con
       max_value_bytes_(std::min<uint64_t>(config.storage.max_value_bytes,
                                           config.server.max_frame_bytes - kFrameOverhead)),
       started_(std::chrono::steady_clock::now()),
-      backup_(std::make_unique<engine::Backup>(store)) {}
+      backup_(std::make_unique<engine::Backup>(store)) {
+  // OpenSSL's one-time setup (its configuration file read; SameToken's
+  // first digest needs it) happens here rather than in the first admin
+  // call on an I/O thread. It also orders OpenSSL's exit handler after
+  // those of whoever builds the handler and stops its threads at exit.
+  OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CONFIG, nullptr);
+}
 
 Status ForEachPage(const engine::Store& store, size_t page,
                    const std::function<bool(std::vector<engine::KeyValue>*)>& ints,
