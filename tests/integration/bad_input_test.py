@@ -21,7 +21,7 @@ from thrift.protocol import TBinaryProtocol  # noqa: E402
 from thrift.transport import TTransport  # noqa: E402
 from flatkv import FlatKV  # noqa: E402
 from flatkv.ttypes import (ChainFrame, ChainKind, ErrorCode, KvError, KvPair,  # noqa: E402
-                           PeerContext)
+                           PeerContext, SnapshotPage, TrackToken)
 
 # In a sanitizer build, freed memory waits in ASan's quarantine (256 MiB)
 # and would read as growth; without it RSS shows what the server keeps.
@@ -201,6 +201,51 @@ check(stat(c, "server.malformed_calls") == malformed_before + 1,
 check(stat(c, "errors.peerChain") == chain_errors_before + 1,
       "the refused peerChain (NOT_OWNER) is counted in errors.peerChain")
 check(c.get(0).value == b"v0", "the server serves on after refused oneway calls")
+
+# Every two-way peer* call is one a ring member answers: a standalone
+# server refuses each with NOT_OWNER naming the method and saying it is
+# standalone, counts it in errors.<method>, and applies nothing.
+ctx = PeerContext(token="", ringVersion=1, mark=1)
+page = SnapshotPage(token=0, first=True, last=True, atEpoch=1, atSeq=1,
+                    pairs=[KvPair(key=0, value=b"overwritten?")], spairs=[])
+peer_calls = {
+    "peerGet": lambda: c.peerGet(ctx, 0),
+    "peerPut": lambda: c.peerPut(ctx, 0, b"overwritten?"),
+    "peerRemove": lambda: c.peerRemove(ctx, 0),
+    "peerAppend": lambda: c.peerAppend(ctx, 0, b"+"),
+    "peerMultiGet": lambda: c.peerMultiGet(ctx, [0]),
+    "peerMultiPut": lambda: c.peerMultiPut(ctx, [KvPair(key=0, value=b"overwritten?")]),
+    "peerScan": lambda: c.peerScan(ctx, 0, 10, False, 0, 100),
+    "peerScanLog": lambda: c.peerScanLog(ctx, b"", 10),
+    "peerSGet": lambda: c.peerSGet(ctx, b"s"),
+    "peerSPut": lambda: c.peerSPut(ctx, b"s", b"v"),
+    "peerSRemove": lambda: c.peerSRemove(ctx, b"s"),
+    "peerSnapshot": lambda: c.peerSnapshot(ctx, "127.0.0.1:1", page),
+    "peerRepair": lambda: c.peerRepair(ctx, 0),
+    "peerBucket": lambda: c.peerBucket(ctx, 16, 0, True),
+    "peerExport": lambda: c.peerExport(ctx, 0, 100, b"", 10),
+    "peerFence": lambda: c.peerFence(ctx),
+    "peerTrack": lambda: c.peerTrack(ctx, 1),
+    "peerDelta": lambda: c.peerDelta(ctx, TrackToken(head="127.0.0.1:1", nonce=1, czxid=1),
+                                     b"", 10),
+    "peerDrop": lambda: c.peerDrop(ctx, 0, 100, 10),
+}
+refused = {}
+for name, call in peer_calls.items():
+    before = stat(c, "errors." + name)
+    try:
+        call()
+        refused[name] = "answered"
+    except KvError as e:
+        refused[name] = (e.code == ErrorCode.NOT_OWNER and name in e.message and
+                         "standalone" in e.message and stat(c, "errors." + name) == before + 1)
+        if not refused[name]:
+            refused[name] = "%s %r" % (ErrorCode._VALUES_TO_NAMES[e.code], e.message)
+wrong = {n: r for n, r in refused.items() if r is not True}
+check(not wrong, "a standalone server refuses each of %d peer* calls with NOT_OWNER naming it, "
+      "counted (%s)" % (len(peer_calls), wrong))
+check(c.get(0).value == b"v0" and not c.sget(b"s").found,
+      "... and none of them wrote anything")
 answer = call_raw(port, b"\x80\x01\x00")
 mtype, x = decode_exception(answer) if answer else (None, None)
 check(x is not None and x.type == TApplicationException.PROTOCOL_ERROR,
