@@ -173,6 +173,14 @@ def health_of(member):
     return http_call(member, "GET", "/health")
 
 
+def text_of(element_id):
+    """The rendered text of the element with "element_id", read in one
+    script (a refresh may replace elements between two WebDriver calls)."""
+    return driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return e ? e.innerText : ''",
+        element_id)
+
+
 def wait(what, cond, timeout=20.0):
     t = time.monotonic()
     while time.monotonic() - t < timeout:
@@ -230,9 +238,12 @@ try:
                 len(driver.find_elements(By.CSS_SELECTOR, ".mark-card")) == 2 and
                 len(driver.find_elements(By.CSS_SELECTOR, "#ring g.mark")) == 2)
     check(took is not None, "both marks and four members with roles: %r" % boxes())
-    cards = [int(e.get_attribute("data-mark")) for e in driver.find_elements(By.CSS_SELECTOR, ".mark-card")]
+    # Read in one script: the page re-renders every second, and elements
+    # found one call earlier may be gone by the next.
+    cards = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.mark-card'), e => Number(e.dataset.mark))")
     check(cards == [LOW, HIGH], "the marks in ring order: %r" % cards)
-    legend = driver.find_element(By.ID, "legend").text
+    legend = text_of("legend")
     check("50.0 %" in legend, "each mark holds half of the keys: %r" % legend)
     wait("every member's figures", lambda: all(
         "ops/s" in driver.find_element(By.CSS_SELECTOR, '.member[data-address="%s"]' % m.address).text
@@ -296,7 +307,7 @@ try:
         p = t.get_attribute("data-percent")
         return t.get_attribute("data-state") in ("precopy", "copy") and p and 0 < int(p) < 100
     took = wait("the change with its state and a percent between 0 and 100", copying)
-    change_text = driver.find_element(By.ID, "change").text
+    change_text = text_of("change")
     check(took is not None and "remove mark %d" % HIGH in change_text,
           "the page shows the change: %r" % change_text.replace("\n", " | "))
     shot("console_change.png")
