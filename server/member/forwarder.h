@@ -122,7 +122,7 @@ class Forwarder final : public AsyncCalls {
   // Queues "op" on a connection to its peer (opening one if needed); false
   // if no socket could be made.
   bool Send(Peer* peer, Op* op);
-  // op's peer* call with "seqid", encoded into out_ (forwarder_codec.cc):
+  // op's peer* call with "seqid", encoded into out_ (peer_codec.cc):
   // *frame and *size (the length included) until the next encoding. False
   // if out of memory.
   bool EncodePeerCall(const Op& op, int32_t seqid, uint8_t** frame, uint32_t* size);

@@ -1,7 +1,7 @@
-// The Forwarder's private parts, shared by its two files: forwarder.cc
-// (connections, their events, timeouts, retries) and forwarder_codec.cc
-// (the calls decoded, the peer calls encoded, the answers decoded and
-// written back in the client method's terms). Not for any other file.
+// The Forwarder's private parts, shared by forwarder.cc (connections, their
+// events, timeouts, retries) and peer_codec.cc (the calls decoded, the peer
+// calls encoded, the answers decoded and written back in the client
+// method's terms). Not for any other file.
 #pragma once
 
 #include <sys/socket.h>

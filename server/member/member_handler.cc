@@ -18,6 +18,7 @@
 #include "server/member/cluster.h"
 #include "server/member/member_handler.h"
 #include "server/member/migration.h"
+#include "server/member/peer_codec.h"
 #include "server/member/replicator.h"
 #include "server/methods.h"
 
@@ -61,58 +62,12 @@ std::string MemberHandler::NotReady() const {
   return cluster_->register_blocked();
 }
 
-namespace {
-
-// A cursor over a binary-protocol message (big-endian), enough to read the
-// call's name and its first argument. Every read checks the bounds.
-struct Reader {
-  const uint8_t* p;
-  const uint8_t* end;
-  bool Take(size_t n, const uint8_t** out) {
-    if (static_cast<size_t>(end - p) < n) return false;
-    *out = p;
-    p += n;
-    return true;
-  }
-  bool I32(int32_t* v) {
-    const uint8_t* b;
-    if (!Take(4, &b)) return false;
-    *v = static_cast<int32_t>(uint32_t{b[0]} << 24 | uint32_t{b[1]} << 16 | uint32_t{b[2]} << 8 |
-                              uint32_t{b[3]});
-    return true;
-  }
-  bool I64(int64_t* v) {
-    int32_t hi, lo;
-    if (!I32(&hi) || !I32(&lo)) return false;
-    *v = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(hi)) << 32 |
-                              static_cast<uint32_t>(lo));
-    return true;
-  }
-  bool Bytes(std::string_view* v) {
-    int32_t n;
-    const uint8_t* b;
-    if (!I32(&n) || n < 0 || !Take(static_cast<size_t>(n), &b)) return false;
-    *v = std::string_view(reinterpret_cast<const char*>(b), static_cast<size_t>(n));
-    return true;
-  }
-};
-
-constexpr uint8_t kTypeI64 = 10;
-constexpr uint8_t kTypeString = 11;
-
-}  // namespace
-
 bool MemberHandler::MayBlock(const uint8_t* message, uint32_t len) const {
-  Reader r{message, message + len};
-  int32_t version, seqid;
-  std::string_view name;
-  if (!r.I32(&version) || (static_cast<uint32_t>(version) & 0xffff0000u) != 0x80010000u ||
-      !r.Bytes(&name) || !r.I32(&seqid)) {
-    return false;  // malformed or old-style: answered at once, inline
-  }
-  const MethodTraits* traits = FindMethod(name);
-  if (traits == nullptr) return false;  // answered at once: no such method
-  switch (traits->dispatch) {
+  CallPeek call;
+  // Malformed or old-style: answered at once, inline; so is a call of no
+  // such method.
+  if (!PeekCall(message, len, &call) || call.traits == nullptr) return false;
+  switch (call.traits->dispatch) {
     case Dispatch::kInline:
       return false;
     case Dispatch::kFanOut:
@@ -127,22 +82,23 @@ bool MemberHandler::MayBlock(const uint8_t* message, uint32_t len) const {
     case Dispatch::kRouted:
       break;
   }
-  const bool int_key = traits->key == KeyKind::kInt;
-  const uint8_t* type;
-  const uint8_t* id;
-  if (!r.Take(1, &type) || !r.Take(2, &id) || (id[0] << 8 | id[1]) != 1) return true;
   int64_t hash = 0;
-  if (int_key) {
-    if (*type != kTypeI64 || !r.I64(&hash)) return false;  // a malformed call: inline
-  } else {
-    std::string_view key;
-    if (*type != kTypeString || !r.Bytes(&key)) return false;
-    hash = StringHash(std::string(key));
+  switch (call.key) {
+    case CallPeek::Key::kNone:
+      return true;
+    case CallPeek::Key::kMalformed:
+      return false;  // a malformed call: inline
+    case CallPeek::Key::kInt:
+      hash = call.int_key;
+      break;
+    case CallPeek::Key::kString:
+      hash = StringHash(std::string(call.string_key));
+      break;
   }
   Cluster::Target target;
   // No ring or no member: answered UNAVAILABLE at once, inline.
-  if (!cluster_->Route(hash, traits->write, &target).ok()) return false;
-  return !target.local || (traits->write && replicator_ != nullptr);
+  if (!cluster_->Route(hash, call.traits->write, &target).ok()) return false;
+  return !target.local || (call.traits->write && replicator_ != nullptr);
 }
 
 int64_t MemberHandler::StringHash(const std::string& key) const {

@@ -1,4 +1,5 @@
-// The Forwarder's codec: a client call decoded with the protocol the
+// The ring member's hand-written Thrift codec (peer_codec.h): PeekCall(),
+// and the Forwarder's: a client call decoded with the protocol the
 // processor uses, its peer* twin encoded as FlatKVClient::send_peer* would,
 // the peer's answer decoded as recv_peer* would, and the client method's
 // answer written exactly as its generated *_result would be.
@@ -11,6 +12,7 @@
 
 #include "server/member/forwarder.h"
 #include "server/member/forwarder_internal.h"
+#include "server/member/peer_codec.h"
 #include "server/methods.h"
 #include "server/thrift_limits.h"
 
@@ -34,6 +36,70 @@ using forwarder_io::kFrameHeader;
 using forwarder_io::PeerName;
 using forwarder_io::PutFrameLength;
 using forwarder_io::StringKey;
+
+namespace {
+
+// A cursor over a binary-protocol message (big-endian), enough to read the
+// call's name and its first argument. Every read checks the bounds.
+struct Reader {
+  const uint8_t* p;
+  const uint8_t* end;
+  bool Take(size_t n, const uint8_t** out) {
+    if (static_cast<size_t>(end - p) < n) return false;
+    *out = p;
+    p += n;
+    return true;
+  }
+  bool I32(int32_t* v) {
+    const uint8_t* b;
+    if (!Take(4, &b)) return false;
+    *v = static_cast<int32_t>(uint32_t{b[0]} << 24 | uint32_t{b[1]} << 16 | uint32_t{b[2]} << 8 |
+                              uint32_t{b[3]});
+    return true;
+  }
+  bool I64(int64_t* v) {
+    int32_t hi, lo;
+    if (!I32(&hi) || !I32(&lo)) return false;
+    *v = static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(hi)) << 32 |
+                              static_cast<uint32_t>(lo));
+    return true;
+  }
+  bool Bytes(std::string_view* v) {
+    int32_t n;
+    const uint8_t* b;
+    if (!I32(&n) || n < 0 || !Take(static_cast<size_t>(n), &b)) return false;
+    *v = std::string_view(reinterpret_cast<const char*>(b), static_cast<size_t>(n));
+    return true;
+  }
+};
+
+constexpr uint8_t kTypeI64 = 10;
+constexpr uint8_t kTypeString = 11;
+
+}  // namespace
+
+bool PeekCall(const uint8_t* message, uint32_t len, CallPeek* peek) {
+  *peek = CallPeek();
+  Reader r{message, message + len};
+  int32_t version, seqid;
+  std::string_view name;
+  if (!r.I32(&version) || (static_cast<uint32_t>(version) & 0xffff0000u) != 0x80010000u ||
+      !r.Bytes(&name) || !r.I32(&seqid)) {
+    return false;
+  }
+  peek->traits = FindMethod(name);
+  if (peek->traits == nullptr || peek->traits->key == KeyKind::kNone) return true;
+  const uint8_t* type;
+  const uint8_t* id;
+  if (!r.Take(1, &type) || !r.Take(2, &id) || (id[0] << 8 | id[1]) != 1) return true;
+  peek->key = CallPeek::Key::kMalformed;
+  if (peek->traits->key == KeyKind::kInt) {
+    if (*type == kTypeI64 && r.I64(&peek->int_key)) peek->key = CallPeek::Key::kInt;
+  } else if (*type == kTypeString && r.Bytes(&peek->string_key)) {
+    peek->key = CallPeek::Key::kString;
+  }
+  return true;
+}
 
 // Reads the call's name and arguments with the protocol the processor
 // uses, so anything it would refuse is left to it.
