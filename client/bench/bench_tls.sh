@@ -7,7 +7,8 @@
 #       [--set section.key=value ...]
 #
 # BUILD_DIR (default: build) holds a Release flatkv-server and flatkv-bench
-# (FLATKV_SERVER overrides the server, to compare two builds); --set
+# (FLATKV_SERVER overrides the server; BASELINE=PATH adds another build of
+# it to every round, shown as "baseline", to compare two builds); --set
 # arguments go to flatkv-server. The servers are pinned to --server-cpus
 # and the load generators to --client-cpus (taskset lists; defaults 1 and
 # 0), so the server's CPU per call is its own. Environment: OPS (calls per
@@ -93,15 +94,15 @@ record() {  # server mode size op round seconds-of-run ops ticks
   echo "$*" >>"$TMP/results"
 }
 
-flatkv_round() {  # mode size round
-  local mode=$1 size=$2 round=$3 port tls=() client=()
+flatkv_round() {  # mode size round [name binary]
+  local mode=$1 size=$2 round=$3 name=${4:-flatkv} bin=${5:-$SERVER_BIN} port tls=() client=()
   port=$(free_port)
   rm -rf "$TMP/data"
   if [[ $mode == tls ]]; then
     tls=(--set server.tls_cert_file="$TMP/server.pem" --set server.tls_key_file="$TMP/server.key")
     client=(--tls-ca "$TMP/ca.pem")
   fi
-  taskset -c "$SERVER_CPUS" "$SERVER_BIN" --set server.port="$port" \
+  taskset -c "$SERVER_CPUS" "$bin" --set server.port="$port" \
     --set storage.path="$TMP/data" --set storage.sync=interval --set log.level=warn \
     "${tls[@]}" "${SETS[@]}" 2>"$TMP/flatkv.log" &
   PID=$!
@@ -115,7 +116,7 @@ flatkv_round() {  # mode size round
       --clients "$CLIENTS" --ops "$OPS" --value-size "$size" --workload "$op" --json)
     after=$(cpu_ticks "$PID")
     /usr/bin/python3 -c 'import json, sys; r = json.loads(sys.argv[1]); print(r["ops"], r["ops_per_sec"])' \
-      "$line" | { read -r ops rate; record flatkv "$mode" "$size" "$op" "$round" "$ops" "$rate" $((after - before)); }
+      "$line" | { read -r ops rate; record "$name" "$mode" "$size" "$op" "$round" "$ops" "$rate" $((after - before)); }
   done
   stop_server
 }
@@ -150,11 +151,12 @@ redis_round() {  # mode size round
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min); servers on CPUs" \
   "$SERVER_CPUS, generators on $CLIENT_CPUS; $OPS calls per test, $CLIENTS connections," \
-  "$ROUNDS rounds; server $SERVER_BIN"
+  "$ROUNDS rounds; server $SERVER_BIN${BASELINE:+, baseline $BASELINE}"
 for ((round = 1; round <= ROUNDS; round++)); do
   for size in "${SIZE_LIST[@]}"; do
     for mode in plain tls; do
       flatkv_round "$mode" "$size" "$round"
+      [[ -n ${BASELINE:-} ]] && flatkv_round "$mode" "$size" "$round" baseline "$BASELINE"
       redis_round "$mode" "$size" "$round"
     done
   done
@@ -183,7 +185,7 @@ print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
 for size in sorted({k[2] for k in by}):
     for op in ("put", "get"):
-        for server in ("flatkv", "redis"):
+        for server in ("flatkv", "baseline", "redis"):
             p, t = (server, "plain", size, op), (server, "tls", size, op)
             if p not in by or t not in by:
                 continue
