@@ -99,16 +99,17 @@ std::vector<std::string> ReleasedBy(const Ring& ring, const RingChange& change) 
   return members;
 }
 
-bool MustLeave(const Ring& ring, int64_t self_mark) {
+bool MustLeave(const Ring& ring, int64_t self_mark, bool mark_seen) {
   const RingChange* c = ring.change();
   if (c != nullptr && c->kind == "remove" && c->mark == self_mark && c->state != "copy" &&
       c->state != "precopy") {
     return true;
   }
   const Partition* own = ring.Find(self_mark);
-  if (own == nullptr || own->in_marks) return false;
+  if (own != nullptr ? own->in_marks : !mark_seen) return false;
   // Member nodes create their mark node first, so a view listing a member
-  // of a mark without its node saw the node deleted (a finished remove).
+  // of a mark without its node saw the node deleted (a finished remove);
+  // so did this process, if it had seen the node and sees none of the mark.
   return std::any_of(ring.partitions().begin(), ring.partitions().end(),
                      [](const Partition& p) { return p.in_marks; });
 }
@@ -163,7 +164,19 @@ ChangeStep ChangeMachine::Register(bool create_mark, const RingChange& change) {
   return s;
 }
 
+bool ChangeMachine::Leaving(const Ring& ring) {
+  const bool leave = MustLeave(ring, mark_, mark_seen_);
+  const Partition* own = ring.Find(mark_);
+  if (own != nullptr && own->in_marks) mark_seen_ = true;
+  return leave;
+}
+
 ChangeStep ChangeMachine::Next(const Ring& ring, bool head) {
+  // A removed mark's member changes nothing more: it would add its mark
+  // back (its view has no trace of it) or act on a ring it is leaving.
+  if (Leaving(ring)) {
+    return Wait("mark " + std::to_string(mark_) + " was removed from the ring: this member leaves");
+  }
   const RingChange* c = ring.change();
   // A view from before this member deleted its change.
   if (c != nullptr && finished_czxid_ != 0 && c->czxid == finished_czxid_) c = nullptr;

@@ -107,7 +107,13 @@ std::vector<std::string> ReleasedBy(const Ring& ring, const RingChange& change);
 // is being removed and the copy is complete (state flip), or its mark node
 // is gone while the ring still has others (the remove finished while this
 // member was away or registering: what it holds belongs to another mark).
-bool MustLeave(const Ring& ring, int64_t self_mark);
+// Only a remove deletes a mark node, so the node is known gone when the
+// view lists a member of the mark without it, or when this process had
+// seen the node in an earlier view ("mark_seen") and the view has no trace
+// of the mark: its session expired too while the remove finished. A new
+// process has not seen it: a member started on a removed mark's data adds
+// the mark again (a new mark), as a member of a new mark does.
+bool MustLeave(const Ring& ring, int64_t self_mark, bool mark_seen);
 
 // One step for the shell to run.
 struct ChangeStep {
@@ -164,8 +170,12 @@ class ChangeMachine {
   }
 
   // The next step, from the newest ring view. "head": this member heads its
-  // mark's chain (a remove's import runs only there).
+  // mark's chain (a remove's import runs only there). None once Leaving().
   ChangeStep Next(const Ring& ring, bool head);
+  // True once this member must stop serving and leave: MustLeave() of
+  // "ring", with whether this process saw its mark's node in a view before
+  // (this or an earlier call, or Next()).
+  bool Leaving(const Ring& ring);
   // The outcome of "step" (as Next returned it).
   void Done(const ChangeStep& step, const Status& st);
 
@@ -188,6 +198,7 @@ class ChangeMachine {
 
   const int64_t mark_;
   const std::string self_;
+  bool mark_seen_ = false;   // a view showed this member's mark node
   bool join_ = false;        // asked to register
   bool registered_ = false;  // and the ring listed it
   enum class Asked { kNone, kPlain, kCreate };

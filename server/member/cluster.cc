@@ -187,7 +187,12 @@ Status Cluster::RecordChain(const std::vector<std::string>& members, int64_t rin
 }
 
 void Cluster::OnRingChange(const partition::Ring& ring) {
-  if (partition::MustLeave(ring, mark())) {
+  bool leave;
+  {
+    std::lock_guard<std::mutex> lock(machine_mu_);
+    leave = machine_.Leaving(ring);
+  }
+  if (leave) {
     bool first = false;
     {
       std::lock_guard<std::mutex> lock(gate_mu_);

@@ -11,7 +11,10 @@ of both marks. `flatkv admin remove-mark 1000`; once b0 has copied some
 keys it is killed with SIGKILL; b1 becomes B's head after b0's session
 expires, takes the import over and finishes it: A's member exits 0, the
 ring is B = [b1], and every acknowledged write and every preloaded key
-reads its newest value through b1.
+reads its newest value through b1. Then a mark C of two whose head is
+stopped (SIGSTOP) past its session while C is removed: the remove finishes
+through the other member, and the stopped one, running again, leaves
+rather than adding its mark back.
 
 Usage: remove_failover_test.py FLATKV_SERVER FLATKV_CLI THRIFT_COMPILER FLATKV_THRIFT"""
 import os
@@ -111,4 +114,45 @@ check(not wrong, "every preloaded key of both marks (%d) reads its value through
       (len(pk), wrong[:5]))
 log = open(os.path.join(work, "b1.log")).read()
 check("copied" in log, "b1's log says it copied A's keys itself")
+
+# --- A removed mark's head frozen past its session during the remove -------
+# Mark C = 2500 (c0 head, c1) takes (2000, 2500] from B. c0 is stopped
+# (SIGSTOP) and C removed: after c0's session expires c1 heads C, the
+# remove finishes through it and c1 exits. When c0 runs again its session
+# is gone and the ring shows no trace of C: it must leave too (exit 0),
+# not add C back as a new mark, which would undo the operator's remove.
+C = 2500
+c0 = Member("c0", C)
+wait_until("C serves", lambda: ring(b1) == {B: [b1.port], C: [c0.port]} and
+           harness.ring_change_of(b1.port) is None)
+c1 = Member("c1", C)
+wait_until("C's chain of two", lambda: ring(b1) == {B: [b1.port], C: [c0.port, c1.port]})
+c_keys = {k: b"c%d" % k for k in range(2001, 2500, 7)}
+for k, v in c_keys.items():
+    b1.call(lambda c: c.put(k, v))
+c0.proc.send_signal(signal.SIGSTOP)
+for attempt in range(3):
+    r = subprocess.run([cli_bin, "--port", str(b1.port), "admin", "remove-mark", str(C)],
+                       capture_output=True, timeout=30)
+    if r.returncode == 0 or b"operation timeout" not in r.stderr:
+        break
+    time.sleep(1)
+check(r.returncode == 0, "flatkv admin remove-mark 2500 through b1 while c0 is stopped: %r"
+      % r.stderr[-200:])
+wait_until("the remove finishes through c1: the ring is B = [b1] again",
+           lambda: ring(b1) == {B: [b1.port]} and harness.ring_change_of(b1.port) is None, 90)
+check(c1.proc.wait(30) == 0, "c1 exited with status 0")
+c0.proc.send_signal(signal.SIGCONT)
+try:
+    code = c0.proc.wait(30)
+except subprocess.TimeoutExpired:
+    code = None
+check(code == 0, "c0, running again after its mark was removed, leaves (exit %s)" % code)
+time.sleep(0.5)
+check(ring(b1) == {B: [b1.port]} and str(C) not in zk.children("/flatkv/.cluster/marks"),
+      "... and mark 2500 stays removed: %r" % ring(b1))
+got = {k: b1.call(lambda c: c.get(k)).value for k in c_keys}
+check(got == c_keys, "every key C held reads its value through b1")
+c0_log = open(os.path.join(work, "c0.log")).read()
+check("was removed from the ring" in c0_log, "c0's log says its mark was removed")
 harness.finish(work)

@@ -356,7 +356,7 @@ class Sim {
     Trace("%s view v%lld: %s%s", p.address.c_str(), static_cast<long long>(p.view->version()),
           p.view->ToString().c_str(),
           p.view->change() ? (" change " + p.view->change()->ToJson()).c_str() : "");
-    if (flatkv::partition::MustLeave(*p.view, p.mark) && !p.left) {
+    if (p.machine && p.machine->Leaving(*p.view) && !p.left) {
       // This mark was removed and its keys copied: deregister and exit.
       Trace("%s leaves (mark %lld removed)", p.address.c_str(), static_cast<long long>(p.mark));
       if (ZkUp()) {

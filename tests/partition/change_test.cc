@@ -1,0 +1,65 @@
+// When a member of a ring leaves because its mark was removed
+// (partition::MustLeave, ChangeMachine::Leaving), from ring views as the
+// registry builds them: marks from .cluster/marks, members from their
+// nodes.
+#include "partition/change.h"
+
+#include <catch2/catch.hpp>
+
+#include "partition/ring.h"
+
+using flatkv::partition::ChangeMachine;
+using flatkv::partition::ChangeStep;
+using flatkv::partition::Member;
+using flatkv::partition::MustLeave;
+using flatkv::partition::Ring;
+using flatkv::partition::RingSettings;
+
+namespace {
+
+Ring::Registration Reg(int64_t mark, const std::string& host, int64_t czxid) {
+  return Ring::Registration{mark, Member{host, 9901, czxid}};
+}
+
+}  // namespace
+
+TEST_CASE("A removed mark's member leaves even if its session expired during the remove",
+          "[partition][change]") {
+  // Mark 2000 with this member (b1) and another; mark 1000 beside it.
+  const auto before = Ring::Make(3, RingSettings{}, {1000, 2000},
+                                 {Reg(1000, "a1", 1), Reg(2000, "b1", 5), Reg(2000, "b2", 6)});
+  // The remove finished while b1 was cut off from ZooKeeper past its
+  // session: mark 2000's node and both member nodes are gone.
+  const auto after = Ring::Make(9, RingSettings{}, {1000}, {Reg(1000, "a1", 1)});
+
+  ChangeMachine running(2000, "b1:9901");
+  running.Join();
+  CHECK_FALSE(running.Leaving(*before));
+  CHECK(running.Leaving(*after));
+  // ... and makes no step: it does not add its mark back.
+  CHECK(running.Next(*after, false).kind == ChangeStep::kWait);
+
+  // A new process on the removed mark's data has not seen the mark: it
+  // adds it again (a new mark), the way a member of a new mark does.
+  ChangeMachine restarted(2000, "b1:9901");
+  restarted.Join();
+  CHECK_FALSE(restarted.Leaving(*after));
+  CHECK(restarted.Next(*after, false).kind != ChangeStep::kWait);
+  CHECK_FALSE(MustLeave(*after, 2000, /*mark_seen=*/false));
+  CHECK(MustLeave(*after, 2000, /*mark_seen=*/true));
+}
+
+TEST_CASE("A member does not leave while its mark is in the ring, with or without members",
+          "[partition][change]") {
+  // Its own session expired, the mark stays: it registers again.
+  const auto expired = Ring::Make(4, RingSettings{}, {1000, 2000}, {Reg(1000, "a1", 1)});
+  ChangeMachine m(2000, "b1:9901");
+  CHECK_FALSE(m.Leaving(*Ring::Make(3, RingSettings{}, {1000, 2000},
+                                    {Reg(1000, "a1", 1), Reg(2000, "b1", 5)})));
+  CHECK_FALSE(m.Leaving(*expired));
+  // No marks at all (ZooKeeper's data lost): nothing says the mark was removed.
+  CHECK_FALSE(m.Leaving(*Ring::Make(5, RingSettings{}, {}, {})));
+  // A member listed without its mark's node: the node was deleted.
+  CHECK(MustLeave(*Ring::Make(6, RingSettings{}, {1000}, {Reg(1000, "a1", 1), Reg(2000, "b2", 6)}),
+                  2000, /*mark_seen=*/false));
+}
