@@ -201,7 +201,7 @@ wait_replica() {
         tail -n 15 "$dir/server.log" >&2
         exit 1
       fi
-      if "$CLI" --host 127.0.0.1 --port "$port" --timeout-ms 1000 admin stats 2>/dev/null |
+      if "$CLI" $(cli_tls) --host 127.0.0.1 --port "$port" --timeout-ms 1000 admin stats 2>/dev/null |
         awk '$1 == "cluster.registrations" && $2 >= 1 { found = 1 } END { exit !found }'; then
         got=$((got + 1))
       fi
@@ -211,6 +211,27 @@ wait_replica() {
       die "only $got of $PARTITIONS replicas #$1 registered after ${REGISTER_TIMEOUT_S}s (logs: $DIR/node-*/server.log)"
     sleep 0.2
   done
+}
+
+# The CLI's TLS flags for instances started with a certificate (--set
+# server.tls_cert_file=... and the like): the script's own calls to them
+# speak TLS, presenting the instances' certificate (which a ring with
+# cluster.peer_tls has for client authentication too).
+cli_tls() {
+  local s ca="" cert="" key=""
+  for s in ${SETS[@]+"${SETS[@]}"}; do
+    case $s in
+      server.tls_ca_file=*) ca=${s#*=} ;;
+      server.tls_cert_file=*) cert=${s#*=} ;;
+      server.tls_key_file=*) key=${s#*=} ;;
+    esac
+  done
+  [[ -n $cert ]] || return 0
+  # Without a CA file of their own, the instances' certificate chains to a
+  # CA the caller must name: the certificate itself is tried (self-signed).
+  printf '%s\n' --tls-ca "${ca:-$cert}"
+  [[ -n $key ]] && printf '%s\n' --tls-cert "$cert" --tls-key "$key"
+  return 0
 }
 
 up() {
@@ -279,7 +300,7 @@ status() {
     pid=$(pid_of "$dir") || pid=""
     if [[ -n $pid ]] && running "$pid"; then
       state="pid $pid alive"
-      role=$("$CLI" --host 127.0.0.1 --port "$port" --timeout-ms 1000 admin info 2>/dev/null |
+      role=$("$CLI" $(cli_tls) --host 127.0.0.1 --port "$port" --timeout-ms 1000 admin info 2>/dev/null |
         awk '$1 == "role" { print $2 }') || true
     else
       state="not running"
@@ -289,7 +310,7 @@ status() {
       "$state" "${role:-?}"
   done < <(instances)
   echo
-  if ! "$CLI" --host 127.0.0.1 --port "$BASE_PORT" --timeout-ms 1000 ring 2>/dev/null; then
+  if ! "$CLI" $(cli_tls) --host 127.0.0.1 --port "$BASE_PORT" --timeout-ms 1000 ring 2>/dev/null; then
     echo "registered members (ZooKeeper $SERVICE_PATH):"
     members | sed 's/^/  /'
   fi
