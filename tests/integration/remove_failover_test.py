@@ -52,6 +52,19 @@ def wait_until(what, cond, timeout=60.0):
     return harness.wait_until(work, what, cond, timeout, 0.1, on_fail=writers_stop)
 
 
+def remove_mark(via, mark):
+    """flatkv admin remove-mark through "via". A ZooKeeper that does not
+    answer in time (a loaded CI machine) makes the call fail with
+    "operation timeout", which an operator would simply retry."""
+    for _ in range(3):
+        r = subprocess.run([cli_bin, "--port", str(via.port), "admin", "remove-mark", str(mark)],
+                           capture_output=True, timeout=30)
+        if r.returncode == 0 or b"operation timeout" not in r.stderr:
+            break
+        time.sleep(1)
+    return r
+
+
 def ring(member):
     r = member.call(lambda c: c.ring())
     return {p.mark: [m.port for m in p.chain] for p in r.partitions}
@@ -75,14 +88,7 @@ writers = harness.VersionedWriters([list(range(i * 10 + 1, 3000, 40)) for i in r
                                    lambda rng: b1.port)
 time.sleep(0.5)
 
-# A ZooKeeper that does not answer in time (a loaded CI machine) makes the
-# call fail with "operation timeout", which an operator would simply retry.
-for attempt in range(3):
-    r = subprocess.run([cli_bin, "--port", str(b1.port), "admin", "remove-mark", str(A)],
-                       capture_output=True, timeout=30)
-    if r.returncode == 0 or b"operation timeout" not in r.stderr:
-        break
-    time.sleep(1)
+r = remove_mark(b1, A)
 check(r.returncode == 0, "flatkv admin remove-mark 1000 through b1: %r %r" % (r.stdout, r.stderr[-200:]))
 wait_until("b0 copies A's keys (cluster.import.keys > 0)",
            lambda: b0.call(lambda c: c.stats()).get("cluster.import.keys", 0) > 0, 30)
@@ -131,12 +137,7 @@ c_keys = {k: b"c%d" % k for k in range(2001, 2500, 7)}
 for k, v in c_keys.items():
     b1.call(lambda c: c.put(k, v))
 c0.proc.send_signal(signal.SIGSTOP)
-for attempt in range(3):
-    r = subprocess.run([cli_bin, "--port", str(b1.port), "admin", "remove-mark", str(C)],
-                       capture_output=True, timeout=30)
-    if r.returncode == 0 or b"operation timeout" not in r.stderr:
-        break
-    time.sleep(1)
+r = remove_mark(b1, C)
 check(r.returncode == 0, "flatkv admin remove-mark 2500 through b1 while c0 is stopped: %r"
       % r.stderr[-200:])
 wait_until("the remove finishes through c1: the ring is B = [b1] again",
