@@ -505,6 +505,9 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["engine.fdatasyncs"] = static_cast<int64_t>(e.fdatasyncs);
   result["engine.corrupt_records"] = static_cast<int64_t>(e.corrupt_records);
   result["engine.buckets_damaged"] = static_cast<int64_t>(e.buckets_damaged);
+  result["engine.recovery_records"] = static_cast<int64_t>(e.recovery_records);
+  result["engine.recovery_bytes_scanned"] = static_cast<int64_t>(e.recovery_bytes_scanned);
+  result["engine.index_rebuilds"] = static_cast<int64_t>(e.index_rebuilds);
   result["engine.string_filter_skips"] = static_cast<int64_t>(e.string_filter_skips);
   result["engine.sparse_keys"] = static_cast<int64_t>(e.sparse_keys);
   result["engine.sparse_promotions"] = static_cast<int64_t>(e.sparse_promotions);
