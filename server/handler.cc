@@ -495,6 +495,8 @@ void Handler::CollectStats(std::map<std::string, int64_t>* out) const {
   result["cache.dirty_bytes"] = static_cast<int64_t>(c.dirty_bytes);
   result["cache.flushes"] = static_cast<int64_t>(c.flushes);
   result["cache.coalesced"] = static_cast<int64_t>(c.coalesced);
+  result["cache.writer_waits"] = static_cast<int64_t>(c.writer_waits);
+  result["cache.flush_failures"] = static_cast<int64_t>(c.flush_failures);
   const engine::EngineStats e = store_->GetStats();
   result["engine.segments"] = static_cast<int64_t>(e.segments);
   result["engine.segments_open"] = static_cast<int64_t>(e.segments_open);

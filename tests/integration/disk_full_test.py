@@ -31,6 +31,7 @@ import http.client
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -126,6 +127,7 @@ class Writers:
         self.stop = threading.Event()
         self.fail_streak = [0] * WRITERS
         self.max_latency = 0.0
+        self.ok_latency, self.fail_latency = [], []
         self.threads = [threading.Thread(target=self.run, args=(w,)) for w in range(WRITERS)]
 
     def start(self):
@@ -153,7 +155,9 @@ class Writers:
             with self.lock:
                 self.errors.append((e.code, e.message))
             ok = False
-        self.max_latency = max(self.max_latency, time.monotonic() - t0)
+        took = time.monotonic() - t0
+        self.max_latency = max(self.max_latency, took)
+        (self.ok_latency if ok else self.fail_latency).append(took)
         if ok:
             for k in keys:
                 self.acked[k] = self.tried[k]
@@ -255,7 +259,15 @@ kinds = {("data" if ".log" in m else "index" if "index" in m else "other")
          for _, m in writers.errors}
 print("failed writes: %d; files named: %s; e.g. %s" % (len(writers.errors), kinds,
                                                         writers.errors[0][1]))
-check(writers.max_latency < 5, "no write took 5 s or more (%.3f s)" % writers.max_latency)
+# A refused write is answered without waiting: within two orders of
+# magnitude of an accepted one (a refusal tries the allocation and names the
+# file: about 0.3 ms against 0.03-0.12 ms; waiting for a flush or the
+# compactor would be 100 ms). A write that hung would have met the client's
+# timeout: "another exception" above.
+check(statistics.median(writers.fail_latency) <= 100 * statistics.median(writers.ok_latency),
+      "a refused write is answered without waiting (median %.3f ms against %.3f ms; "
+      "slowest %.3f s)" % (statistics.median(writers.fail_latency) * 1e3,
+                           statistics.median(writers.ok_latency) * 1e3, writers.max_latency))
 check(len(acked) > 1000, "the disk took %d keys before it was full" % len(acked))
 verify(port, acked, tried, "disk full, server up")
 stats = harness.call(port, lambda kv: kv.stats())
@@ -363,7 +375,7 @@ before = harness.call(port, lambda kv: kv.compactionStatus())
 print("free before the compaction: %.1f MiB" % (fs.free() / 2 ** 20))
 harness.call(port, lambda kv: kv.compact(TOKEN))
 harness.wait_until(work, "the slow compaction is copying", lambda: (
-    lambda s: s.running and s.bytesDone > (1 << 20))(
+    lambda s: s.running and s.bytesDone > (256 << 10))(
         harness.call(port, lambda kv: kv.compactionStatus())), timeout=30)
 writers = Writers(port, ops=20)  # about 0.2 MB, much of it forwarded to the new generation
 writers.acked, writers.tried = acked, tried
@@ -377,10 +389,12 @@ mid = harness.call(port, lambda kv: kv.compactionStatus())
 check(mid.running, "the compaction is still running when the disk fills (%.0f%%)" % mid.percent)
 pending_mid, _ = generations()
 check(pending_mid, "a new generation is being built (%s)" % [os.path.basename(p) for p in pending_mid])
-# One allocation leaving 1 MiB, not fill_all(): its loop of ever smaller files would still
-# be running when the compaction stops, and take the blocks the undo gives
+# One allocation leaving 256 KiB, not fill_all(): its loop of ever smaller files would
+# still be running when the compaction stops, and take the blocks the undo gives
 # back for its write-back (seen: 2.5 MiB given back, 60 KiB to write, ENOSPC).
-fs.fill(leave=1 << 20)  # the copy takes the last MiB and meets ENOSPC
+# Far less than the table still has to copy (about 2.4 MB live, 1 MB/s), so
+# the copy meets ENOSPC inside this table rather than finishing it.
+fs.fill(leave=256 << 10)  # the copy takes the last blocks and meets ENOSPC
 harness.wait_until(work, "the compaction stops", lambda: not harness.call(
     port, lambda kv: kv.compactionStatus()).running, timeout=60)
 cs = harness.call(port, lambda kv: kv.compactionStatus())
@@ -420,6 +434,7 @@ harness.call(port, lambda kv: kv.setWriteMode(TOKEN, WriteMode.ASYNC))
 fs.fill(leave=2 << 20)
 async_acked, async_tried, async_errors = {}, {}, []
 latency = 0.0
+alat = []  # (acknowledged, seconds) per put
 kv, t = harness.client(port, timeout_ms=20000)
 deadline = time.monotonic() + 60
 key = 100000
@@ -434,17 +449,25 @@ while streak < 50 and time.monotonic() < deadline:
     except KvError as e:
         async_errors.append((e.code, e.message))
         streak += 1
-    latency = max(latency, time.monotonic() - t0)
+    took = time.monotonic() - t0
+    latency = max(latency, took)
+    alat.append((key in async_acked, took))
     key += 1
 t.close()
 check(streak >= 50, "async puts fail once the flushes fail (%d acknowledged, %d failed)" %
       (len(async_acked), len(async_errors)))
 check(all(c == ErrorCode.STORAGE_ERROR and "No space left on device" in m
           for c, m in async_errors), "each failed async put is STORAGE_ERROR naming the full disk")
-check(latency < 5, "no async put blocked (slowest %.3f s)" % latency)
+ok_lat = statistics.median([took for acked_put, took in alat if acked_put])
+fail_lat = statistics.median([took for acked_put, took in alat if not acked_put])
+check(fail_lat <= 100 * ok_lat,
+      "no async put blocked: a refused one is answered without waiting "
+      "(median %.3f ms against %.3f ms; slowest %.3f s)" % (fail_lat * 1e3, ok_lat * 1e3, latency))
 stats = harness.call(port, lambda kv: kv.stats())
-check(stats["cache.flush_failing"] == 1 and stats["cache.dirty_bytes"] > 0,
-      "stats: cache.flush_failing 1 with %d dirty bytes waiting" % stats["cache.dirty_bytes"])
+check(stats["cache.flush_failing"] == 1 and stats["cache.dirty_bytes"] > 0 and
+      stats["cache.flush_failures"] >= 1,
+      "stats: cache.flush_failing 1 with %d dirty bytes waiting, %d failed flushes" %
+      (stats["cache.dirty_bytes"], stats["cache.flush_failures"]))
 verify(port, async_acked, async_tried, "async, disk full")
 proc.send_signal(signal.SIGTERM)
 time.sleep(3)
