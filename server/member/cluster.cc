@@ -492,6 +492,7 @@ void Cluster::AddStats(std::map<std::string, int64_t>* out) const {
   (*out)["cluster.zk_sessions"] = r.sessions;
   (*out)["cluster.registrations"] = r.registrations;
   (*out)["cluster.ring_reads"] = r.ring_reads;
+  (*out)["cluster.zk_reads"] = r.zk_reads;
   (*out)["cluster.not_owner_sent"] = not_owner_sent_.load(std::memory_order_relaxed);
   (*out)["cluster.not_owner_retries"] = not_owner_retries_.load(std::memory_order_relaxed);
   (*out)["cluster.peer_failures"] = peer_failures_.load(std::memory_order_relaxed);

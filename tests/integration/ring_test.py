@@ -504,17 +504,30 @@ verify_all([mb, ma], "after b's restart (its old data)")
 
 # --- SIGTERM: the node goes at once ------------------------------------------
 
+reads_before = [m.c.stats()["cluster.zk_reads"] for m in (ma, mb)]
 mc.drop()
 t0 = time.monotonic()
 mc.proc.send_signal(signal.SIGTERM)
 took = harness.wait_ring([ma.port, mb.port], without(mc), 5)
 code = mc.proc.wait(30)
+time.sleep(0.5)
+reads = [m.c.stats()["cluster.zk_reads"] - b for m, b in zip((ma, mb), reads_before)]
+# What a change costs ZooKeeper: each instance reads what changed (one
+# listing here), not the whole ring again (a listing, three members' czxids
+# and three chain nodes). A burst split in two may add a read.
+check(max(reads) <= 2, "one member leaving costs each instance at most 2 ZooKeeper reads %s" % reads)
 check(took is not None and took < SLOW_SESSION_MS / 1000 / 2,
       "SIGTERM of c: the others' ring drops it at once, not after its %d ms session "
       "timeout (%.2f s)" % (SLOW_SESSION_MS, took if took is not None else -1))
 check(code == 0 and mc.node() not in zk.members(), "c exits 0 and its member node is gone")
+reads_before = [m.c.stats()["cluster.zk_reads"] for m in (ma, mb)]
 mc.start()
 wait_whole("c restarted registers again", 10)
+time.sleep(0.5)
+reads = [m.c.stats()["cluster.zk_reads"] - b for m, b in zip((ma, mb), reads_before)]
+check(max(reads) <= 3,
+      "one member joining costs each instance at most 3 ZooKeeper reads (the listing and its "
+      "czxid) %s" % reads)
 
 # --- SIGSTOP past the session timeout ----------------------------------------
 
