@@ -15,3 +15,25 @@ wait_port() {  # port name
   echo "${BENCH_NAME:-bench}: $2 did not start on port $1" >&2
   exit 1
 }
+
+# The arguments of the pinned server benchmarks (loadgen_vs_redis.sh,
+# bench_tls.sh): [BUILD_DIR] [--server-cpus LIST] [--client-cpus LIST]
+# [--set section.key=value ...]. Sets BUILD (default build), SERVER_CPUS
+# and CLIENT_CPUS (kept if given none; the caller sets the defaults first)
+# and SETS (--set pairs for flatkv-server); exits 2 on anything else.
+parse_server_bench_args() {
+  BUILD=build
+  SETS=()
+  if [[ $# -gt 0 && $1 != --* ]]; then
+    BUILD=$1
+    shift
+  fi
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --server-cpus) SERVER_CPUS=${2:?--server-cpus needs a CPU list}; shift 2 ;;
+      --client-cpus) CLIENT_CPUS=${2:?--client-cpus needs a CPU list}; shift 2 ;;
+      --set) SETS+=(--set "${2:?--set needs section.key=value}"); shift 2 ;;
+      *) echo "${BENCH_NAME:-bench}: unknown argument $1" >&2; exit 2 ;;
+    esac
+  done
+}

@@ -29,22 +29,12 @@
 # redis-tools, openssl and util-linux's taskset.
 set -euo pipefail
 
-BUILD=build
-if [[ $# -gt 0 && $1 != --* ]]; then
-  BUILD=$1
-  shift
-fi
+BENCH_NAME=bench_tls
+# shellcheck source=client/bench/bench_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 SERVER_CPUS=1
 CLIENT_CPUS=0
-SETS=()
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --server-cpus) SERVER_CPUS=${2:?--server-cpus needs a CPU list}; shift 2 ;;
-    --client-cpus) CLIENT_CPUS=${2:?--client-cpus needs a CPU list}; shift 2 ;;
-    --set) SETS+=(--set "${2:?--set needs section.key=value}"); shift 2 ;;
-    *) echo "bench_tls: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+parse_server_bench_args "$@"
 OPS=${OPS:-200000}
 CLIENTS=${CLIENTS:-50}
 ROUNDS=${ROUNDS:-3}
@@ -66,9 +56,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-BENCH_NAME=bench_tls
-# shellcheck source=client/bench/bench_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 
 make_certs() {
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$TMP/ca.key" \

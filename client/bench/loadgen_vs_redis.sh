@@ -34,27 +34,17 @@
 # and the generator's CPU use as a share of its CPUs (near 100 %: the
 # generator, not the server, was the limit).
 #
-# Not part of the tests (tests/client/bench/loadgen_vs_redis_smoke_test.sh
+# Not part of the tests (tests/client/bench/loadgen_vs_redis_smoke_test.py
 # runs it small; loadgen_smoke_test.py checks the tool). Needs redis-server
 # (deploy/install-deps.sh installs it) and util-linux's taskset.
 set -euo pipefail
 
-BUILD=build
-if [[ $# -gt 0 && $1 != --* ]]; then
-  BUILD=$1
-  shift
-fi
+BENCH_NAME=loadgen_vs_redis
+# shellcheck source=client/bench/bench_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 SERVER_CPUS=
 CLIENT_CPUS=
-SETS=()
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --server-cpus) SERVER_CPUS=${2:?--server-cpus needs a CPU list}; shift 2 ;;
-    --client-cpus) CLIENT_CPUS=${2:?--client-cpus needs a CPU list}; shift 2 ;;
-    --set) SETS+=(--set "${2:?--set needs section.key=value}"); shift 2 ;;
-    *) echo "loadgen_vs_redis: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+parse_server_bench_args "$@"
 OPS=${OPS:-200000}
 BATCH_CALLS=${BATCH_CALLS:-$((OPS / 5))}
 BATCH=${BATCH:-10}
@@ -106,9 +96,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-BENCH_NAME=loadgen_vs_redis
-# shellcheck source=client/bench/bench_lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
 
 cpu_ticks() {  # pid: user + system CPU clock ticks so far, all threads
   awk '{ print $14 + $15 }' "/proc/$1/stat"
