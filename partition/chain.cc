@@ -526,6 +526,13 @@ const ChainEntry* ChainMember::NewestUncommitted(uint64_t key) const {
   return nullptr;
 }
 
+ChainMember::RepairFrom ChainMember::ChooseRepair(bool own_good, bool uncommitted_sets_it,
+                                                 bool fetched) {
+  if (own_good) return RepairFrom::kOwn;
+  if (uncommitted_sets_it) return RepairFrom::kUncommitted;
+  return fetched ? RepairFrom::kCopy : RepairFrom::kFetch;
+}
+
 std::vector<const ChainEntry*> ChainMember::Uncommitted() const {
   std::vector<const ChainEntry*> out;
   for (const ChainEntry& e : log_) {

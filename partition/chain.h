@@ -408,6 +408,21 @@ class ChainMember {
   const ChainEntry* NewestUncommitted(uint64_t key) const;
   // Every such write, oldest first (read repair of a string-key bucket).
   std::vector<const ChainEntry*> Uncommitted() const;
+  // Read repair at the head: where the value that rewrites a key (or a
+  // string-key bucket) this member holds damaged comes from. "own_good":
+  // this member's store holds it whole (a value or its absence);
+  // "uncommitted_sets_it": a write this member holds uncommitted sets it
+  // whole (NewestUncommitted's, for a key; never for a bucket, whose
+  // uncommitted writes each set one of its keys); "fetched": another
+  // member's copy is at hand.
+  enum class RepairFrom {
+    kOwn,          // its own copy, written through the chain so every member holds it again
+    kUncommitted,  // that write: newer than any member's committed copy
+    kFetch,        // another member's copy is needed first
+    kCopy,         // the fetched copy (it holds every committed write), the
+                   // writes not yet committed applied on top, oldest first
+  };
+  static RepairFrom ChooseRepair(bool own_good, bool uncommitted_sets_it, bool fetched);
   // The current chain's members, head first (empty before the first config).
   const std::vector<std::string>& members() const { return config_.members; }
   // The member after this one (successor, or a joiner at the tail), its

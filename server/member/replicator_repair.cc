@@ -57,40 +57,50 @@ Status Replicator::Repair(int64_t key, const std::function<Status(rpc::GetResult
   Status st = RepairRounds(
       [&] { return fetch(&state->copy); },
       [this, key, state](bool fetched, uint64_t request, int64_t now, ChainOutput* out) {
-        state->value = rpc::GetResult();
         std::string value;
         Status got = cache_->Get(key, &value);
-        if (got.ok()) {
-          state->value.found = true;
-          state->value.value = std::move(value);
-        } else if (got.IsCorruption()) {
-          // Bad here too: a write not yet committed, else a copy.
-          bool have = false;
+        if (!got.ok() && !got.IsNotFound() && !got.IsCorruption()) {
+          out->replies.push_back({request, got});
+          return false;
+        }
+        // Bad here too: the newest write not yet committed, if it sets the key.
+        rpc::GetResult pending;
+        bool have = false;
+        if (got.IsCorruption()) {
           if (const partition::ChainEntry* e =
                   member_->NewestUncommitted(static_cast<uint64_t>(key))) {
             std::vector<rpc::ChainOp> ops;
             if (DecodeChainOps(e->op, &ops).ok()) {
               for (const rpc::ChainOp& op : ops) {
-                if (op.kind == rpc::ChainOpKind::PUT && op.key == key) {
-                  state->value.found = true;
-                  state->value.value = op.value;
+                if (op.key != key) continue;
+                if (op.kind == rpc::ChainOpKind::PUT) {
+                  pending.found = true;
+                  pending.value = op.value;
                   have = true;
-                } else if (op.kind == rpc::ChainOpKind::REMOVE && op.key == key) {
-                  state->value.found = false;
-                  state->value.value.clear();
+                } else if (op.kind == rpc::ChainOpKind::REMOVE) {
+                  pending.found = false;
+                  pending.value.clear();
                   have = true;
                 }
               }
             }
           }
-          if (!have && !fetched) {
+        }
+        switch (partition::ChainMember::ChooseRepair(!got.IsCorruption(), have, fetched)) {
+          case partition::ChainMember::RepairFrom::kOwn:
+            state->value = rpc::GetResult();
+            state->value.found = got.ok();
+            if (got.ok()) state->value.value = std::move(value);
+            break;
+          case partition::ChainMember::RepairFrom::kUncommitted:
+            state->value = std::move(pending);
+            break;
+          case partition::ChainMember::RepairFrom::kFetch:
             out->replies.push_back({request, Status::OK()});
             return true;
-          }
-          if (!have) state->value = state->copy;
-        } else if (!got.IsNotFound()) {
-          out->replies.push_back({request, got});
-          return false;
+          case partition::ChainMember::RepairFrom::kCopy:
+            state->value = state->copy;
+            break;
         }
         rpc::ChainOp op;
         op.kind = state->value.found ? rpc::ChainOpKind::PUT : rpc::ChainOpKind::REMOVE;
@@ -154,39 +164,45 @@ Status Replicator::RepairBucket(int64_t slots, int64_t slot,
                                         ChainOutput* out) {
         std::vector<engine::StringKeyValue> live;
         Status got = cache_->SReadBucket(slot, &live);
-        if (got.IsCorruption()) {
-          if (!fetched) {
+        if (!got.ok() && !got.IsCorruption()) {
+          out->replies.push_back({request, got});
+          return false;
+        }
+        switch (partition::ChainMember::ChooseRepair(got.ok(), false, fetched)) {
+          case partition::ChainMember::RepairFrom::kOwn:
+          case partition::ChainMember::RepairFrom::kUncommitted:  // never asked for a bucket
+            break;
+          case partition::ChainMember::RepairFrom::kFetch:
             out->replies.push_back({request, Status::OK()});
             return true;
-          }
-          // Another member's copy holds every committed write; the ones
-          // not committed yet go on top, oldest first (each sets its key:
-          // applying one it holds changes nothing).
-          std::map<std::string, std::string> pairs;
-          for (auto& kv : DecodeBucket(state->copy)) pairs[kv.key] = std::move(kv.value);
-          for (const partition::ChainEntry* e : member_->Uncommitted()) {
-            std::vector<rpc::ChainOp> ops;
-            if (!DecodeChainOps(e->op, &ops).ok()) continue;
-            for (const rpc::ChainOp& op : ops) {
-              if (op.kind == rpc::ChainOpKind::SBUCKET && op.key == slot && op.slots == slots) {
-                pairs.clear();
-                for (auto& kv : DecodeBucket(op.value)) pairs[kv.key] = std::move(kv.value);
-              } else if ((op.kind == rpc::ChainOpKind::SPUT ||
-                          op.kind == rpc::ChainOpKind::SREMOVE) &&
-                         store->StringSlot(op.skey) == slot) {
-                if (op.kind == rpc::ChainOpKind::SPUT) {
-                  pairs[op.skey] = op.value;
-                } else {
-                  pairs.erase(op.skey);
+          case partition::ChainMember::RepairFrom::kCopy: {
+            // Another member's copy holds every committed write; the ones
+            // not committed yet go on top, oldest first (each sets its key:
+            // applying one it holds changes nothing).
+            std::map<std::string, std::string> pairs;
+            for (auto& kv : DecodeBucket(state->copy)) pairs[kv.key] = std::move(kv.value);
+            for (const partition::ChainEntry* e : member_->Uncommitted()) {
+              std::vector<rpc::ChainOp> ops;
+              if (!DecodeChainOps(e->op, &ops).ok()) continue;
+              for (const rpc::ChainOp& op : ops) {
+                if (op.kind == rpc::ChainOpKind::SBUCKET && op.key == slot && op.slots == slots) {
+                  pairs.clear();
+                  for (auto& kv : DecodeBucket(op.value)) pairs[kv.key] = std::move(kv.value);
+                } else if ((op.kind == rpc::ChainOpKind::SPUT ||
+                            op.kind == rpc::ChainOpKind::SREMOVE) &&
+                           store->StringSlot(op.skey) == slot) {
+                  if (op.kind == rpc::ChainOpKind::SPUT) {
+                    pairs[op.skey] = op.value;
+                  } else {
+                    pairs.erase(op.skey);
+                  }
                 }
               }
             }
+            live.clear();
+            for (auto& [k, v] : pairs) live.push_back({k, std::move(v)});
+            break;
           }
-          live.clear();
-          for (auto& [k, v] : pairs) live.push_back({k, std::move(v)});
-        } else if (!got.ok()) {
-          out->replies.push_back({request, got});
-          return false;
         }
         rpc::ChainOp op;
         op.kind = rpc::ChainOpKind::SBUCKET;

@@ -151,6 +151,30 @@ TEST_CASE("each chain role has the name stats, NodeInfo.role and the logs use") 
   CHECK(std::string(fresh.role()) == "none");
 }
 
+TEST_CASE("read repair at the head: a write not yet committed before another member's copy") {
+  using RepairFrom = ChainMember::RepairFrom;
+  Net net;
+  net.Start({"a", "b", "c"}, 7);
+  ChainMember& head = *net.members["a"];
+  // A good copy here is written through the chain as it is.
+  CHECK(ChainMember::ChooseRepair(true, false, false) == RepairFrom::kOwn);
+  CHECK(ChainMember::ChooseRepair(true, true, true) == RepairFrom::kOwn);
+  // Damaged here while the head holds a write of the key the tail has not
+  // applied: that write is the newest value, newer than any member's copy.
+  net.Write("a", 100, 5);
+  REQUIRE(head.NewestUncommitted(5) != nullptr);
+  CHECK(head.NewestUncommitted(6) == nullptr);
+  CHECK(ChainMember::ChooseRepair(false, head.NewestUncommitted(5) != nullptr, false) ==
+        RepairFrom::kUncommitted);
+  // Once committed every member holds it: another member's copy is asked
+  // for, and used once it is at hand.
+  net.Deliver();
+  REQUIRE(net.replies.count(100) == 1);
+  CHECK(head.NewestUncommitted(5) == nullptr);
+  CHECK(ChainMember::ChooseRepair(false, false, false) == RepairFrom::kFetch);
+  CHECK(ChainMember::ChooseRepair(false, false, true) == RepairFrom::kCopy);
+}
+
 TEST_CASE("sync: a write is answered only once the tail applied it, and reads go to the tail") {
   Net net;
   net.Start({"a", "b", "c"}, 7);
