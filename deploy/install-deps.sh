@@ -21,9 +21,9 @@ packages=(
   libxxhash-dev
   # CRC32C of records of 256 bytes and more (engine/crc32c.h)
   libisal-dev
-  # the engine's sparse tier (engine/sparse_tier.h); RocksDB is also a peer
-  # engine of flatkv-bench below
-  librocksdb-dev
+  # the engine's sparse tier keeps its keys' order in Abseil's B-tree
+  # (engine/sparse_tier.h)
+  libabsl-dev
   # tests (the full-disk tests make and loop-mount a small ext4 file system)
   catch2 python3 python3-thrift strace e2fsprogs mount
   # deploy/soak.sh draws its samples, client/bench/bench_report.py --plot its

@@ -841,8 +841,8 @@ void Store::CompactorLoop() {
         if (stopping_.load() || st.IsNoSpace()) break;
       }
     }
-    // A round on request compacts the sparse tier too (RocksDB compacts it
-    // by itself otherwise).
+    // A round on request compacts the sparse tier too (its own compactor
+    // keeps it within its bounds otherwise).
     if (requested && sparse_ != nullptr && !stopping_.load() && !result.IsNoSpace()) {
       Status st = sparse_->Compact();
       if (!st.ok()) {

@@ -1536,6 +1536,7 @@ Status Store::Checkpoint() {
   if (FlatTable* s = strings_.load(std::memory_order_acquire)) {
     FLATKV_RETURN_IF_ERROR(s->Checkpoint());
   }
+  if (sparse_ != nullptr) FLATKV_RETURN_IF_ERROR(sparse_->Checkpoint());
   return Status::OK();
 }
 
@@ -1734,7 +1735,21 @@ EngineStats Store::GetStats() const {
   s.scan_regions_skipped = counters_->scan_regions_skipped.load();
   s.write_stalls = counters_->write_stalls.load();
   s.write_stall_us = counters_->write_stall_us.load();
-  if (sparse_ != nullptr && !closed_.load()) s.sparse_keys = sparse_->KeysEstimate();
+  if (sparse_ != nullptr && !closed_.load()) {
+    s.sparse_keys = sparse_->KeysEstimate();
+    // The tier's own table: its appends, syncs, recovery and bad records
+    // are the store's (its full-disk errors reach NoteWrite already).
+    const EngineStats t = sparse_->Stats();
+    s.bytes_appended += t.bytes_appended;
+    s.fdatasyncs += t.fdatasyncs;
+    s.recovery_bytes_scanned += t.recovery_bytes_scanned;
+    s.recovery_records += t.recovery_records;
+    s.corrupt_records += t.corrupt_records;
+    s.buckets_damaged += t.buckets_damaged;
+    s.index_rebuilds += t.index_rebuilds;
+    s.write_stalls += t.write_stalls;
+    s.write_stall_us += t.write_stall_us;
+  }
   s.sparse_promotions = promotions_.load();
   return s;
 }

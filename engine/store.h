@@ -140,8 +140,8 @@ class Store {
 
   // On a hit stores the value in *value and returns OK. If there is no entry
   // for "key", leaves *value unchanged and returns NotFound without any I/O
-  // (a key of the sparse tier: after its Bloom filter, which sends about 1 %
-  // of absent keys to one block read).
+  // (a key of the sparse tier: after its bucket's filter, which sends about
+  // 1 in 7 absent keys that share a bucket with another to one read).
   // Returns Corruption (never a wrong value) if the record fails its checksum.
   Status Get(int64_t key, std::string* value) const;
   // The checks every write makes before it touches anything, for callers

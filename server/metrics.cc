@@ -128,7 +128,7 @@ constexpr KnownStat kKnownStats[] = {
     {"engine.index_rebuilds", "engine_index_rebuilds_total", "counter",
      "Tables whose index was rebuilt from their logs since start."},
     {"engine.sparse_keys", "engine_sparse_keys", "gauge",
-     "Keys in the sparse tier (RocksDB's estimate); 0 with storage.sparse_tier off."},
+     "Keys in the sparse tier; 0 with storage.sparse_tier off."},
     {"engine.sparse_promotions", "engine_sparse_promotions_total", "counter",
      "Segments moved from the sparse tier to a flat table."},
     {"engine.string_filter_skips", "engine_string_filter_skips_total", "counter",

@@ -459,3 +459,25 @@ TEST_CASE("Copies a promotion could not drop from the tier never come back, even
     REQUIRE(store->Get(k, &v).IsNotFound());
   }
 }
+
+TEST_CASE("A sparse tier in the earlier RocksDB format is refused with what to do, and left as it was",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  const EngineOptions o = SparseOptions(dir / "s");
+  const std::string tier = dir / "s/sparse";
+  std::filesystem::create_directories(tier);
+  // RocksDB names every database in IDENTITY.
+  std::ofstream(tier + "/IDENTITY") << "0f0e0d0c-rocksdb\n";
+  for (bool on : {true, false}) {
+    EngineOptions opts = o;
+    opts.sparse_tier = on;
+    std::unique_ptr<Store> store;
+    const Status st = Store::Open(opts, &store);
+    INFO(st.ToString());
+    REQUIRE(st.IsInvalidArgument());
+    CHECK(st.message().find("RocksDB") != std::string::npos);
+    CHECK(st.message().find("storage.sparse_tier: off") != std::string::npos);
+  }
+  CHECK(std::filesystem::exists(tier + "/IDENTITY"));
+  CHECK_FALSE(std::filesystem::exists(tier + "/strings"));
+}

@@ -5,13 +5,12 @@ itself (harness.SmallFs).
 
 Writers put random 64-bit keys (they land in the sparse tier) with
 self-verifying values until the disk is full. Then every failed write is
-STORAGE_ERROR naming the full disk; the server stays up (RocksDB is never
-let near a full disk: the tier keeps a reserve free); stats say the disk
-is full; every acknowledged write reads back. After the test deletes its
-filler files, writes succeed again without a restart and the disk-full
-state clears. Restarted on a disk with less room than one log file of the
-tier, every write is refused and the server stays up. A kill -9 and a
-restart lose no acknowledged write.
+STORAGE_ERROR naming the full disk and the tier; the server stays up;
+stats say the disk is full; every acknowledged write reads back. Restarted
+(clean, then kill -9) on a disk with no free block, it opens, serves every
+acknowledged key and refuses writes. After the test deletes its filler
+files, writes succeed again without a restart and the disk-full state
+clears. A kill -9 and a restart lose no acknowledged write.
 
 Usage: disk_full_sparse_test.py FLATKV_SERVER THRIFT_COMPILER FLATKV_THRIFT"""
 import os
@@ -117,9 +116,8 @@ def stats(port):
 
 port = free_port()
 proc = start(port)
-# The tier keeps 128 MiB free: leave it 150 MiB, so about 22 MiB of writes
-# get in before it refuses.
-fs.fill(leave=150 << 20)
+# About 40 MiB of writes get in before the disk is full.
+fs.fill(leave=40 << 20)
 writers = Writers(port)
 harness.wait_until(work, "every writer sees its writes fail for a full disk",
                    lambda: min(writers.fail_streak) >= 10 or writers.other, timeout=180,
@@ -141,27 +139,31 @@ check(s.get("engine.segments") == 0, "random keys made no segment (engine.segmen
       s.get("engine.segments"))
 verify(port, writers.acked, "full disk")
 
-# A restart on a disk with less room than a log file: the tier's new log
-# cannot be set aside in advance, so a write would take the last blocks.
-# Every write is refused instead, and the server stays up.
-fs.fill(leave=20 << 20)
-proc.terminate()
-check(proc.wait(timeout=60) == 0, "flatkv-server exits 0 on SIGTERM with its disk full")
-proc = start(port)
-refused = 0
-kv, t = harness.client(port, timeout_ms=20000)
-for _ in range(300):
-    k = random.getrandbits(63)
-    try:
-        kv.put(k, value(k, 1))
-        writers.acked[k] = 1
-    except KvError as e:
-        refused += e.code == ErrorCode.STORAGE_ERROR and "No space left on device" in e.message
-t.close()
-check(refused >= 290, "after a restart on a nearly full disk, writes are refused (%d of 300)" %
-      refused)
-check(proc.poll() is None, "the server is up after 300 writes to a nearly full disk")
-verify(port, writers.acked, "nearly full disk, restarted")
+# Restarts on a disk with no free block: the store opens, every
+# acknowledged key reads back, and every write is refused (the server up).
+fs.fill_all()
+for how in ("a clean restart", "kill -9 and a restart"):
+    if how == "a clean restart":
+        proc.terminate()
+        check(proc.wait(timeout=60) == 0, "flatkv-server exits 0 on SIGTERM with its disk full")
+    else:
+        proc.kill()
+        proc.wait()
+    proc = start(port)
+    verify(port, writers.acked, "%s on a full disk" % how)
+    refused = 0
+    kv, t = harness.client(port, timeout_ms=20000)
+    for _ in range(100):
+        k = random.getrandbits(63)
+        try:
+            kv.put(k, value(k, 1))
+            writers.acked[k] = 1
+        except KvError as e:
+            refused += e.code == ErrorCode.STORAGE_ERROR and "No space left on device" in e.message
+    t.close()
+    check(refused >= 95, "after %s on a full disk, writes are refused (%d of 100)" %
+          (how, refused))
+    check(proc.poll() is None, "the server is up after 100 writes to a full disk")
 
 # Space comes back: writes go on without a restart.
 fs.free_fillers()
