@@ -116,7 +116,10 @@ Status FlatTable::Open(const TableParams& requested, bool create, EngineCounters
     if (meta.kmin != params.index.kmin || meta.slots != params.index.slots) {
       return Status::InvalidArgument(params.dir + " covers keys [" + std::to_string(meta.kmin) +
                                      ", +" + std::to_string(meta.slots) +
-                                     "), which the configured key_min/segment_keys do not match");
+                                     "), which the configuration does not match (storage."
+                                     "key_min and segment_keys set a segment's keys, "
+                                     "storage.string_slots the string-key table's slots, "
+                                     "storage.sparse_slots the sparse tier's)");
     }
     params.index = meta;  // existing tables keep their width and file count
   } else if (st.IsNotFound() && create) {

@@ -104,6 +104,14 @@ struct EngineOptions {
   // sparse tier"). Segments that are flat tables already stay so.
   bool sparse_tier = false;
 
+  // Slots of the sparse tier's hashed table (storage.sparse_slots): its
+  // keys go to slot hash(key) mod sparse_slots, as string keys do with
+  // string_slots. Best near the number of keys the tier holds: fewer make
+  // buckets of several keys (each get reads the whole bucket), many more
+  // make its compactions copy an index mostly empty. Fixed once the tier
+  // exists (a store opened with another value is refused).
+  uint64_t sparse_slots = uint64_t{1} << 24;
+
   // Descriptors the store may keep open for its tables: each open table
   // holds its index (one descriptor and one mapping) and its data files (one
   // each). Tables beyond the budget that no operation used recently are

@@ -58,6 +58,7 @@ Status SparseTier::Open(const std::string& dir, const EngineOptions& options, in
   EngineOptions inner = options;
   inner.path = dir;
   inner.sparse_tier = false;  // the tier holds no integer keys of its own
+  inner.string_slots = options.sparse_slots;
   inner.max_open_files = static_cast<uint32_t>(std::max(max_open_files, 1));
   FLATKV_RETURN_IF_ERROR(Named(Store::Open(inner, &tier->table_)));
   FLATKV_RETURN_IF_ERROR(tier->LoadOrder());

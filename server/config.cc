@@ -253,7 +253,7 @@ const std::vector<Key>& Schema() {
          return Status::OK();
        }},
       {"storage.sparse_tier", "off",
-       "on: keys of a segment without a flat table go to the sparse tier (RocksDB) until they are dense enough for one; off: every segment is a flat table",
+       "on: keys of a segment without a flat table go to the sparse tier (a hashed table, its key order kept in memory) until they are dense enough for one; off: every segment is a flat table",
        [](const std::string& text, Config* c) -> Status {
          if (text != "on" && text != "off") {
            return Bad("storage.sparse_tier", "must be one of on|off, not '" + text + "'");
@@ -261,6 +261,9 @@ const std::vector<Key>& Schema() {
          c->storage.sparse_tier = text == "on";
          return Status::OK();
        }},
+      {"storage.sparse_slots", "16777216", "slots of the sparse tier's hashed table (about the number of keys it holds)",
+       Int<uint64_t>([](Config* c) { return &c->storage.sparse_slots; }, 1,
+                     int64_t{1} << 34, "storage.sparse_slots")},
       {"cache.policy", "arc", "lru | arc",
        Str([](Config* c) { return &c->cache.policy; }, {"lru", "arc"}, "cache.policy")},
       {"cache.capacity_bytes", "256Mi", "bytes of clean cached values",

@@ -4,7 +4,9 @@
 // numbers compare engines rather than tuning effort:
 //
 //   flat          engine::Store, EngineOptions{path, sync} plus the optional
-//                 index_item_bytes / data_files / string_slots pass-throughs
+//                 index_item_bytes / data_files / string_slots pass-throughs;
+//                 with the sparse tier, sparse_slots = num rounded up to a
+//                 power of two (at least 1024)
 //   rocksdb       defaults + create_if_missing + 64 MiB LRU block cache
 //   leveldb       defaults + create_if_missing + 64 MiB LRU block cache
 //   kyotocabinet  HashDB, tune_buckets(max(num, 1M)) before open

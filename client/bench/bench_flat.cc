@@ -40,6 +40,12 @@ class FlatBenchEngine : public BenchEngine {
     if (options.compaction_disk_ratio >= 0) eo.compaction_disk_ratio = options.compaction_disk_ratio;
     eo.compaction_in_place = options.compaction_in_place;
     eo.sparse_tier = options.sparse_tier;
+    // The tier's hashed table sized to the keys, as the string-key table
+    // (StringSlotsFor) and Kyoto Cabinet's buckets are.
+    if (options.sparse_tier) {
+      eo.sparse_slots = 1024;
+      while (eo.sparse_slots < options.num) eo.sparse_slots <<= 1;
+    }
     eo.key_min = options.key_min;
     eo.key_max = options.key_max;
     FLATKV_RETURN_IF_ERROR(engine::Store::Open(eo, &store_));
