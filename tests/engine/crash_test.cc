@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -159,21 +160,45 @@ std::map<int64_t, std::string> ReadAll(const Store& store) {
   return out;
 }
 
+// Forks a child that runs "body" with the write end of a pipe and exits 0
+// after it; returns the read end. The caller reads it to the end (the
+// child's records may outgrow the pipe's buffer) before it reaps the child.
+int ForkWithPipe(const std::function<void(int)>& body, pid_t* child) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    body(fds[1]);
+    _exit(0);
+  }
+  close(fds[1]);
+  *child = pid;
+  return fds[0];
+}
+
+// The child's store, or exit 3 if it does not open.
+std::unique_ptr<Store> OpenInChild(const EngineOptions& o) {
+  std::unique_ptr<Store> store;
+  if (!Store::Open(o, &store).ok()) _exit(3);
+  return store;
+}
+
+int Reap(pid_t child) {
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  return status;
+}
+
 // Runs the kill loop; returns the store's final state.
 std::map<int64_t, std::string> KillLoop(const EngineOptions& o, int runs, Child mode) {
   std::map<int64_t, std::string> model;  // the store's state before each run
   std::mt19937_64 rng(12345);
   int runs_with_inflight_writes = 0;
   for (uint64_t run = 0; run < static_cast<uint64_t>(runs); ++run) {
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      close(fds[0]);
-      RunChild(o, run, fds[1], mode);
-    }
-    close(fds[1]);
+    pid_t pid;
+    const int acks = ForkWithPipe([&](int ack_fd) { RunChild(o, run, ack_fd, mode); }, &pid);
     std::this_thread::sleep_for(std::chrono::milliseconds(5 + rng() % 150));
     kill(pid, SIGKILL);
     int status = 0;
@@ -184,13 +209,13 @@ std::map<int64_t, std::string> KillLoop(const EngineOptions& o, int runs, Child 
 
     uint32_t acked[kThreads] = {0, 0};
     uint32_t ack;
-    while (read(fds[0], &ack, sizeof(ack)) == sizeof(ack)) {
+    while (read(acks, &ack, sizeof(ack)) == sizeof(ack)) {
       const int t = static_cast<int>(ack >> 31);
       const uint32_t i = ack & 0x7fffffffu;
       REQUIRE(i == acked[t]);  // acknowledged in order
       acked[t] = i + 1;
     }
-    close(fds[0]);
+    close(acks);
 
     // Replay the acknowledged ops; each thread's next op may or may not have
     // landed before the kill.
@@ -368,30 +393,23 @@ TEST_CASE("A kill at each step of a promotion from the sparse tier loses nothing
     EngineOptions o = CrashOptions(dir / "s");
     o.sparse_tier = true;
     o.segment_keys = 1 << 16;
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      close(fds[0]);
-      std::unique_ptr<Store> store;
-      if (!Store::Open(o, &store).ok()) _exit(3);
+    pid_t pid;
+    const int acks = ForkWithPipe([&](int ack_fd) {
+      std::unique_ptr<Store> store = OpenInChild(o);
       store->TEST_KillInPromotion(stage);
       for (int64_t k = 0; k < 2000; ++k) {
         if (!store->Put(k, "v" + std::to_string(k)).ok()) _exit(4);
-        if (write(fds[1], &k, sizeof(k)) != sizeof(k)) _exit(5);
+        if (write(ack_fd, &k, sizeof(k)) != sizeof(k)) _exit(5);
       }
-      _exit(0);  // no promotion happened: the parent fails below
-    }
-    close(fds[1]);
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    REQUIRE(WIFSIGNALED(status));
-    REQUIRE(WTERMSIG(status) == SIGKILL);
+      // No promotion happened: the parent fails below.
+    }, &pid);
     int64_t acked = -1;
     int64_t k;
-    while (read(fds[0], &k, sizeof(k)) == sizeof(k)) acked = k;
-    close(fds[0]);
+    while (read(acks, &k, sizeof(k)) == sizeof(k)) acked = k;
+    close(acks);
+    const int status = Reap(pid);
+    REQUIRE(WIFSIGNALED(status));
+    REQUIRE(WTERMSIG(status) == SIGKILL);
     REQUIRE(acked >= 0);
     std::unique_ptr<Store> store;
     REQUIRE(Store::Open(o, &store).ok());
@@ -426,16 +444,11 @@ TEST_CASE("A kill -9 amid writes to the sparse tier loses no acknowledged key an
   o.key_max = std::numeric_limits<int64_t>::max();
   o.segment_keys = uint64_t{1} << 24;
   o.sync = SyncMode::kNone;  // a killed process loses nothing the kernel has
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    close(fds[0]);
-    std::unique_ptr<Store> store;
-    if (!Store::Open(o, &store).ok()) _exit(3);
-    // Random 64-bit keys (each in a segment of its own: all in the tier);
-    // every third one is removed again once acknowledged.
+  // Random 64-bit keys (each in a segment of its own: all in the tier);
+  // every third one is removed again once acknowledged.
+  pid_t pid;
+  const int acks = ForkWithPipe([&](int ack_fd) {
+    std::unique_ptr<Store> store = OpenInChild(o);
     std::mt19937_64 rng(11);
     for (int64_t i = 0;; ++i) {
       const auto k = static_cast<int64_t>(rng());
@@ -445,21 +458,18 @@ TEST_CASE("A kill -9 amid writes to the sparse tier loses no acknowledged key an
         if (!store->Remove(k).ok()) _exit(4);
         rec[1] = 0;
       }
-      if (write(fds[1], rec, sizeof(rec)) != sizeof(rec)) _exit(5);
+      if (write(ack_fd, rec, sizeof(rec)) != sizeof(rec)) _exit(5);
       if (i == 20000) raise(SIGKILL);
     }
-  }
-  close(fds[1]);
-  // Read while the writer runs: its acknowledgements outgrow a pipe's buffer.
+  }, &pid);
   std::map<int64_t, std::string> want;
   int64_t rec[2];
-  while (read(fds[0], rec, sizeof(rec)) == sizeof(rec)) {
+  while (read(acks, rec, sizeof(rec)) == sizeof(rec)) {
     if (rec[1] == 1) want[rec[0]] = "v" + std::to_string(rec[0]);
     else want.erase(rec[0]);
   }
-  close(fds[0]);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
+  close(acks);
+  const int status = Reap(pid);
   INFO("the writer's exit status " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1));
   REQUIRE(WIFSIGNALED(status));
   REQUIRE(want.size() > 10000);
