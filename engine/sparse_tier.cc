@@ -45,8 +45,8 @@ SparseTier::SparseTier() = default;
 
 Status SparseTier::Open(const std::string& dir, const EngineOptions& options, int max_open_files,
                         std::unique_ptr<SparseTier>* result) {
-  // The tier was once an embedded RocksDB database, which names itself in
-  // IDENTITY; its files are not a store's.
+  // The tier's earlier format is an embedded RocksDB database, which names
+  // itself in IDENTITY; its files are not a store's.
   if (access((dir + "/IDENTITY").c_str(), F_OK) == 0) {
     return Status::InvalidArgument(
         "sparse tier " + dir + " holds a RocksDB database (the tier's earlier format); "
