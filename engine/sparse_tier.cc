@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 
 #include <spdlog/spdlog.h>
@@ -14,8 +15,8 @@ namespace {
 
 constexpr uint64_t kSignBit = uint64_t{1} << 63;
 
-// Values are read back a page at a time by Collect, LoadOrder and
-// DeleteRange, so no call holds the ordered set for long.
+// LoadOrder, DeleteRange and CountKeys work a page of keys at a time and
+// let go of the ordered set between pages, so none holds it for long.
 constexpr size_t kPage = 1024;
 
 // The table's errors name the tier (its own name for a key, "string key",
@@ -166,12 +167,24 @@ Status SparseTier::Collect(int64_t from, int64_t stop, bool reverse, size_t limi
   return Status::OK();
 }
 
-Status SparseTier::Count(int64_t lo, int64_t hi, uint64_t cap, uint64_t* n) const {
-  *n = 0;
-  std::shared_lock<std::shared_mutex> lock(order_mu_);
-  for (auto it = order_.lower_bound(lo); it != order_.end() && *it <= hi && *n < cap; ++it) {
-    ++*n;
+uint64_t SparseTier::CountKeys(int64_t lo, int64_t hi, uint64_t cap) const {
+  uint64_t n = 0;
+  int64_t from = lo;
+  while (n < cap) {
+    std::shared_lock<std::shared_mutex> lock(order_mu_);
+    auto it = order_.lower_bound(from);
+    for (size_t taken = 0; it != order_.end() && *it <= hi && n < cap && taken < kPage; ++it) {
+      ++n;
+      ++taken;
+    }
+    if (it == order_.end() || *it > hi || n >= cap) break;
+    from = *it;  // the next page starts at the first key not yet counted
   }
+  return n;
+}
+
+Status SparseTier::Count(int64_t lo, int64_t hi, uint64_t cap, uint64_t* n) const {
+  *n = CountKeys(lo, hi, cap);
   return Status::OK();
 }
 
@@ -180,14 +193,10 @@ Status SparseTier::Sync() { return Named(table_->Sync()); }
 uint64_t SparseTier::LiveBytes() const { return table_->LiveBytesEstimate(); }
 
 uint64_t SparseTier::LiveBytes(int64_t lo, int64_t hi) const {
-  uint64_t in = 0;
-  uint64_t all = 0;
-  {
-    std::shared_lock<std::shared_mutex> lock(order_mu_);
-    all = order_.size();
-    for (auto it = order_.lower_bound(lo); it != order_.end() && *it <= hi; ++it) ++in;
-  }
+  const uint64_t all = KeysEstimate();
   if (all == 0) return 0;
+  // Keys written between the two reads may make "in" exceed "all".
+  const uint64_t in = std::min(CountKeys(lo, hi, std::numeric_limits<uint64_t>::max()), all);
   return static_cast<uint64_t>(static_cast<long double>(LiveBytes()) * in / all);
 }
 

@@ -102,6 +102,9 @@ class SparseTier {
   SparseTier();
   // Fills order_ from the table's buckets (at open).
   Status LoadOrder();
+  // The keys of order_ in [lo, hi], counted up to "cap" a page at a time
+  // (a count of many keys does not hold writers off).
+  uint64_t CountKeys(int64_t lo, int64_t hi, uint64_t cap) const;
   // The keys of order_ from "from" towards "stop", at most "limit" + 1.
   std::vector<int64_t> KeysFrom(int64_t from, int64_t stop, bool reverse, size_t limit) const;
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <thread>
@@ -129,6 +130,23 @@ TEST_CASE("Random 64-bit keys live in the sparse tier: no segment each, every op
     REQUIRE(got == v);
   }
   CheckScan(*store, model, -(int64_t{1} << 62), int64_t{1} << 62, false, 1000);
+
+  // A range's live bytes (a ring change's progress total) are the tier's by
+  // the range's share of its keys, counted over more than one page of keys.
+  REQUIRE(model.size() > 2500);
+  const uint64_t total = store->LiveBytesEstimate();
+  REQUIRE(total > 0);
+  const int64_t lo = std::next(model.begin(), 500)->first;
+  const int64_t hi = std::next(model.begin(), 2200)->first;
+  const auto in = static_cast<long double>(std::distance(model.lower_bound(lo),
+                                                          model.upper_bound(hi)));
+  const auto want = static_cast<uint64_t>(total * in / model.size());
+  const uint64_t got = store->LiveBytesEstimate(lo, hi, 0);
+  CHECK(got + 1 >= want);
+  CHECK(got <= want + 1);
+  CHECK(store->LiveBytesEstimate(INT64_MIN, INT64_MAX, 0) == total);
+  REQUIRE(model.count(lo + 1) == 0);
+  CHECK(store->LiveBytesEstimate(lo + 1, lo + 1, 0) == 0);
 }
 
 TEST_CASE("A dense segment is promoted to a flat table and scans merge both tiers in either direction",
