@@ -90,6 +90,7 @@ Status SparseTier::LoadOrder() {
     if (done) break;
     cursor = std::move(next);
   }
+  bad_buckets_at_open_ = corrupt.size();
   if (!corrupt.empty()) {
     // Their keys read as Corruption until repaired; scans do not list them.
     spdlog::error("sparse tier {}: {} bucket(s) fail their checksum; their keys are left out "
@@ -153,14 +154,20 @@ std::vector<int64_t> SparseTier::KeysFrom(int64_t from, int64_t stop, bool rever
 }
 
 Status SparseTier::Collect(int64_t from, int64_t stop, bool reverse, size_t limit,
-                           std::vector<KeyValue>* out, bool* more) const {
+                           std::vector<KeyValue>* out, bool* more, int64_t* resume,
+                           std::vector<int64_t>* corrupt) const {
   const std::vector<int64_t> keys = KeysFrom(from, stop, reverse, limit);
   *more = keys.size() > limit;
+  if (*more) *resume = keys[limit];
   const size_t take = std::min(keys.size(), limit);
   for (size_t i = 0; i < take; ++i) {
     KeyValue kv{keys[i], {}};
     Status st = Get(kv.key, &kv.value);
     if (st.IsNotFound()) continue;  // removed since the keys were listed
+    if (st.IsCorruption() && corrupt != nullptr) {
+      corrupt->push_back(kv.key);
+      continue;
+    }
     FLATKV_RETURN_IF_ERROR(st);
     out->push_back(std::move(kv));
   }

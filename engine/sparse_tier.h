@@ -72,11 +72,16 @@ class SparseTier {
   // whatever storage.sync says).
   Status DeleteRange(int64_t lo, int64_t hi);
 
-  // Key-order read: keys from "from" towards "stop" (both inclusive;
-  // ascending unless "reverse"), at most "limit" pairs appended to *out.
-  // *more is true if it stopped at the limit with keys still in range.
+  // Key-order read: the first "limit" keys from "from" towards "stop"
+  // (both inclusive; ascending unless "reverse") are looked at and their
+  // pairs appended to *out (a key removed meanwhile is left out). *more is
+  // true if keys in range were left: *resume is then the first of them. A
+  // key whose bucket fails its checksum fails the call, unless "corrupt" is
+  // given: then it is appended there and skipped, as a flat table's scan
+  // skips a bad record.
   Status Collect(int64_t from, int64_t stop, bool reverse, size_t limit,
-                 std::vector<KeyValue>* out, bool* more) const;
+                 std::vector<KeyValue>* out, bool* more, int64_t* resume,
+                 std::vector<int64_t>* corrupt = nullptr) const;
   // The keys in [lo, hi], counted up to "cap".
   Status Count(int64_t lo, int64_t hi, uint64_t cap, uint64_t* n) const;
 
@@ -87,6 +92,9 @@ class SparseTier {
   uint64_t LiveBytes() const;
   uint64_t LiveBytes(int64_t lo, int64_t hi) const;
   uint64_t KeysEstimate() const;
+  // Buckets that failed their checksum when the tier opened: their keys are
+  // not in the key order (scans and counts miss them) and read as errors.
+  size_t BadBucketsAtOpen() const { return bad_buckets_at_open_; }
   // The table's own counters (appends, syncs, recovery, bad records, full
   // disk), for the Store's.
   EngineStats Stats() const;
@@ -112,6 +120,7 @@ class SparseTier {
   std::unique_ptr<Store> table_;
   mutable std::shared_mutex order_mu_;
   absl::btree_set<int64_t> order_;  // GUARDED_BY(order_mu_)
+  size_t bad_buckets_at_open_ = 0;  // set by LoadOrder
 };
 
 }  // namespace flatkv::engine

@@ -660,8 +660,17 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
   Guard guard(this);
   std::vector<KeyValue> sparse;
   bool sparse_more = false;
-  FLATKV_RETURN_IF_ERROR(
-      sparse_->Collect(from, reverse ? lo : hi, reverse, limit, &sparse, &sparse_more));
+  // A tier key whose bucket fails its checksum is skipped and named, as a
+  // flat table's bad record is.
+  int64_t sparse_resume = 0;
+  std::vector<int64_t> sparse_corrupt;
+  FLATKV_RETURN_IF_ERROR(sparse_->Collect(from, reverse ? lo : hi, reverse, limit, &sparse,
+                                          &sparse_more, &sparse_resume, &sparse_corrupt));
+  if (corrupt != nullptr) {
+    for (int64_t key : sparse_corrupt) {
+      if (!HasFlatTable(SegmentId(key))) corrupt->push_back(key);
+    }
+  }
   std::vector<KeyValue> flat;
   int64_t flat_next = from;
   bool flat_done = true;
@@ -672,7 +681,7 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
   bool bounded = !flat_done;
   int64_t bound = flat_next;
   if (sparse_more) {
-    const int64_t b = reverse ? sparse.back().key - 1 : sparse.back().key + 1;
+    const int64_t b = sparse_resume;
     if (!bounded || (reverse ? b > bound : b < bound)) bound = b;
     bounded = true;
   }
@@ -930,15 +939,15 @@ Status Store::SparseLogScan(std::string_view cursor, size_t limit, std::vector<K
   Guard guard(this);
   std::vector<KeyValue> page;
   bool more = false;
-  FLATKV_RETURN_IF_ERROR(sparse_->Collect(from, options_.key_max - 1, false, limit, &page, &more));
-  const int64_t last = page.empty() ? from : page.back().key;
+  int64_t resume = 0;
+  FLATKV_RETURN_IF_ERROR(
+      sparse_->Collect(from, options_.key_max - 1, false, limit, &page, &more, &resume));
   for (KeyValue& kv : page) {
     if (!HasFlatTable(SegmentId(kv.key))) out->push_back(std::move(kv));
   }
   next_cursor->clear();
   if (more) {
     next_cursor->push_back(static_cast<char>(kSparseCursorVersion));
-    const int64_t resume = last + 1;
     next_cursor->append(reinterpret_cast<const char*>(&resume), 8);
     *done = false;
   } else if (!Tables().empty()) {
@@ -981,11 +990,21 @@ Status Store::OpenSparseTier() {
     return Status::OK();
   }
   // The tier is off: every key it holds moves to a flat table, then it goes.
+  // Not with a bucket that fails its checksum: its keys are not known, and
+  // removing the tier would turn them from errors into absent keys.
+  if (sparse_->BadBucketsAtOpen() > 0) {
+    return Status::Corruption(
+        "sparse tier " + dir + ": " + std::to_string(sparse_->BadBucketsAtOpen()) +
+        " bucket(s) fail their checksum, and their keys are not known: turning "
+        "storage.sparse_tier off would lose them; open with it on until the keys are "
+        "repaired or rewritten (engine.buckets_damaged, flatkv admin verify)");
+  }
   for (;;) {
     std::vector<KeyValue> first;
     bool more = false;
-    FLATKV_RETURN_IF_ERROR(
-        sparse_->Collect(options_.key_min, options_.key_max - 1, false, 1, &first, &more));
+    int64_t resume = 0;
+    FLATKV_RETURN_IF_ERROR(sparse_->Collect(options_.key_min, options_.key_max - 1, false, 1,
+                                            &first, &more, &resume));
     if (first.empty()) break;
     const uint64_t seg = SegmentId(first[0].key);
     std::unique_lock<std::shared_mutex> lock(SegmentMutex(seg));
@@ -993,6 +1012,11 @@ Status Store::OpenSparseTier() {
     FlatTable* table;
     FLATKV_RETURN_IF_ERROR(OpenSegment(seg, &table));
     FLATKV_RETURN_IF_ERROR(PromoteLocked(seg, table));
+  }
+  if (sparse_->KeysEstimate() != 0) {
+    return Status::Corruption("sparse tier " + dir + ": " +
+                              std::to_string(sparse_->KeysEstimate()) +
+                              " key(s) listed but not readable; the tier is kept");
   }
   FLATKV_RETURN_IF_ERROR(sparse_->Close());
   sparse_.reset();
@@ -1040,8 +1064,8 @@ Status Store::CopySparseKeys(uint64_t seg, FlatTable* table) {
   for (;;) {
     std::vector<KeyValue> page;
     bool more = false;
-    FLATKV_RETURN_IF_ERROR(sparse_->Collect(from, last, false, kPage, &page, &more));
-    if (page.empty()) break;
+    int64_t resume = 0;
+    FLATKV_RETURN_IF_ERROR(sparse_->Collect(from, last, false, kPage, &page, &more, &resume));
     std::vector<KeyValueRef> refs;
     std::vector<uint32_t> items;
     refs.reserve(page.size());
@@ -1050,9 +1074,9 @@ Status Store::CopySparseKeys(uint64_t seg, FlatTable* table) {
       refs.push_back(KeyValueRef{page[i].key, page[i].value});
       items.push_back(i);
     }
-    FLATKV_RETURN_IF_ERROR(table->PutBatch(refs, items));
+    if (!refs.empty()) FLATKV_RETURN_IF_ERROR(table->PutBatch(refs, items));
     if (!more) break;
-    from = page.back().key + 1;
+    from = resume;
   }
   return table->Sync();
 }

@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "engine/store.h"
@@ -299,6 +300,118 @@ TEST_CASE("Opening decides a promotion cut short by the moved mark: without it t
   REQUIRE(store->Scan(INT64_MIN, false, 100, &out, &next, &done).ok());
   CHECK(done);
   CHECK(out.size() == 3);  // 1, 2 and 7 of the table
+}
+
+// Flips the middle byte of every copy of "needle" in the files under "dir";
+// returns how many it damaged.
+int FlipInFiles(const std::filesystem::path& dir, const std::string& needle) {
+  int hits = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    std::string blob = flatkv::test::ReadFile(entry.path());
+    bool changed = false;
+    for (size_t at = blob.find(needle); at != std::string::npos; at = blob.find(needle, at + 1)) {
+      blob[at + needle.size() / 2] ^= 0x5a;
+      changed = true;
+      ++hits;
+    }
+    if (!changed) continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.write(blob.data(), static_cast<std::streamsize>(blob.size()));
+  }
+  return hits;
+}
+
+TEST_CASE("A tier bucket failing its checksum: its keys are errors, scans skip and name them",
+          "[engine][sparse]") {
+  flatkv::test::TempDir dir;
+  EngineOptions o = SparseOptions(dir / "s");
+  o.sparse_slots = 16;  // many keys a bucket
+  std::map<int64_t, std::string> model;
+  std::mt19937_64 rng(11);
+  std::unique_ptr<Store> store;
+  REQUIRE(Store::Open(o, &store).ok());
+  for (int i = 0; i < 2000; ++i) {
+    const auto k = static_cast<int64_t>(rng());
+    const std::string v = "tier-value-" + std::to_string(k) + "-end";
+    REQUIRE(store->Put(k, v).ok());
+    model[k] = v;
+  }
+  REQUIRE(store->Sync().ok());
+  const int64_t victim = std::next(model.begin(), 1000)->first;
+  REQUIRE(FlipInFiles((dir / "s") + "/sparse", model[victim]) == 1);
+
+  // The victim's bucket reads as an error, never as absent or a wrong value.
+  std::set<int64_t> bad;
+  for (const auto& [k, v] : model) {
+    std::string got;
+    const Status st = store->Get(k, &got);
+    if (st.IsCorruption()) {
+      bad.insert(k);
+      continue;
+    }
+    REQUIRE(st.ok());
+    REQUIRE(got == v);
+  }
+  REQUIRE(bad.count(victim) == 1);
+  REQUIRE(bad.size() < model.size() / 4);
+
+  // A scan skips the bad keys and names them; every other pair comes whole.
+  std::vector<KeyValue> all;
+  std::vector<int64_t> named;
+  int64_t from = INT64_MIN;
+  for (bool done = false; !done;) {
+    std::vector<KeyValue> page;
+    int64_t next = 0;
+    REQUIRE(store->Scan(from, false, 97, INT64_MIN, INT64_MAX, &page, &next, &done, &named).ok());
+    all.insert(all.end(), page.begin(), page.end());
+    from = next;
+  }
+  CHECK(std::set<int64_t>(named.begin(), named.end()) == bad);
+  REQUIRE(all.size() == model.size() - bad.size());
+  for (const KeyValue& kv : all) {
+    REQUIRE(bad.count(kv.key) == 0);
+    REQUIRE(kv.value == model[kv.key]);
+  }
+  Store::VerifyReport report;
+  REQUIRE(store->Verify(&report).ok());
+  CHECK(std::set<int64_t>(report.corrupt_keys.begin(), report.corrupt_keys.end()) == bad);
+  CHECK(report.records == model.size() - bad.size());
+
+  // A put of a bad key makes it good; the bucket's other keys stay errors.
+  REQUIRE(store->Put(victim, "rewritten").ok());
+  std::string got;
+  REQUIRE(store->Get(victim, &got).ok());
+  CHECK(got == "rewritten");
+  for (int64_t k : bad) {
+    if (k != victim) CHECK(store->Get(k, &got).IsCorruption());
+  }
+  REQUIRE(store->Close().ok());
+  store.reset();
+
+  // Turning the tier off would lose keys no one can list: refused, with why.
+  EngineOptions off = o;
+  off.sparse_tier = false;
+  const Status st = Store::Open(off, &store);
+  REQUIRE(st.IsCorruption());
+  CHECK(st.ToString().find("fail their checksum") != std::string::npos);
+  CHECK(st.ToString().find("storage.sparse_tier") != std::string::npos);
+  store.reset();
+  REQUIRE(std::filesystem::exists((dir / "s") + "/sparse"));
+  REQUIRE(Store::Open(o, &store).ok());
+  REQUIRE(store->Get(victim, &got).ok());
+  CHECK(got == "rewritten");
+  std::vector<KeyValue> one;
+  int64_t next = 0;
+  bool done = false;
+  REQUIRE(store->Scan(victim, false, 1, victim, victim, &one, &next, &done).ok());
+  CHECK(one.size() == 1);  // a key written after the damage is in the key order again
+  for (const auto& [k, v] : model) {
+    if (bad.count(k) == 0) {
+      REQUIRE(store->Get(k, &got).ok());
+      REQUIRE(got == v);
+    }
+  }
 }
 
 TEST_CASE("Turning the sparse tier off moves its keys into flat tables and removes it",

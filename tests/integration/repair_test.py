@@ -120,6 +120,13 @@ proc = harness.start(server_bin, port, data, *NO_CACHE)
 c, t = harness.client(port, 10000)
 for k in KEYS:
     c.put(k, value(k))
+# With the sparse tier on (FLATKV_TEST_SERVER_SET), keys 1-200 live in it:
+# too few for their segment to become a flat table.
+TIER = "storage.sparse_tier=on" in os.environ.get("FLATKV_TEST_SERVER_SET", "").split()
+if TIER:
+    st = c.stats()
+    check(st["engine.sparse_keys"] == len(KEYS) and st["engine.segments"] == 0,
+          "every key is in the sparse tier")
 check(corrupt(data, 17) == 1 and corrupt(data, 33) == 1, "one copy of keys 17 and 33 damaged")
 
 code, msg = storage_error(lambda: c.get(17))
@@ -168,7 +175,10 @@ check(c.sget(b"skey-05").value == b"after the damage",
 check(all(storage_error(lambda: c.sget(k))[0] == ErrorCode.STORAGE_ERROR
           for k in bad if k != b"skey-05"),
       "the bucket's other keys stay STORAGE_ERROR, never 'not found'")
-check(c.stats()["engine.buckets_damaged"] == 1, "the damaged bucket is counted in stats")
+# With the sparse tier, the put over bad key 17 wrote its tier bucket anew
+# with a damaged mark too.
+check(c.stats()["engine.buckets_damaged"] == (2 if TIER else 1),
+      "the damaged bucket is counted in stats")
 r = cli(port, "admin", "verify")
 check(r.returncode == 5 and "string-key bucket" in r.stdout.decode(),
       "admin verify reports the damaged bucket: %r" % r.stdout.decode()[-300:])
