@@ -666,16 +666,12 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
   std::vector<int64_t> sparse_corrupt;
   FLATKV_RETURN_IF_ERROR(sparse_->Collect(from, reverse ? lo : hi, reverse, limit, &sparse,
                                           &sparse_more, &sparse_resume, &sparse_corrupt));
-  if (corrupt != nullptr) {
-    for (int64_t key : sparse_corrupt) {
-      if (!HasFlatTable(SegmentId(key))) corrupt->push_back(key);
-    }
-  }
   std::vector<KeyValue> flat;
   int64_t flat_next = from;
   bool flat_done = true;
+  std::vector<int64_t> flat_corrupt;
   FLATKV_RETURN_IF_ERROR(
-      FlatScan(from, reverse, limit, lo, hi, &flat, &flat_next, &flat_done, corrupt));
+      FlatScan(from, reverse, limit, lo, hi, &flat, &flat_next, &flat_done, &flat_corrupt));
   // Forward: keys at or past "bound" were not looked at by one side;
   // reverse: keys at or below it.
   bool bounded = !flat_done;
@@ -721,6 +717,17 @@ Status Store::Scan(int64_t from, bool reverse, size_t limit, int64_t lo, int64_t
   } else if (bounded) {
     *next = bound;
     *done = false;
+  }
+  // Bad records are named by the call whose range holds them (a later
+  // page would meet them again), a stale tier copy's not at all.
+  if (corrupt != nullptr) {
+    auto covered = [&](int64_t k) { return *done || before(k, *next); };
+    for (int64_t k : flat_corrupt) {
+      if (covered(k)) corrupt->push_back(k);
+    }
+    for (int64_t k : sparse_corrupt) {
+      if (covered(k) && !HasFlatTable(SegmentId(k))) corrupt->push_back(k);
+    }
   }
   return Status::OK();
 }

@@ -368,6 +368,7 @@ TEST_CASE("A tier bucket failing its checksum: its keys are errors, scans skip a
     from = next;
   }
   CHECK(std::set<int64_t>(named.begin(), named.end()) == bad);
+  CHECK(named.size() == bad.size());  // each named once
   REQUIRE(all.size() == model.size() - bad.size());
   for (const KeyValue& kv : all) {
     REQUIRE(bad.count(kv.key) == 0);
@@ -376,6 +377,7 @@ TEST_CASE("A tier bucket failing its checksum: its keys are errors, scans skip a
   Store::VerifyReport report;
   REQUIRE(store->Verify(&report).ok());
   CHECK(std::set<int64_t>(report.corrupt_keys.begin(), report.corrupt_keys.end()) == bad);
+  CHECK(report.corrupt_keys.size() == bad.size());
   CHECK(report.records == model.size() - bad.size());
 
   // A put of a bad key makes it good; the bucket's other keys stay errors.
