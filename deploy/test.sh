@@ -4,7 +4,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer in build-asan/. Then (not
 # with --sanitize) every libFuzzer target runs a short reproducible smoke
 # (deploy/fuzz.sh --smoke; FLATKV_FUZZ_SECONDS=N: N timed seconds each, 0
-# skips it); the targets are built while the tests run.
+# skips it); the targets are built while the process tests run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,19 +24,23 @@ cmake --build "$build" -j "$(nproc)"
 fuzz_seconds=${FLATKV_FUZZ_SECONDS:-smoke}
 fuzz=0
 [[ "$build" == build && "$fuzz_seconds" != 0 ]] && fuzz=1
-# The fuzz targets' own clang build runs beside the tests, on the CPU they
-# leave idle: the idle I/O class and nice 19, in a session of its own whose
-# scheduling group is nice 19 too (with autogroup on, a task's nice counts
-# only inside its session's group, and the tests' servers and ZooKeeper run
-# in sessions of their own), so whatever a test runs takes a core at once.
+# The tests in two passes: the in-process ones (unit, sim, fuzz replay:
+# CPU- and fsync-bound) first on a quiet machine, then the process tests,
+# which mostly wait on servers, timeouts and ZooKeeper, while the fuzz
+# targets' own clang build uses the CPU they leave idle: nice 19 in a
+# session of its own whose scheduling group is nice 19 too (with autogroup
+# on, a task's nice counts only inside its session's group, and the tests'
+# servers and ZooKeeper run in sessions of their own).
+tests_rc=0
+quick="^(unit|sim|fuzz)$"
+ctest --test-dir "$build" --output-on-failure --no-tests=error -j 2 -L "$quick" || tests_rc=$?
 if ((fuzz)); then
   setsid -w bash -c '[[ -w /proc/self/autogroup ]] && echo 19 > /proc/self/autogroup
                      exec nice -n 19 ionice -c 3 bash deploy/fuzz.sh --build' \
     > "$build/fuzz-build.log" 2>&1 &
   fuzz_build=$!
 fi
-tests_rc=0
-ctest --test-dir "$build" --output-on-failure --no-tests=error -j 2 || tests_rc=$?
+ctest --test-dir "$build" --output-on-failure --no-tests=error -j 2 -LE "$quick" || tests_rc=$?
 if ((fuzz)); then
   if ! wait "$fuzz_build"; then
     tail -50 "$build/fuzz-build.log"
