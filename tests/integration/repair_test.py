@@ -203,6 +203,17 @@ class Member:
             "--set", "storage.key_max=1000000", log=self.log, session_timeout_ms=SESSION_MS)
 
     def call(self, fn, timeout_ms=10000):
+        """fn through this member, sent again (as a client does: nothing was
+        applied) for up to 5 s while the member cannot serve for a lapsed
+        ZooKeeper lease (a loaded machine: the session is 1.5 s):
+        UNAVAILABLE, or a repair refused for want of the lease."""
+        for _ in range(50):
+            try:
+                return harness.call(self.port, fn, timeout_ms)
+            except KvError as e:
+                if e.code != ErrorCode.UNAVAILABLE and "no ZooKeeper lease" not in e.message:
+                    raise
+                time.sleep(0.1)
         return harness.call(self.port, fn, timeout_ms)
 
     def role(self):
@@ -345,20 +356,6 @@ def writer():
         t.close()
 
 
-def read_as_a_client(m, skey):
-    """sget through m, sent again (as a client does) while m cannot serve
-    for a lapsed ZooKeeper lease (a loaded machine: the session is 1.5 s):
-    UNAVAILABLE, or a repair refused for want of the lease."""
-    for _ in range(50):
-        try:
-            return m.call(lambda c: c.sget(skey))
-        except KvError as e:
-            if e.code != ErrorCode.UNAVAILABLE and "no ZooKeeper lease" not in e.message:
-                raise
-            time.sleep(0.1)
-    return m.call(lambda c: c.sget(skey))
-
-
 wt = threading.Thread(target=writer, daemon=True)  # a failed check must not hang on it
 wt.start()
 time.sleep(0.3)
@@ -368,7 +365,7 @@ for _ in range(12):
     if corrupt(tail.data, b"skey-05") == 0:
         continue
     rounds_bad += 1
-    got = read_as_a_client(tail, b"skey-05")
+    got = tail.call(lambda c: c.sget(b"skey-05"))
     check(got.found and got.value == svalue(b"skey-05"),
           "a read of a bucket bad on the tail while writes go into it returns the value")
     time.sleep(0.05)
