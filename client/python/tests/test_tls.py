@@ -169,4 +169,7 @@ def test_a_tls_ring_is_routed_over_tls(server_bin, certs, tmp_path):
             if m.proc.poll() is None:
                 m.proc.kill()
                 m.proc.wait()
+            else:  # it died before the test ended: say how (a signal is negative)
+                print("member %s (port %d) had exited: status %d; its log: %s/%s.log"
+                      % (m.name, m.port, m.proc.returncode, work, m.name))
         zk.close()
