@@ -631,53 +631,10 @@ TEST_CASE("A one-table store's writes go on through its compactions while the co
   CHECK(r.compacted >= 2);
   // The writers' stall time is printed, not checked: it depends on how
   // much CPU the compactor gets (about 5 % of the writers' time on a quiet
-  // machine, half of it beside a fault-injection run). What the loan
-  // promises is checked in bytes by the next test.
+  // machine, half of it beside a fault-injection run).
   // 1.5 + 0.1 + the 0.5 lent + the copy (1.0), and what the 16 data files
   // have allocated ahead (the margin, about 0.3x here).
   CHECK(r.worst <= 3.8);
-}
-
-TEST_CASE("Writes during a one-table store's compaction borrow what it will free before waiting",
-          "[engine][compaction][disk]") {
-  // A compaction of a one-table store copies all its live bytes, and the
-  // writes meanwhile may spend the margin (0.1 x live) and what the
-  // compaction will free (up to (disk_ratio - 1) x live = 0.5 x live). Held
-  // to 1 MB/s, the compaction outlasts these writes many times over, so the
-  // bytes written before the first stall are the allowance, whatever the
-  // machine's load.
-  flatkv::test::TempDir dir;
-  EngineOptions o = ChurnOptions(dir / "s");
-  o.segment_keys = 1 << 16;  // one table
-  o.compaction_mb_per_sec = 1;
-  std::unique_ptr<Store> store;
-  REQUIRE(Store::Open(o, &store).ok());
-  constexpr int64_t kKeys = 6 * 2048;
-  constexpr size_t kValue = 1000;
-  for (int64_t k = 0; k < kKeys; ++k) REQUIRE(store->Put(k, Value(k, 0, kValue)).ok());
-  const double live = static_cast<double>(kKeys) * kValue;
-  // Overwrites until the garbage makes a compaction start.
-  int version = 1;
-  int64_t k = 0;
-  auto overwrite = [&] {
-    REQUIRE(store->Put(k, Value(k, version, kValue)).ok());
-    if (++k == kKeys) {
-      k = 0;
-      ++version;
-    }
-  };
-  for (int i = 0; i < 20 * kKeys && !store->GetCompactionStatus().running; ++i) overwrite();
-  REQUIRE(store->GetCompactionStatus().running);
-  const uint64_t stalls = store->GetStats().write_stalls;
-  double written = 0;
-  while (store->GetStats().write_stalls == stalls && written < 2 * live) {
-    overwrite();
-    written += kValue;
-  }
-  INFO("written before the first stall: " << written / live << " x live");
-  REQUIRE(store->GetCompactionStatus().running);  // the same compaction throughout
-  CHECK(written >= 0.2 * live);  // under 0.1 without the loan
-  CHECK(written < 2 * live);     // the disk bound holds: writers do wait
 }
 
 TEST_CASE("A store of hundreds of near-empty segments takes writes without a stall",
