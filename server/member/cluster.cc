@@ -275,6 +275,10 @@ Status Cluster::Route(int64_t hash, bool write, Target* target) {
 
 Status Cluster::RouteTo(const partition::Ring& ring, size_t partition, bool write,
                         Target* target) {
+  if (partition >= ring.partitions().size()) {  // a ring with no mark: no owner at all
+    return Status::Unavailable("the ring this instance has read holds no mark yet (ring version " +
+                               std::to_string(ring.version()) + ")");
+  }
   const partition::Partition& p = ring.partitions()[partition];
   const partition::Member* member =
       partition::Router::Target(p, write, ring.settings().replication,

@@ -43,12 +43,27 @@ struct Part {
   Status status;
 };
 
+// The ring a call is routed by. None known yet, or one with no mark at all
+// (read before any instance registered, this one included): UNAVAILABLE,
+// since there is no owner to serve or forward to.
+std::shared_ptr<const partition::Ring> RoutingRing(const Cluster& cluster) {
+  auto ring = cluster.ring();
+  if (!ring) ThrowKvError(Status::Unavailable("no ring known yet: ZooKeeper not reached"));
+  if (ring->empty()) {
+    ThrowKvError(Status::Unavailable("the ring this instance has read holds no mark yet (ring "
+                                     "version " + std::to_string(ring->version()) + ")"));
+  }
+  return ring;
+}
+
 }  // namespace
 
 std::string MemberHandler::NotReady() const {
-  if (cluster_->ring() == nullptr) {
+  const auto ring = cluster_->ring();
+  if (ring == nullptr) {
     return "no ring known yet: ZooKeeper (" + config_.cluster.zookeeper + ") not reached";
   }
+  if (ring->empty()) return "the ring this instance has read holds no mark yet";
   if (replicator_ != nullptr) {
     if (const std::string full = replicator_->DiskFull(); !full.empty()) {
       return "disk full: out of mark " + std::to_string(config_.cluster.mark) + "'s chain (" +
@@ -182,8 +197,7 @@ static void RunParts(Cluster* cluster, const partition::Ring& ring,
 
 void MemberHandler::RingMultiGet(std::vector<rpc::GetResult>& result,
                            const std::vector<int64_t>& keys) {
-  const auto ring = cluster_->ring();
-  if (!ring) ThrowKvError(Status::Unavailable("no ring known yet: ZooKeeper not reached"));
+  const auto ring = RoutingRing(*cluster_);
   result.assign(keys.size(), rpc::GetResult());
   const auto groups = Router::SplitByOwner(*ring, keys);
   std::vector<std::vector<int64_t>> part_keys;
@@ -215,8 +229,7 @@ void MemberHandler::RingMultiGet(std::vector<rpc::GetResult>& result,
 }
 
 void MemberHandler::RingMultiPut(const std::vector<rpc::KvPair>& pairs) {
-  const auto ring = cluster_->ring();
-  if (!ring) ThrowKvError(Status::Unavailable("no ring known yet: ZooKeeper not reached"));
+  const auto ring = RoutingRing(*cluster_);
   std::vector<int64_t> hashes(pairs.size());
   for (size_t i = 0; i < pairs.size(); ++i) hashes[i] = pairs[i].key;
   const auto groups = Router::SplitByOwner(*ring, hashes);
@@ -241,8 +254,7 @@ void MemberHandler::RingScan(rpc::ScanResult& result, int64_t from, int32_t limi
   result.done = false;
   int64_t cursor = from;
   for (int steps = 0; steps < kMaxScanSteps; ++steps) {
-    const auto ring = cluster_->ring();
-    if (!ring) ThrowKvError(Status::Unavailable("no ring known yet: ZooKeeper not reached"));
+    const auto ring = RoutingRing(*cluster_);
     const ScanStep step = Router::Step(*ring, cursor, reverse);
     const int32_t want = limit - static_cast<int32_t>(result.pairs.size());
     rpc::ScanResult part;
@@ -278,8 +290,7 @@ void MemberHandler::RingScan(rpc::ScanResult& result, int64_t from, int32_t limi
 void MemberHandler::RingScanLog(rpc::LogScanResult& result, const std::string& cursor,
                           int32_t limit) {
   if (limit <= 0) throw MakeError(rpc::ErrorCode::INVALID_ARGUMENT, "scan limit must be positive");
-  const auto ring = cluster_->ring();
-  if (!ring) ThrowKvError(Status::Unavailable("no ring known yet: ZooKeeper not reached"));
+  const auto ring = RoutingRing(*cluster_);
   int64_t mark = INT64_MIN;
   std::string inner;
   if (!cursor.empty()) {

@@ -241,6 +241,8 @@ class Client:
 
     def _pick(self, ring, index, write):
         address = ring.target(index, write, self._next_spread())
+        if address is None and not ring.marks:
+            raise Unavailable("the ring read from %s holds no mark yet" % ring.seed)
         if address is None:
             raise Unavailable("mark %d has no serving member" % ring.marks[index])
         return address

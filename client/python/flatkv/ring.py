@@ -28,6 +28,7 @@ class Ring:
     """
 
     def __init__(self, info, seed):
+        self.seed = seed
         self.version = info.version
         self.hash_bound = info.hashBound if info.hashBound > 0 else 0x7FFFFFFFFFFFFFFF
         self.replication = info.replication or "sync"
@@ -48,7 +49,11 @@ class Ring:
 
     def target(self, index, write, spread=0):
         """The member ("host:port") that serves a call to partition "index";
-        None when its chain is empty (no member serves the mark)."""
+        None when its chain is empty (no member serves the mark) or the
+        ring has no mark at all (read from an instance before anything
+        registered)."""
+        if index >= len(self.chains):
+            return None
         chain = self.chains[index]
         if not chain:
             return None

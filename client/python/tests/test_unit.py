@@ -62,6 +62,15 @@ def test_writes_go_to_the_head_reads_to_the_tail_under_sync_any_member_under_asy
     assert _ring([(0, [])]).target(0, True) is None
 
 
+def test_a_ring_with_no_mark_routes_nowhere():
+    # What a ring's first instance answers before anything has registered.
+    r = _ring([])
+    assert r.marks == [] and r.target(r.owner(7), True) is None
+    kv = flatkv.Client(seeds=["seed:1"])
+    with pytest.raises(flatkv.Unavailable, match="holds no mark yet"):
+        kv._pick(r, r.owner(7), True)
+
+
 def test_a_standalone_server_is_routed_to_the_address_asked():
     r = Ring(RingInfo(version=0, hashBound=100, replication="sync",
                       partitions=[Partition(0, [Member("0.0.0.0", 9901)])]), "10.1.2.3:9901")
