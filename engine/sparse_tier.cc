@@ -15,8 +15,9 @@ namespace {
 
 constexpr uint64_t kSignBit = uint64_t{1} << 63;
 
-// LoadOrder, DeleteRange and CountKeys work a page of keys at a time and
-// let go of the ordered set between pages, so none holds it for long.
+// DeleteRange and CountKeys work a page of keys at a time and let go of
+// the ordered set between pages, so none holds it for long; LoadOrder
+// reads the table a page at a time.
 constexpr size_t kPage = 1024;
 
 // The table's errors name the tier (its own name for a key, "string key",
@@ -70,25 +71,34 @@ Status SparseTier::Open(const std::string& dir, const EngineOptions& options, in
 SparseTier::~SparseTier() { (void)Close(); }
 
 Status SparseTier::LoadOrder() {
+  // The keys come in hash order; the set is built once from them sorted
+  // (each insert then lands at its end: a third of the open time of a
+  // million-key tier went to inserts in hash order, each a cache miss).
+  // Nothing else holds the tier during its open.
   std::string cursor;
   std::vector<StringKeyValue> page;
   std::vector<int64_t> corrupt;
+  std::vector<int64_t> keys;
   for (;;) {
     page.clear();
     std::string next;
     bool done = false;
     FLATKV_RETURN_IF_ERROR(Named(table_->SScan(cursor, kPage, &page, &next, &done, &corrupt)));
-    std::unique_lock<std::shared_mutex> lock(order_mu_);
     for (const StringKeyValue& kv : page) {
       int64_t key;
       if (!DecodeSparseKey(kv.key, &key)) {
         return Status::Corruption("sparse tier " + dir_ + ": a key of " +
                                   std::to_string(kv.key.size()) + " bytes (tier keys have 8)");
       }
-      order_.insert(key);
+      keys.push_back(key);
     }
     if (done) break;
     cursor = std::move(next);
+  }
+  std::sort(keys.begin(), keys.end());
+  {
+    std::unique_lock<std::shared_mutex> lock(order_mu_);
+    order_.insert(keys.begin(), keys.end());
   }
   bad_buckets_at_open_ = corrupt.size();
   if (!corrupt.empty()) {
