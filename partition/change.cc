@@ -177,6 +177,14 @@ ChangeStep ChangeMachine::Next(const Ring& ring, bool head) {
   if (Leaving(ring)) {
     return Wait("mark " + std::to_string(mark_) + " was removed from the ring: this member leaves");
   }
+  // The change this member flipped is over once a view no longer holds its
+  // node: whoever deleted it had done every step (a remove deletes the
+  // removed mark's node before the change node), maybe another head while
+  // this one was cut off from ZooKeeper. A step of it now would undo what
+  // came after, such as deleting the node of a mark added back since.
+  if (flipped_ && (ring.change() == nullptr || ring.change()->czxid != flipped_->czxid)) {
+    Finished(flipped_->czxid);
+  }
   const RingChange* c = ring.change();
   // A view from before this member deleted its change.
   if (c != nullptr && finished_czxid_ != 0 && c->czxid == finished_czxid_) c = nullptr;
@@ -390,18 +398,21 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
       if (st.ok()) mark_deleted_ = true;
       return;
     case ChangeStep::kDelete:
-      if (!st.ok()) return;
-      finished_czxid_ = step.change.czxid;
-      flipped_.reset();
-      released_ = false;
-      dropped_ = false;
-      mark_deleted_ = false;
-      copy_czxid_ = 0;
-      copy_state_.clear();
-      precopied_ = 0;
-      phase_ = 0;
+      if (st.ok()) Finished(step.change.czxid);
       return;
   }
+}
+
+void ChangeMachine::Finished(int64_t czxid) {
+  finished_czxid_ = czxid;
+  flipped_.reset();
+  released_ = false;
+  dropped_ = false;
+  mark_deleted_ = false;
+  copy_czxid_ = 0;
+  copy_state_.clear();
+  precopied_ = 0;
+  phase_ = 0;
 }
 
 bool ChangeMachine::Released(const RingChange& change) const {

@@ -191,6 +191,8 @@ class ChangeMachine {
  private:
   ChangeStep Copy(const Ring& ring, const RingChange& change, bool head);
   ChangeStep AfterFlip(const Ring& ring);
+  // Forgets the change of "czxid" as finished: its steps are all done.
+  void Finished(int64_t czxid);
   ChangeStep Register(bool create_mark, const RingChange& change);
   bool Listed(const Ring& ring) const;
   static ChangeStep Step(ChangeStep::Kind kind, const RingChange& change);
@@ -219,7 +221,7 @@ class ChangeMachine {
   bool released_ = false;      // add: the source confirmed it let the ranges go
   bool dropped_ = false;       // add: the source dropped the ranges
   bool mark_deleted_ = false;  // remove: the removed mark's node is gone
-  int64_t finished_czxid_ = 0;  // the change this member deleted last
+  int64_t finished_czxid_ = 0;  // the change this member saw finish last
 };
 
 }  // namespace flatkv::partition

@@ -1708,9 +1708,32 @@ Status Registry::Impl::ChangeNow(const Request& request) {
       break;
     }
     case Request::ChangeOp::kDeleteMark: {
-      const std::string path = marks_path_ + "/" + std::to_string(request.change.mark);
-      rc = zoo_delete(zh_, path.c_str(), -1);
-      if (rc == ZNONODE) rc = ZOK;
+      // Only while the change node is this remove's, checked in the same
+      // multi: a member that was cut off past its session may come back to
+      // a remove another head finished, after which the mark may have been
+      // added back (a new node of the same name).
+      const std::string path = marks_path_ + "/" + std::to_string(request.change.source);
+      std::string data;
+      Stat node{};
+      rc = GetData(change_path_, false, &data, &node);
+      if (rc == ZNONODE || (rc == ZOK && node.czxid != request.change.czxid)) {
+        return Status::Busy("the ring change removing mark " +
+                            std::to_string(request.change.source) +
+                            " is over (its node is gone or another change's); mark node " + path +
+                            " left alone");
+      }
+      if (rc != ZOK) return ZkError("get", change_path_, rc);
+      zoo_op_t ops[2];
+      zoo_op_result_t results[2] = {};
+      zoo_check_op_init(&ops[0], change_path_.c_str(), node.version);
+      zoo_delete_op_init(&ops[1], path.c_str(), -1);
+      rc = zoo_multi(zh_, 2, ops, results);
+      if (rc != ZOK && results[0].err != ZOK) {
+        return Status::Busy("the ring change node changed while mark " +
+                            std::to_string(request.change.source) + "'s node was deleted; "
+                            "nothing deleted");
+      }
+      if (rc != ZOK && results[1].err == ZNONODE) rc = ZOK;  // gone already
       if (rc != ZOK) return ZkError("delete", path, rc);
       break;
     }
@@ -1853,11 +1876,11 @@ Status Registry::UpdateChange(const RingChange& change) {
   return impl_->Submit(request, ChangeTimeoutMs(impl_->opt_), "updating the ring change");
 }
 
-Status Registry::DeleteMark(int64_t mark) {
+Status Registry::DeleteMark(const RingChange& change) {
   auto request = std::make_shared<Request>();
   request->kind = Request::Kind::kChange;
   request->change_op = Request::ChangeOp::kDeleteMark;
-  request->change.mark = mark;
+  request->change = change;
   return impl_->Submit(request, ChangeTimeoutMs(impl_->opt_), "deleting a mark");
 }
 

@@ -229,9 +229,13 @@ class Registry {
   Status UpdateChange(const RingChange& change);
   Status DeleteChange(const RingChange& change);
   Status AbortChange();
-  // Removes .cluster/marks/<mark> (a removed mark, once no member of it is
-  // registered). OK if it is gone. Blocking.
-  Status DeleteMark(int64_t mark);
+  // Removes .cluster/marks/<change.source> (the mark "change" removes, once
+  // no member of it is registered), atomically with a check that the change
+  // node is still this change's (its czxid): Busy, deleting nothing, once it
+  // is gone or another change's (the remove was finished by another member,
+  // and the mark may have been added back since). OK if the mark node is
+  // gone. Blocking.
+  Status DeleteMark(const RingChange& change);
 
   // The newest ring, or nullptr while none has been read yet (ZooKeeper
   // unreachable since start). Never blocks.

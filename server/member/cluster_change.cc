@@ -223,7 +223,7 @@ Status Cluster::RunStep(const partition::ChangeStep& step, const partition::Ring
     case Step::kDrop:
       return DropAtSource(change, ring);
     case Step::kDeleteMark:
-      return registry_->DeleteMark(change.source);
+      return registry_->DeleteMark(change);
     case Step::kDelete: {
       FLATKV_RETURN_IF_ERROR(registry_->DeleteChange(change));
       {

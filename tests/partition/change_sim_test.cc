@@ -772,6 +772,11 @@ class Sim {
       }
       case ChangeStep::kDeleteMark: {
         if (!ZkUp()) return down;
+        // As registry.cc does it: in one multi with a check that the
+        // change node is still this change's.
+        if (!Zk().change || Zk().change->czxid != step.change.czxid) {
+          return Status::Busy("the change is over");
+        }
         Write([&](ZkState& s) { s.marks.erase(step.change.source); });
         return Status::OK();
       }

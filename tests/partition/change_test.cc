@@ -63,3 +63,53 @@ TEST_CASE("A member does not leave while its mark is in the ring, with or withou
   CHECK(MustLeave(*Ring::Make(6, RingSettings{}, {1000}, {Reg(1000, "a1", 1), Reg(2000, "b2", 6)}),
                   2000, /*mark_seen=*/false));
 }
+
+TEST_CASE("A remove's importer cut off past its session does not delete the node of the mark "
+          "added back since",
+          "[partition][change]") {
+  // a1 heads mark 1000 and imports the remove of mark 2000; it flipped the
+  // change and mark 2000's members have left, so its next step deletes mark
+  // 2000's node. It is cut off from ZooKeeper then (the delete times out);
+  // meanwhile another head of mark 1000 finishes the remove (mark node and
+  // change node deleted), and mark 2000 is added back: a new node of the
+  // same name, its importer still copying.
+  flatkv::partition::RingChange remove;
+  remove.kind = "remove";
+  remove.mark = 2000;
+  remove.into = 1000;
+  remove.source = 2000;
+  remove.importer = "a1:9901";
+  remove.state = "flip";
+  remove.ranges = {{1000, 1999}};
+  remove.czxid = 50;
+  const auto flipped = Ring::Make(10, RingSettings{}, {1000, 2000}, {Reg(1000, "a1", 1)}, {},
+                                  remove);
+  ChangeMachine a1(1000, "a1:9901");
+  a1.Join();
+  const ChangeStep del = a1.Next(*flipped, /*head=*/true);
+  REQUIRE(del.kind == ChangeStep::kDeleteMark);
+  a1.Done(del, flatkv::Status::IOError("zookeeper delete: operation timeout"));
+
+  flatkv::partition::RingChange add;
+  add.kind = "add";
+  add.mark = 2000;
+  add.into = 2000;
+  add.source = 1000;
+  add.importer = "b1:9901";
+  add.state = "precopy";
+  add.ranges = {{1000, 1999}};
+  add.czxid = 80;
+  // Back, a1 sees the add running, or (a view read between the two
+  // changes, or after the add) no change node at all beside the mark's
+  // new node: either way the remove is over, and it deletes nothing.
+  for (const auto& change : {std::optional<flatkv::partition::RingChange>(add),
+                             std::optional<flatkv::partition::RingChange>()}) {
+    ChangeMachine back = a1;
+    const auto later = Ring::Make(14, RingSettings{}, {1000, 2000}, {Reg(1000, "a1", 1)}, {},
+                                  change);
+    const ChangeStep next = back.Next(*later, /*head=*/true);
+    CHECK(next.kind != ChangeStep::kDeleteMark);
+    CHECK(next.kind != ChangeStep::kDelete);
+    CHECK_FALSE(back.Leaving(*later));
+  }
+}

@@ -1482,8 +1482,6 @@ TEST_CASE("The change node is read as soon as its watch fires and not after the 
   CHECK(lags.front() < 15);
 }
 
-}  // namespace flatkv::partition
-
 TEST_CASE("A ring view is read again while its change node is older than what it read after it",
           "[registry][rule]") {
   using flatkv::partition::ReadAgain;
@@ -1509,3 +1507,57 @@ TEST_CASE("A ring view is read again while its change node is older than what it
   // A session event: everything is read again before a view goes out.
   CHECK(again({{"*", 12}}, 10, 3));
 }
+
+// A remove's importer cut off from ZooKeeper past its session may come back
+// to a remove another head finished, and the mark added back since: its
+// delete of the mark's node must then delete nothing (change.h's rule
+// decides from its view; this is the same check made atomic with the delete,
+// for a view that still lags).
+TEST_CASE("DeleteMark deletes the mark's node only while the change node is that remove's",
+          "[partition][registry]") {
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
+  Inspector zoo(zk.address());
+  const std::string mark_node = "/flatkv/.cluster/marks/300";
+  RingChange remove;
+  remove.kind = "remove";
+  remove.mark = 300;
+  remove.into = 100;
+  remove.source = 300;
+  remove.ranges = {{100, 299}};
+  remove.importer = "127.0.0.1:9001";
+  remove.state = "flip";
+  zoo.Create(mark_node, "");
+  zoo.Create("/flatkv/.cluster/change", remove.ToJson());
+  Stat stat{};
+  REQUIRE(zoo.Exists("/flatkv/.cluster/change", &stat) == ZOK);
+  remove.czxid = stat.czxid;
+
+  // Another head finished the remove: mark node and change node gone; then
+  // the mark was added back (its node made again, an add's change node).
+  REQUIRE(zoo.Delete(mark_node) == ZOK);
+  REQUIRE(zoo.Delete("/flatkv/.cluster/change") == ZOK);
+  zoo.Create(mark_node, "");
+  CHECK(a->DeleteMark(remove).IsBusy());  // no change node at all
+  CHECK(zoo.Exists(mark_node) == ZOK);
+  RingChange add = remove;
+  add.kind = "add";
+  add.into = 300;
+  add.source = 100;
+  add.importer = "127.0.0.1:9300";
+  add.state = "precopy";
+  zoo.Create("/flatkv/.cluster/change", add.ToJson());
+  CHECK(a->DeleteMark(remove).IsBusy());  // another change's node
+  CHECK(zoo.Exists(mark_node) == ZOK);
+
+  // The remove's own change node: deleted, and deleting again is OK.
+  REQUIRE(zoo.Delete("/flatkv/.cluster/change") == ZOK);
+  zoo.Create("/flatkv/.cluster/change", remove.ToJson());
+  REQUIRE(zoo.Exists("/flatkv/.cluster/change", &stat) == ZOK);
+  remove.czxid = stat.czxid;
+  CHECK(a->DeleteMark(remove).ok());
+  CHECK(zoo.Exists(mark_node) == ZNONODE);
+  CHECK(a->DeleteMark(remove).ok());
+}
+
+}  // namespace flatkv::partition
