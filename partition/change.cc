@@ -376,14 +376,7 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
         return;
       }
       if (step.change.state == "flip") {
-        flipped_ = step.change;
-        released_ = false;
-        dropped_ = false;
-        mark_deleted_ = false;
-        copy_czxid_ = 0;
-        copy_state_.clear();
-        precopied_ = 0;
-        phase_ = 0;
+        StartAfresh(step.change);
       } else if (flipped_) {
         flipped_->state = step.change.state;
       }
@@ -405,7 +398,11 @@ void ChangeMachine::Done(const ChangeStep& step, const Status& st) {
 
 void ChangeMachine::Finished(int64_t czxid) {
   finished_czxid_ = czxid;
-  flipped_.reset();
+  StartAfresh(std::nullopt);
+}
+
+void ChangeMachine::StartAfresh(std::optional<RingChange> flipped) {
+  flipped_ = std::move(flipped);
   released_ = false;
   dropped_ = false;
   mark_deleted_ = false;

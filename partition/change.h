@@ -193,6 +193,9 @@ class ChangeMachine {
   ChangeStep AfterFlip(const Ring& ring);
   // Forgets the change of "czxid" as finished: its steps are all done.
   void Finished(int64_t czxid);
+  // The steps after a flip start from the first: those of "flipped", or
+  // none.
+  void StartAfresh(std::optional<RingChange> flipped);
   ChangeStep Register(bool create_mark, const RingChange& change);
   bool Listed(const Ring& ring) const;
   static ChangeStep Step(ChangeStep::Kind kind, const RingChange& change);

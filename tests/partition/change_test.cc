@@ -13,12 +13,27 @@ using flatkv::partition::ChangeStep;
 using flatkv::partition::Member;
 using flatkv::partition::MustLeave;
 using flatkv::partition::Ring;
+using flatkv::partition::RingChange;
 using flatkv::partition::RingSettings;
 
 namespace {
 
 Ring::Registration Reg(int64_t mark, const std::string& host, int64_t czxid) {
   return Ring::Registration{mark, Member{host, 9901, czxid}};
+}
+
+RingChange Change(const std::string& kind, int64_t mark, int64_t into, int64_t source,
+                  const std::string& importer, const std::string& state, int64_t czxid) {
+  RingChange c;
+  c.kind = kind;
+  c.mark = mark;
+  c.into = into;
+  c.source = source;
+  c.importer = importer;
+  c.state = state;
+  c.ranges = {{1000, 1999}};
+  c.czxid = czxid;
+  return c;
 }
 
 }  // namespace
@@ -73,15 +88,7 @@ TEST_CASE("A remove's importer cut off past its session does not delete the node
   // meanwhile another head of mark 1000 finishes the remove (mark node and
   // change node deleted), and mark 2000 is added back: a new node of the
   // same name, its importer still copying.
-  flatkv::partition::RingChange remove;
-  remove.kind = "remove";
-  remove.mark = 2000;
-  remove.into = 1000;
-  remove.source = 2000;
-  remove.importer = "a1:9901";
-  remove.state = "flip";
-  remove.ranges = {{1000, 1999}};
-  remove.czxid = 50;
+  const RingChange remove = Change("remove", 2000, 1000, 2000, "a1:9901", "flip", 50);
   const auto flipped = Ring::Make(10, RingSettings{}, {1000, 2000}, {Reg(1000, "a1", 1)}, {},
                                   remove);
   ChangeMachine a1(1000, "a1:9901");
@@ -90,20 +97,11 @@ TEST_CASE("A remove's importer cut off past its session does not delete the node
   REQUIRE(del.kind == ChangeStep::kDeleteMark);
   a1.Done(del, flatkv::Status::IOError("zookeeper delete: operation timeout"));
 
-  flatkv::partition::RingChange add;
-  add.kind = "add";
-  add.mark = 2000;
-  add.into = 2000;
-  add.source = 1000;
-  add.importer = "b1:9901";
-  add.state = "precopy";
-  add.ranges = {{1000, 1999}};
-  add.czxid = 80;
+  const RingChange add = Change("add", 2000, 2000, 1000, "b1:9901", "precopy", 80);
   // Back, a1 sees the add running, or (a view read between the two
   // changes, or after the add) no change node at all beside the mark's
   // new node: either way the remove is over, and it deletes nothing.
-  for (const auto& change : {std::optional<flatkv::partition::RingChange>(add),
-                             std::optional<flatkv::partition::RingChange>()}) {
+  for (const auto& change : {std::optional<RingChange>(add), std::optional<RingChange>()}) {
     ChangeMachine back = a1;
     const auto later = Ring::Make(14, RingSettings{}, {1000, 2000}, {Reg(1000, "a1", 1)}, {},
                                   change);
