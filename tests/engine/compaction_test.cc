@@ -637,8 +637,7 @@ TEST_CASE("A one-table store's writes go on through its compactions while the co
   CHECK(r.worst <= 3.8);
 }
 
-TEST_CASE("While a one-table store compacts, its writes may spend the dead bytes the compaction "
-          "frees before they wait",
+TEST_CASE("A one-table store's writes spend the dead bytes its compaction frees before they wait",
           "[engine][compaction][disk]") {
   // 4 MB live in one table, then 0.6 x of it overwritten: the log is 1.6 x
   // live and the room the data files reserve ahead, under the 2 x that
