@@ -109,10 +109,44 @@ Status SparseTier::LoadOrder() {
   return Status::OK();
 }
 
+void SparseTier::NoteChange(int64_t key, bool put) {
+  std::unique_lock<std::shared_mutex> lock(order_mu_);
+  pending_.push_back(Change{key, put});
+  pending_count_.store(pending_.size(), std::memory_order_relaxed);
+  if (pending_.size() >= std::clamp(order_.size() / 16, kMinFold, kMaxFold)) FoldLocked();
+}
+
+void SparseTier::FoldLocked() const {
+  if (pending_.empty()) return;
+  // Stable: the changes of one key keep their order, the newest last.
+  std::stable_sort(pending_.begin(), pending_.end(),
+                   [](const Change& a, const Change& b) { return a.key < b.key; });
+  for (const Change& c : pending_) {
+    if (c.put) {
+      order_.insert(c.key);
+    } else {
+      order_.erase(c.key);
+    }
+  }
+  pending_.clear();
+  pending_count_.store(0, std::memory_order_relaxed);
+  // A burst of writes should not pin a long list's memory.
+  if (pending_.capacity() > 4 * kMaxFold) std::vector<Change>().swap(pending_);
+}
+
+void SparseTier::Fold() const {
+  // Relaxed is enough: a write that happened before this call stored its
+  // count before it, and coherence makes this load see that store or a
+  // later one (a fold's 0, made under the lock after the change was in
+  // order_). A write still running is concurrent with the reader anyway.
+  if (pending_count_.load(std::memory_order_relaxed) == 0) return;
+  std::unique_lock<std::shared_mutex> lock(order_mu_);
+  FoldLocked();
+}
+
 Status SparseTier::Put(int64_t key, std::string_view value) {
   FLATKV_RETURN_IF_ERROR(Named(table_->SPut(EncodeSparseKey(key), value)));
-  std::unique_lock<std::shared_mutex> lock(order_mu_);
-  order_.insert(key);
+  NoteChange(key, true);
   return Status::OK();
 }
 
@@ -129,8 +163,7 @@ Status SparseTier::Get(int64_t key, std::string* value) const {
 
 Status SparseTier::Delete(int64_t key) {
   FLATKV_RETURN_IF_ERROR(Named(table_->SRemove(EncodeSparseKey(key))));
-  std::unique_lock<std::shared_mutex> lock(order_mu_);
-  order_.erase(key);
+  NoteChange(key, false);
   return Status::OK();
 }
 
@@ -145,6 +178,7 @@ Status SparseTier::DeleteRange(int64_t lo, int64_t hi) {
 
 std::vector<int64_t> SparseTier::KeysFrom(int64_t from, int64_t stop, bool reverse,
                                           size_t limit) const {
+  Fold();
   std::vector<int64_t> keys;
   std::shared_lock<std::shared_mutex> lock(order_mu_);
   if (!reverse) {
@@ -201,8 +235,13 @@ uint64_t SparseTier::CountKeys(int64_t lo, int64_t hi, uint64_t cap) const {
 }
 
 Status SparseTier::Count(int64_t lo, int64_t hi, uint64_t cap, uint64_t* n) const {
+  Fold();
   *n = CountKeys(lo, hi, cap);
   return Status::OK();
+}
+
+uint64_t SparseTier::CountFolded(int64_t lo, int64_t hi, uint64_t cap) const {
+  return CountKeys(lo, hi, cap);
 }
 
 Status SparseTier::Sync() { return Named(table_->Sync()); }
@@ -213,12 +252,15 @@ uint64_t SparseTier::LiveBytes(int64_t lo, int64_t hi) const {
   const uint64_t all = KeysEstimate();
   if (all == 0) return 0;
   // Keys written between the two reads may make "in" exceed "all".
-  const uint64_t in = std::min(CountKeys(lo, hi, std::numeric_limits<uint64_t>::max()), all);
+  uint64_t in = 0;
+  (void)Count(lo, hi, std::numeric_limits<uint64_t>::max(), &in);
+  in = std::min(in, all);
   return static_cast<uint64_t>(static_cast<long double>(LiveBytes()) * in / all);
 }
 
 uint64_t SparseTier::KeysEstimate() const {
-  std::shared_lock<std::shared_mutex> lock(order_mu_);
+  std::unique_lock<std::shared_mutex> lock(order_mu_);
+  FoldLocked();
   return order_.size();
 }
 

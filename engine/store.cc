@@ -1048,8 +1048,10 @@ void Store::MaybePromote(int64_t key) {
   const int64_t hi = static_cast<uint64_t>(last) - static_cast<uint64_t>(key) > half - 1
                          ? key + static_cast<int64_t>(half - 1)
                          : last;
-  uint64_t n = 0;
-  if (!sparse_->Count(lo, hi, kDenseKeys, &n).ok() || n < kDenseKeys) return;
+  // The folded count: this runs every kPromoteSample writes, and an exact
+  // count would fold the tier's pending writes each time. A segment that
+  // has just become dense is promoted at a later check.
+  if (sparse_->CountFolded(lo, hi, kDenseKeys) < kDenseKeys) return;
   std::unique_lock<std::shared_mutex> lock(SegmentMutex(seg));
   FlatTable* table = nullptr;
   if (!FindTable(key, &table).ok() || table != nullptr) return;  // promoted meanwhile
