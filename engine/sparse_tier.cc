@@ -249,18 +249,16 @@ Status SparseTier::Sync() { return Named(table_->Sync()); }
 uint64_t SparseTier::LiveBytes() const { return table_->LiveBytesEstimate(); }
 
 uint64_t SparseTier::LiveBytes(int64_t lo, int64_t hi) const {
-  const uint64_t all = KeysEstimate();
+  const uint64_t all = KeysEstimate();  // folds the pending writes
   if (all == 0) return 0;
   // Keys written between the two reads may make "in" exceed "all".
-  uint64_t in = 0;
-  (void)Count(lo, hi, std::numeric_limits<uint64_t>::max(), &in);
-  in = std::min(in, all);
+  const uint64_t in = std::min(CountKeys(lo, hi, std::numeric_limits<uint64_t>::max()), all);
   return static_cast<uint64_t>(static_cast<long double>(LiveBytes()) * in / all);
 }
 
 uint64_t SparseTier::KeysEstimate() const {
-  std::unique_lock<std::shared_mutex> lock(order_mu_);
-  FoldLocked();
+  Fold();
+  std::shared_lock<std::shared_mutex> lock(order_mu_);
   return order_.size();
 }
 
