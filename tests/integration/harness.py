@@ -62,12 +62,32 @@ def finish(work):
         zk.close()
     for fs in _small_fs:
         fs.close()  # before the work directory (its image and mount point) goes
+    if failures:
+        print_logs(work)
     if failures and os.environ.get("FLATKV_KEEP_WORK"):
         print("work directory kept: " + work)
     else:
         shutil.rmtree(work, ignore_errors=True)
     print("%d passed, %d failed" % (len(passes), len(failures)))
     sys.exit(1 if failures else 0)
+
+
+def print_logs(work, lines=40):
+    """Prints the end of every log under the work directory: a rare
+    failure in CI leaves only the test's output (the directory is removed
+    unless FLATKV_KEEP_WORK is set)."""
+    for root, _, files in sorted(os.walk(work)):
+        for name in sorted(files):
+            if not name.endswith(".log"):
+                continue
+            path = os.path.join(root, name)
+            try:
+                with open(path, "rb") as f:
+                    tail = f.readlines()[-lines:]
+            except OSError:
+                continue
+            print("--- %s (last %d lines):" % (os.path.relpath(path, work), len(tail)))
+            sys.stdout.write(b"".join(tail).decode(errors="replace"))
 
 
 def workdir(prefix, thrift_bin=None, idl=None):
