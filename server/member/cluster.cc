@@ -315,11 +315,19 @@ std::vector<Cluster::Target> Cluster::OwnChain() {
   return out;
 }
 
-void Cluster::Refresh() {
+Status Cluster::Refresh() {
   not_owner_retries_.fetch_add(1, std::memory_order_relaxed);
   std::shared_ptr<const partition::Ring> ring;
   Status st = registry_->Refresh(&ring);
   if (!st.ok()) spdlog::warn("re-reading the ring: {}", st.ToString());
+  return st;
+}
+
+Status Cluster::RefreshForRetry(std::string_view what) {
+  Status st = Refresh();
+  if (st.ok()) return st;
+  return Status::Unavailable(std::string(what) + ": the owner answered NOT_OWNER and " +
+                             st.message() + "; not applied");
 }
 
 std::unique_ptr<client::Client> Cluster::Borrow(const std::string& address) {
@@ -406,6 +414,15 @@ Status Cluster::RefuseNotOwner(const rpc::PeerContext& context, const partition:
 }
 
 Status Cluster::CheckPeerRange(const rpc::PeerContext& context, int64_t lo, int64_t hi) {
+  FLATKV_RETURN_IF_ERROR(CheckToken(context));
+  // Started and not yet read the ring (ZooKeeper down, say): the sender's
+  // ring is no staler than ours, and re-reading it would only bring the
+  // call back here. Refused as unavailable, so the client may retry.
+  if (!registry_->ring()) {
+    return Status::Unavailable("member " + advertise() +
+                               " has not read the ring since it started: ZooKeeper (" +
+                               options_.zookeeper + ") not reached yet");
+  }
   FLATKV_RETURN_IF_ERROR(CheckPeerMark(context));
   const auto ring = registry_->ring();
   const partition::HashRange range = ring->RangeOf(lo);

@@ -124,8 +124,17 @@ class Cluster : public ChainCoordinator, public RingView {
   // as targets of peer calls (this instance's own entry has local = true).
   // Empty while no ring is known.
   std::vector<Target> OwnChain();
-  // Re-reads the ring from ZooKeeper (after a NOT_OWNER answer).
-  void Refresh();
+  // Re-reads the ring from ZooKeeper (after a NOT_OWNER answer); waits up
+  // to the session timeout. Unavailable if ZooKeeper did not answer: the
+  // ring is then the one that was there.
+  Status Refresh();
+  // After a NOT_OWNER answer to "what" (so nothing was applied): Refresh(),
+  // so the call may go once more. Unavailable, saying nothing was applied,
+  // if ZooKeeper did not answer: the ring that was refused would only send
+  // the call back to the same member, a session timeout after the client
+  // called, when a write could land after its client gave up and after a
+  // newer write of the same key.
+  Status RefreshForRetry(std::string_view what);
 
   // Runs "call" on a pooled connection to target.address. A network failure
   // is Unavailable naming the member and the mark; a KvError keeps its code.

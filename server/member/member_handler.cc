@@ -127,7 +127,7 @@ void MemberHandler::Routed(int64_t hash, bool write, const char* peer_method, bo
   int attempt = 0;
   if (retry_.refresh) {  // RunAsRetry(): the first attempt was the Forwarder's
     retry_.refresh = false;
-    cluster_->Refresh();
+    ThrowIfError(cluster_->RefreshForRetry(peer_method));
     attempt = 1;
   }
   for (;; ++attempt) {
@@ -138,7 +138,7 @@ void MemberHandler::Routed(int64_t hash, bool write, const char* peer_method, bo
     st = cluster_->Forward(target, peer_method, idempotent,
                            [&](rpc::FlatKVClient& c) { remote(c, target.context); });
     if (st.IsNotOwner() && attempt == 0) {
-      cluster_->Refresh();
+      ThrowIfError(cluster_->RefreshForRetry(peer_method));
       continue;
     }
     if (!st.ok()) ThrowKvError(st);
@@ -186,9 +186,8 @@ static void RunParts(Cluster* cluster, const partition::Ring& ring,
     if (!p.status.ok()) p.status = cluster->PeerFailure(p.target, *p.connection, p.status);
     cluster->Return(std::move(p.connection));
     if (p.status.IsNotOwner()) {
-      cluster->Refresh();
-      single(p);  // routed afresh, one call per key
-      p.status = Status::OK();
+      p.status = cluster->RefreshForRetry(write ? "peerMultiPut" : "peerMultiGet");
+      if (p.status.ok()) single(p);  // routed afresh, one call per key
     }
     if (!p.status.ok() && first.ok()) first = p.status;
   }
@@ -268,7 +267,7 @@ void MemberHandler::RingScan(rpc::ScanResult& result, int64_t from, int32_t limi
         c.peerScan(part, target.context, step.from, want, reverse, step.lo, step.hi);
       });
       if (st.IsNotOwner()) {  // rings differ: re-read and redo this step
-        cluster_->Refresh();
+        ThrowIfError(cluster_->RefreshForRetry("peerScan"));
         continue;
       }
       if (!st.ok()) ThrowKvError(st);

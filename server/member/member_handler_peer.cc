@@ -104,7 +104,9 @@ void MemberHandler::CheckHeadOf(const rpc::PeerContext& ctx, const char* what) {
 void MemberHandler::peerFence(const rpc::PeerContext& ctx) {
   Run(kPeerFence, [&] {
     CheckHeadOf(ctx, "peerFence");
-    cluster_->Refresh();  // the change node, read before anything else is accepted
+    // The change node, read before anything else is accepted (if ZooKeeper
+    // does not answer, the check below judges the ring that was there).
+    (void)cluster_->Refresh();
     const auto ring = cluster_->ring();
     const partition::RingChange* change = ring ? ring->change() : nullptr;
     if (change == nullptr || change->state != "copy" || change->source != cluster_->mark()) {
@@ -119,7 +121,7 @@ void MemberHandler::peerFence(const rpc::PeerContext& ctx) {
 void MemberHandler::peerTrack(rpc::TrackToken& result, const rpc::PeerContext& ctx, int64_t czxid) {
   Run(kPeerTrack, [&] {
     CheckHeadOf(ctx, "peerTrack");
-    cluster_->Refresh();
+    (void)cluster_->Refresh();  // as peerFence
     const auto ring = cluster_->ring();
     const partition::RingChange* change = ring ? ring->change() : nullptr;
     if (change == nullptr || change->state != "precopy" || change->czxid != czxid ||
@@ -205,7 +207,7 @@ int64_t MemberHandler::peerDrop(const rpc::PeerContext& ctx, int64_t lo, int64_t
     } else {
       ThrowIfError(cluster_->CheckPeerMark(ctx));
     }
-    cluster_->Refresh();
+    (void)cluster_->Refresh();  // as peerFence
     const auto ring = cluster_->ring();
     // Never drop what this mark still owns.
     for (const partition::HashRange& r : ring->KeyOrder()) {

@@ -613,6 +613,41 @@ check(took is not None and [m.proc.pid for m in members] == pids,
       (took if took is not None else -1))
 wait_serving("after ZooKeeper's SIGKILL")
 
+# --- While ZooKeeper is down, b's address answers but b cannot serve ---------
+# a and c keep routing mark B to b's address. First a standalone instance
+# answers there: it refuses forwarded calls NOT_OWNER, and with ZooKeeper
+# down the forwarder cannot read the ring again, so the call fails
+# UNAVAILABLE, not applied, instead of going back to the same address. Then
+# b itself, started again, has read no ring: it refuses forwarded calls
+# UNAVAILABLE at once.
+
+zk.stop()
+mb.drop()
+mb.proc.kill()
+mb.proc.wait()
+stray = harness.start(server_bin, mb.port, os.path.join(work, "stray"))
+for via in (ma, mc):
+    t0 = time.monotonic()
+    ok, got = expect_error(lambda: via.c.put(A + 6, b"k=%d refused" % (A + 6)), ErrorCode.UNAVAILABLE,
+                           "NOT_OWNER", "cannot read the ring", "not applied")
+    check(ok, "ZooKeeper down, a standalone instance on b's address: a put through %s is UNAVAILABLE, "
+          "not applied, once the ring cannot be read again (%s; %.2f s)" % (via.name, got, time.monotonic() - t0))
+check(harness.stop(stray) == 0, "the standalone instance stops with SIGTERM (exit 0)")
+mb.start()
+for via in (ma, mc):
+    t0 = time.monotonic()
+    ok, got = expect_error(lambda: via.c.put(A + 6, b"k=%d refused" % (A + 6)), ErrorCode.UNAVAILABLE,
+                           "has not read the ring")
+    took = time.monotonic() - t0
+    check(ok and took < 0.5,
+          "ZooKeeper down, b killed and started again: a put that %s forwards to b is UNAVAILABLE "
+          "at once (%s; %.2f s)" % (via.name, got, took))
+    ok, got = expect_error(lambda: via.c.get(A + 6), ErrorCode.UNAVAILABLE, "has not read the ring")
+    check(ok, "... and so is a get (%s)" % got)
+zk.start()
+wait_whole("ZooKeeper started again: b registers anew once its old session expired", 15)
+check(judge(ma.c.get(A + 6), model_i[A + 6]), "the refused puts were not applied")
+
 # --- ZooKeeper down when an instance starts ----------------------------------
 
 mb.drop()
