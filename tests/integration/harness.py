@@ -83,6 +83,9 @@ def print_logs(work, lines=40):
             path = os.path.join(root, name)
             try:
                 with open(path, "rb") as f:
+                    if b"\0" in f.read(4096):
+                        continue  # a store's data log, not a text log
+                    f.seek(0)
                     tail = f.readlines()[-lines:]
             except OSError:
                 continue
