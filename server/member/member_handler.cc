@@ -9,7 +9,8 @@
 // sent before any answer is read, and the local part is served meanwhile,
 // so a batch over P partitions costs about one round trip, not P. A
 // NOT_OWNER answer means the two instances' rings differ: the ring is
-// re-read from ZooKeeper and the call routed once more.
+// re-read from ZooKeeper and the call routed once more (UNAVAILABLE, not
+// applied, if ZooKeeper does not answer).
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
