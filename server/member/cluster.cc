@@ -418,13 +418,13 @@ Status Cluster::CheckPeerRange(const rpc::PeerContext& context, int64_t lo, int6
   // Started and not yet read the ring (ZooKeeper down, say): the sender's
   // ring is no staler than ours, and re-reading it would only bring the
   // call back here. Refused as unavailable, so the client may retry.
-  if (!registry_->ring()) {
+  const auto ring = registry_->ring();
+  if (!ring) {
     return Status::Unavailable("member " + advertise() +
                                " has not read the ring since it started: ZooKeeper (" +
                                options_.zookeeper + ") not reached yet");
   }
-  FLATKV_RETURN_IF_ERROR(CheckPeerMark(context));
-  const auto ring = registry_->ring();
+  FLATKV_RETURN_IF_ERROR(CheckMarkIn(context, ring.get()));
   const partition::HashRange range = ring->RangeOf(lo);
   const int64_t owner = ring->partitions()[range.partition].mark;
   if (owner != mark() || hi > range.hi) {
@@ -446,12 +446,16 @@ Status Cluster::CheckPeerMark(const rpc::PeerContext& context) {
   FLATKV_RETURN_IF_ERROR(CheckToken(context));
   const auto ring = registry_->ring();
   if (!ring) return RefuseNotOwner(context, nullptr, "no ring known yet");
+  return CheckMarkIn(context, ring.get());
+}
+
+Status Cluster::CheckMarkIn(const rpc::PeerContext& context, const partition::Ring* ring) {
   if (context.mark != mark()) {
-    return RefuseNotOwner(context, ring.get(),
+    return RefuseNotOwner(context, ring,
                           "the call was routed to mark " + std::to_string(context.mark));
   }
   if (ring->Find(mark()) == nullptr) {
-    return RefuseNotOwner(context, ring.get(), "this mark is not in the ring yet");
+    return RefuseNotOwner(context, ring, "this mark is not in the ring yet");
   }
   return Status::OK();
 }

@@ -202,6 +202,8 @@ class Cluster : public ChainCoordinator, public RingView {
   Cluster(const Config& config, std::unique_ptr<partition::Registry> registry,
           std::shared_ptr<Hooks> hooks);
   Status CheckToken(const rpc::PeerContext& context);
+  // CheckPeerMark's mark checks, against a ring the caller already holds.
+  Status CheckMarkIn(const rpc::PeerContext& context, const partition::Ring* ring);
   Status RefuseNotOwner(const rpc::PeerContext& context, const partition::Ring* ring,
                         const std::string& why);
   void CountForward(const std::string& address);
