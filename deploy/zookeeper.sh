@@ -20,6 +20,14 @@
 # Restarting with the same DIR keeps the data (znodes, and sessions until
 # they expire). tickTime=200 lets clients use session timeouts of 400 ms to
 # 20 s. Files in DIR: zoo.cfg, data/, zookeeper.log, zookeeper.pid, port.
+#
+# An ensemble member instead: ZK_SERVERS holds the ensemble's server lines,
+# space-separated ("server.1=127.0.0.1:QUORUM:ELECTION;CLIENT server.2=..."),
+# ZK_MYID this server's number, ZK_SYNC_LIMIT (default 10) its syncLimit in
+# ticks: how long a follower goes on answering its clients from its own copy
+# after it last heard from the leader. start then returns once the JVM runs,
+# not once it serves: a lone member serves only when a majority is up (wait
+# with status).
 set -euo pipefail
 
 ZK_HOST=${ZK_HOST:-127.0.0.1}
@@ -56,6 +64,12 @@ minSessionTimeout=400
 maxSessionTimeout=20000
 maxClientCnxns=${ZK_MAX_CLIENT_CNXNS:-60}
 EOF
+  if [[ -n "${ZK_SERVERS:-}" ]]; then
+    printf 'initLimit=25\nsyncLimit=%d\n' "${ZK_SYNC_LIMIT:-10}" >>"$dir/zoo.cfg"
+    local line
+    for line in $ZK_SERVERS; do echo "$line" >>"$dir/zoo.cfg"; done
+    echo "$ZK_MYID" >"$dir/data/myid"
+  fi
   echo "$port" >"$dir/port"
 }
 
@@ -90,10 +104,13 @@ start() {
   write_config "$dir" "$port"
   # setsid: the server leaves the caller's process group, so a test runner's
   # Ctrl-C or group kill does not take it down mid-test; stop() ends it.
-  setsid java -Xmx${ZK_HEAP:-256m} -cp "$JAVA_CP" org.apache.zookeeper.server.ZooKeeperServerMain \
+  local main=org.apache.zookeeper.server.ZooKeeperServerMain
+  [[ -z "${ZK_SERVERS:-}" ]] || main=org.apache.zookeeper.server.quorum.QuorumPeerMain
+  setsid java -Xmx${ZK_HEAP:-256m} -cp "$JAVA_CP" "$main" \
     "$dir/zoo.cfg" >>"$dir/zookeeper.log" 2>&1 </dev/null &
   echo $! >"$dir/zookeeper.pid"
   [[ -z "${ZK_OWNER_PID:-}" ]] || watch_owner "$ZK_OWNER_PID" "$!"
+  [[ -z "${ZK_SERVERS:-}" ]] || return 0
   local deadline=$((SECONDS + START_TIMEOUT_S))
   until serving "$port"; do
     if ! alive "$dir"; then

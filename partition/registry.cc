@@ -20,10 +20,16 @@
 //     requests go out together and the registry thread waits for their
 //     answers, which the completion thread records.
 //
-//     The lease probe is asynchronous as well: an exists() sent every
+//     The lease probe is asynchronous as well: a sync() sent every
 //     session timeout / 8 while connected, whose answer (on the completion
 //     thread) records its send time for lease(). One is in flight at a time;
 //     a lost connection fails it, and a new session starts with no lease.
+//     A sync, not a read: a follower answers reads (and the client's pings)
+//     from its own copy for as long as its syncLimit after it last heard
+//     from the leader, while the leader, which alone expires sessions, may
+//     have expired ours already; a sync is answered only after the request
+//     went to the leader and back, and the follower reports our session's
+//     activity to the leader on that same link.
 //
 //     RecordChain() and Ping() queue a Request and wait for a pass to serve
 //     it (or for their deadline: a request not started by then is taken
@@ -272,7 +278,7 @@ struct Registry::Impl {
     int64_t sent_ms;   // BootTimeMs() before it was sent
     int64_t timeout_ms;
   };
-  static void ProbeDone(int rc, const Stat* stat, const void* data);
+  static void ProbeDone(int rc, const char* value, const void* data);
 
   // Registry thread: sends a lease probe if one is due; returns the
   // milliseconds until the next one is.
@@ -481,13 +487,13 @@ void Registry::Impl::OnEvent(int type, int state, const char* path) {
 // Any answer from the server (the root may not exist under a chroot) means
 // it heard the session after the probe was sent. Runs on the completion
 // thread, or in zookeeper_close() for a probe still in flight (ZCLOSING).
-void Registry::Impl::ProbeDone(int rc, const Stat*, const void* data) {
+void Registry::Impl::ProbeDone(int rc, const char*, const void* data) {
   std::unique_ptr<const Probe> probe(static_cast<const Probe*>(data));
   Impl* impl = probe->impl;
   std::lock_guard<std::mutex> lock(impl->mu_);
   if (probe->session != impl->session_gen_) return;  // an earlier session's
   impl->probe_in_flight_ = false;
-  if (rc != ZOK && rc != ZNONODE) return;
+  if (rc != ZOK) return;
   impl->lease_.sent_ms = std::max(impl->lease_.sent_ms, probe->sent_ms);
   impl->lease_.timeout_ms = probe->timeout_ms;
   impl->lease_.session = probe->session;
@@ -510,7 +516,7 @@ int Registry::Impl::ProbeLease() {
     session = session_gen_;
   }
   auto* probe = new Probe{this, session, now, timeout};
-  const int rc = zoo_aexists(zh_, "/", 0, &Impl::ProbeDone, probe);
+  const int rc = zoo_async(zh_, "/", &Impl::ProbeDone, probe);
   if (rc != ZOK) {  // not sent: the completion never runs
     delete probe;
     std::lock_guard<std::mutex> lock(mu_);

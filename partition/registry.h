@@ -209,12 +209,13 @@ class Registry {
   // of a session timeout later. Returns at once.
   void RemoveStale();
 
-  // One round trip to ZooKeeper through the current session. OK means
-  // ZooKeeper answered, after this call began, on a session it still holds
-  // valid: the lease can be renewed (after the process was frozen, say).
+  // One round trip to ZooKeeper through the current session (a read: the
+  // server it is connected to answers it from its own copy). OK means that
+  // server answered, after this call began, on a session it holds valid.
   // It says nothing about the registration: after session expiry the new
-  // session answers too, so compare registration_czxid(). Unavailable if
-  // no answer within "timeout_ms". Blocks the caller.
+  // session answers too, so compare registration_czxid(); nor about the
+  // lease (lease()). Unavailable if no answer within "timeout_ms". Blocks
+  // the caller.
   Status Ping(int timeout_ms);
 
   // The ring change node (.cluster/change, RingChange in ring.h),
@@ -246,9 +247,13 @@ class Registry {
   Status Refresh(std::shared_ptr<const Ring>* ring);
 
   // The lease evidence of the current session. While connected the
-  // registry sends a light request of its own (an exists() of the root)
-  // every session timeout / 8, so a session that is heard answers renews it
-  // that often; each answer to one counts from its send time.
+  // registry sends a sync() of its own every session timeout / 8, so a
+  // session that is heard answers renews it that often; each answer to one
+  // counts from its send time. Only syncs count: a sync is answered once it
+  // went to the ensemble's leader and back, while a read is answered by
+  // whichever server the session is connected to, from its own copy,
+  // even by a follower cut from the leader (which may have expired the
+  // session already).
   SessionLease lease() const;
 
   // True while the session is connected.

@@ -197,10 +197,11 @@ class ZooKeeper:
     since the server runs detached (setsid), a watchdog child stops it if
     this process dies without running atexit (ctest's timeout)."""
 
-    def __init__(self, work, name="zk"):
+    def __init__(self, work, name="zk", port=None, env=None):
         self.dir = os.path.join(work, name)
-        self.port = free_port()
+        self.port = port or free_port()
         self.hosts = "127.0.0.1:%d" % self.port
+        self._env = dict(os.environ, **env) if env else None  # deploy/zookeeper.sh's
         # The watchdog waits for EOF on a pipe only this process writes to.
         r, w = os.pipe()
         self._watchdog = subprocess.Popen(
@@ -216,7 +217,39 @@ class ZooKeeper:
     def start(self):
         """Starts (or restarts, same dir and port: same data) the server."""
         subprocess.run(["bash", ZOOKEEPER_SH, "start", self.dir, str(self.port)], check=True,
-                       stdout=subprocess.DEVNULL)
+                       stdout=subprocess.DEVNULL, env=self._env)
+
+    def pid(self):
+        """The server's process id, None while it is not running."""
+        try:
+            with open(os.path.join(self.dir, "zookeeper.pid")) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def kill(self):
+        """SIGKILL: a crash."""
+        subprocess.run(["bash", ZOOKEEPER_SH, "kill", self.dir], check=True)
+
+    def mode(self):
+        """"leader", "follower" or "standalone" from its srvr answer; None
+        while it does not serve (down, or an ensemble member without a
+        quorum)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"srvr")
+                out = b""
+                while True:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    out += chunk
+        except OSError:
+            return None
+        for line in out.decode(errors="replace").splitlines():
+            if line.startswith("Mode: "):
+                return line[len("Mode: "):].strip()
+        return None
 
     def stop(self):
         subprocess.run(["bash", ZOOKEEPER_SH, "stop", self.dir], check=True)
@@ -258,6 +291,49 @@ class ZooKeeper:
 
     def members(self, path="/flatkv"):
         return sorted(c for c in self.children(path) if c.startswith("thriftbinary"))
+
+
+class ZooKeeperEnsemble:
+    """An ensemble of "n" ZooKeeper servers (deploy/zookeeper.sh with
+    ZK_SERVERS, QuorumPeerMain) on loopback, each a ZooKeeper in
+    work/<name><i> (servers[i]: start, stop, kill, mode); "hosts" names them
+    all, as an instance's cluster.zookeeper does. Returns once a majority
+    serves."""
+
+    def __init__(self, work, n=3, name="zk", sync_limit=10):
+        ports = [(free_port(), free_port(), free_port()) for _ in range(n)]
+        lines = " ".join("server.%d=127.0.0.1:%d:%d" % (i + 1, q, e)
+                         for i, (_, q, e) in enumerate(ports))
+        self.servers = [ZooKeeper(work, "%s%d" % (name, i + 1), port=c,
+                                  env={"ZK_SERVERS": lines, "ZK_MYID": str(i + 1),
+                                       "ZK_SYNC_LIMIT": str(sync_limit)})
+                        for i, (c, _, _) in enumerate(ports)]
+        self.quorum_ports = [q for _, q, _ in ports]  # a follower's link to the leader
+        self.hosts = ",".join(z.hosts for z in self.servers)
+        if self.wait_leader(60) is None:
+            raise RuntimeError("no ZooKeeper leader elected within 60 s: see %s/*/zookeeper.log"
+                               % work)
+
+    def leader(self):
+        """The index of the server that leads, or None."""
+        for i, z in enumerate(self.servers):
+            if z.mode() == "leader":
+                return i
+        return None
+
+    def wait_leader(self, timeout):
+        """Waits until a server leads and a majority serves; its index, or
+        None after "timeout" seconds."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            modes = [z.mode() for z in self.servers]
+            if "leader" in modes and sum(m is not None for m in modes) * 2 > len(modes):
+                return modes.index("leader")
+            time.sleep(0.1)
+        return None
+
+    children = ZooKeeper.children
+    members = ZooKeeper.members
 
 
 def start_member(server_bin, port, data, zk, mark, *extra, log=None, session_timeout_ms=1000,
