@@ -236,7 +236,8 @@ class ZooKeeper:
         while it does not serve (down, or an ensemble member without a
         quorum)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+            host = self.hosts.rsplit(":", 1)[0]
+            with socket.create_connection((host, self.port), timeout=1) as s:
                 s.sendall(b"srvr")
                 out = b""
                 while True:

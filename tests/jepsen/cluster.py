@@ -25,18 +25,58 @@ logging.getLogger("thrift").setLevel(logging.CRITICAL)
 
 
 class ZooKeeper(harness.ZooKeeper):
-    """harness.ZooKeeper inside namespace "ns", listening on "addr"."""
+    """harness.ZooKeeper inside namespace fkj-<name>, listening on "addr";
+    "env" is deploy/zookeeper.sh's (an ensemble member's ZK_SERVERS...)."""
 
-    def __init__(self, work, net, addr=topology.ZK_ADDR):
-        self.ns = net.add("zk", addr)
-        self.addr = addr
-        super().__init__(work, "zk")
+    def __init__(self, work, net, addr=topology.ZK_ADDR, name="zk", port=None, env=None):
+        self.ns = net.add(name, addr)
+        self.name, self.addr = name, addr
+        self.extra_env = env or {}
+        super().__init__(work, name, port=port)
         self.hosts = "%s:%d" % (addr, self.port)
 
     def start(self):
-        env = dict(os.environ, ZK_HOST=self.addr)
+        env = dict(os.environ, ZK_HOST=self.addr, **self.extra_env)
         subprocess.run(["ip", "netns", "exec", self.ns, "bash", harness.ZOOKEEPER_SH, "start",
                         self.dir, str(self.port)], check=True, stdout=subprocess.DEVNULL, env=env)
+
+
+class Hosts:
+    """What a Member needs of its ZooKeeper: the connect string."""
+
+    def __init__(self, hosts):
+        self.hosts = hosts
+
+
+class ZooKeeperEnsemble:
+    """Three ZooKeeper servers, each in its own namespace (fkj-zk1..3 at
+    10.77.0.2..4), with a syncLimit of 50 ticks of 200 ms: a follower cut
+    from the leader goes on answering its clients for 10 s, as on Debian's
+    packaged configuration (5 ticks of 2 s). hosts names all three."""
+
+    CLIENT_PORT = 2181
+
+    def __init__(self, work, net, n=3, sync_limit_ticks=50):
+        addrs = ["%s.%d" % (topology.SUBNET, 2 + i) for i in range(n)]
+        lines = " ".join("server.%d=%s:2888:3888" % (i + 1, a) for i, a in enumerate(addrs))
+        self.servers = [ZooKeeper(work, net, a, "zk%d" % (i + 1), self.CLIENT_PORT,
+                                  {"ZK_SERVERS": lines, "ZK_MYID": str(i + 1),
+                                   "ZK_SYNC_LIMIT": str(sync_limit_ticks)})
+                        for i, a in enumerate(addrs)]
+        self.hosts = ",".join(z.hosts for z in self.servers)
+        self.addr = None  # no single server to cut a member from
+        t0 = time.monotonic()
+        while self.leader() is None or sum(z.mode() is not None for z in self.servers) < 2:
+            if time.monotonic() - t0 > 60:
+                raise RuntimeError("the ZooKeeper ensemble elected no leader within 60 s")
+            time.sleep(0.1)
+
+    def leader(self):
+        """The index of the server that leads, or None."""
+        for i, z in enumerate(self.servers):
+            if z.mode() == "leader":
+                return i
+        return None
 
     def kill(self):
         subprocess.run(["bash", harness.ZOOKEEPER_SH, "kill", self.dir], check=True)

@@ -358,6 +358,27 @@ def ring_change_mix(nem):
     return remove_and_restore(nem, concurrent, hold)
 
 
+@fault("zk-follower-cut")
+def zk_follower_cut(nem):
+    """An ensemble (run.py: ZooKeeperEnsemble): the follower the tail alone
+    talks to (nem.zk.tail_follower) cut from the other ZooKeeper servers,
+    not from the tail. The leader expires the tail's session after the
+    session timeout while that follower answers the tail for its syncLimit
+    (10 s): the tail must stop serving within its lease all the same."""
+    f = nem.zk.servers[nem.zk.tail_follower]
+    for other in nem.zk.servers:
+        if other is not f:
+            nem.net.drop(f.name, other.addr, "both")
+    target = nem.role("tail")
+    nem.log("fault", "zk-follower-cut", target, "zk follower %s cut from the ensemble" % f.name)
+
+    def heal():
+        nem.net.heal(f.name)
+        nem.log("heal", "zk-follower-cut", target)
+    nem.heals.append(heal)
+    return target, 10.0 + nem.session_s / 2 + 2.0
+
+
 @fault("zk-restart")
 def zk_restart(nem):
     nem.zk.kill()

@@ -34,6 +34,7 @@ SCENARIOS = {
     "pause": ["pause"],
     "kill": ["kill"],
     "zk-restart": ["zk-restart"],
+    "zk-follower-cut": ["zk-follower-cut"],  # a three-server ensemble
     "clock": ["clock"],
     "ring-change": ["ring-change"],  # --marks 2 implied
     "ring-change-mix": ["ring-change-mix"],  # --marks 2 implied
@@ -270,19 +271,32 @@ def main():
     print("== %s (%s, %.0f s, session %d ms, seed %d)" % (tag, args.server, args.seconds,
                                                          args.session_ms, args.seed), flush=True)
     net = topology.Net()
-    zk = cluster.ZooKeeper(work, net)
+    ensemble = args.scenario == "zk-follower-cut"
+    zk = cluster.ZooKeeperEnsemble(work, net) if ensemble else cluster.ZooKeeper(work, net)
     if ring_change:
         args.marks = 2
     marks = [MARK_A] + ([MARK_B] if args.marks == 2 else [])
+    # In an ensemble the tail (n3, started last) talks to one follower
+    # only, the others to the leader and the other follower.
+    zk_of = {}
+    if ensemble:
+        lead = zk.leader()
+        zk.tail_follower, other = [i for i in range(len(zk.servers)) if i != lead]
+        zk_of = {3: cluster.Hosts(zk.servers[zk.tail_follower].hosts)}
+        both = cluster.Hosts(",".join(zk.servers[i].hosts for i in (lead, other)))
+        zk_of.update({1: both, 2: both})
     members = []
     for mi, mark in enumerate(marks):
         for i in range(3 if mi == 0 else 2):
             n = mi * 10 + i + 1
             members.append(cluster.Member(
-                work, net, args.server, zk, "n%d" % n, "%s.%d" % (topology.SUBNET, 10 + n), mark,
+                work, net, args.server, zk_of.get(n, zk), "n%d" % n,
+                "%s.%d" % (topology.SUBNET, 10 + n), mark,
                 args.mode, args.session_ms, faketime=(args.scenario == "clock" and n == 3)))
     # Registration order makes the chain: start one at a time.
-    watch = cluster.ZkWatch(zk)
+    # Not through the follower the nemesis cuts: it would see the tail's
+    # node go only once that follower gave up.
+    watch = cluster.ZkWatch(zk_of[1] if ensemble else zk)
     for m in members:
         m.start()
         t = time.monotonic()
@@ -415,9 +429,10 @@ def main():
         os.makedirs(dest, exist_ok=True)
         for name in os.listdir(work):
             p = os.path.join(work, name)
-            if name.endswith((".log", ".jsonl", ".html")) or name == "zk":
+            if name.endswith((".log", ".jsonl", ".html")) or name.startswith("zk"):
                 if os.path.isdir(p):
-                    shutil.copy(os.path.join(p, "zookeeper.log"), os.path.join(dest, "zookeeper.log"))
+                    shutil.copy(os.path.join(p, "zookeeper.log"),
+                                os.path.join(dest, name + ".zookeeper.log"))
                 else:
                     shutil.copy(p, dest)
         with open(os.path.join(dest, "result.json"), "w") as f:
