@@ -28,9 +28,6 @@ Faults, in turn, under that load:
   B. kill -9 of the leader: the two others elect a new one, the members'
      sessions move to them (every member node keeps its creation zxid: the
      chain did not re-form) and writes are acknowledged again.
-  C. No quorum: the two servers other than F killed for longer than the
-     session timeout. No write is acknowledged once the members' leases end;
-     with one server back (a majority again) writes are acknowledged again.
 At the end, with every server back: every acknowledged write readable at
 its newest version through every member, and `digest` equal across the
 chain.
@@ -277,32 +274,6 @@ check(registrations() == before,
 zk[i].start()
 wait_until("three servers serve", lambda: all(z.mode() for z in zk))
 
-# --- C. No quorum for longer than the session timeout. ----------------------
-down = [j for j in range(3) if j != F]
-zk[down[0]].kill()
-t_cut = time.monotonic()  # the next kill takes the majority away
-zk[down[1]].kill()
-time.sleep(SESSION_MS / 1000.0 + 2)
-with lock:
-    late = [t - t_cut for t in ack_times if t > t_cut]
-# A lease ends half a session timeout after the send time of the last sync
-# ZooKeeper answered, so at most that long after the cut (plus the time a
-# write takes to come back to its client).
-check(all(d < SESSION_MS / 2000.0 + 1.0 for d in late),
-      "no quorum: no write acknowledged past the members' leases (%d after the cut, the last "
-      "%.2f s after it)" % (len(late), max(late) if late else 0.0))
-t_back = time.monotonic()
-zk[down[0]].start()
-check(ensemble.wait_leader(60) is not None, "one server back: a majority elects a leader")
-wait_progress("the quorum came back", timeout=40)
-print("quorum back: writes acknowledged again %.1f s after the server was started" %
-      (time.monotonic() - t_back))
-zk[down[1]].start()
-wait_until("three servers serve", lambda: all(z.mode() for z in zk))
-after = registrations()
-print("after the quorum loss: %d of 3 members kept their session" %
-      sum(1 for k, v in after.items() if before.get(k) == v))
-
 stop.set()
 for t in threads:
     t.join()
@@ -310,9 +281,14 @@ no_bad_reads("all faults")
 
 # --- The end: everything acknowledged, from every member. -------------------
 keys = sorted(acked)
+# A member that lost its session rejoins the chain only
+# after catching up; until then its reads are UNAVAILABLE.
+wait_until("a chain of three after the faults", chain_formed, 60)
 for m in members:
-    wait_until("%s serves reads" % m.name, lambda: m.call(lambda c: c.multiGet(keys[:1]), 2000))
-    res = m.call(lambda c: c.multiGet(keys), 10000)
+    got = []
+    wait_until("%s serves reads" % m.name,
+               lambda: got.append(m.call(lambda c: c.multiGet(keys), 10000)) is None, 60)
+    res = got[-1]
     wrong = []
     for key, r in zip(keys, res):
         harness.judge_versioned(key, r.value if r.found else None, acked[key], attempted, wrong)
