@@ -81,6 +81,8 @@
 #include <thread>
 #include <vector>
 
+#include "partition/zk_hosts.h"
+
 namespace flatkv::partition {
 namespace {
 
@@ -654,8 +656,8 @@ bool Registry::Impl::OpenSession() {
   next_probe_ms_ = 0;
   spdlog::info("zookeeper: connecting to {} (session timeout {} ms)", opt_.zookeeper,
                opt_.session_timeout_ms);
-  zh_ = zookeeper_init2(opt_.zookeeper.c_str(), &Impl::Watch, opt_.session_timeout_ms,
-                        nullptr, this, 0, &ZkLog);
+  zh_ = zookeeper_init2(ClientHosts(opt_.zookeeper).c_str(), &Impl::Watch,
+                        opt_.session_timeout_ms, nullptr, this, 0, &ZkLog);
   if (zh_ == nullptr) {
     spdlog::warn("zookeeper: cannot create a handle for {}: {}", opt_.zookeeper,
                  std::strerror(errno));

@@ -16,6 +16,8 @@
 #include <mutex>
 #include <vector>
 
+#include "partition/zk_hosts.h"
+
 namespace flatkv::partition {
 namespace {
 
@@ -231,8 +233,8 @@ Status SecureRing(const std::string& hosts, const std::string& service_path,
   *nodes = 0;
   if (!credentials.set()) return Status::InvalidArgument("secure-ring needs credentials");
   Connect connect;
-  zhandle_t* zh = zookeeper_init2(hosts.c_str(), &Connect::Watch, std::max(timeout_ms, 2000),
-                                  nullptr, &connect, 0, &QuietZkLog);
+  zhandle_t* zh = zookeeper_init2(ClientHosts(hosts).c_str(), &Connect::Watch,
+                                  std::max(timeout_ms, 2000), nullptr, &connect, 0, &QuietZkLog);
   if (zh == nullptr) {
     return Status::InvalidArgument("zookeeper " + hosts + ": " + std::strerror(errno));
   }

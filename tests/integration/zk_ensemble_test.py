@@ -28,6 +28,13 @@ Faults, in turn, under that load:
   B. kill -9 of the leader: the two others elect a new one, the members'
      sessions move to them (every member node keeps its creation zxid: the
      chain did not re-form) and writes are acknowledged again.
+  C. No quorum: the two servers other than F killed for longer than the
+     session timeout. No write is acknowledged once the members' leases end;
+     with one server back (a majority again) writes are acknowledged again
+     within the session timeout and every member keeps its session. The
+     head and the middle list two servers: a client that retried only one
+     of them (the C client over an even list, zk_hosts.h) would wait for
+     the server still down, and lose its session.
 At the end, with every server back: every acknowledged write readable at
 its newest version through every member, and `digest` equal across the
 chain.
@@ -274,6 +281,38 @@ check(registrations() == before,
 zk[i].start()
 wait_until("three servers serve", lambda: all(z.mode() for z in zk))
 
+# --- C. No quorum for longer than the session timeout. ----------------------
+down = [j for j in range(3) if j != F]
+zk[down[0]].kill()
+t_cut = time.monotonic()  # the next kill takes the majority away
+zk[down[1]].kill()
+time.sleep(SESSION_MS / 1000.0 + 2)
+with lock:
+    late = [t - t_cut for t in ack_times if t > t_cut]
+# A lease ends half a session timeout after the send time of the last sync
+# ZooKeeper answered, so at most that long after the cut (plus the time a
+# write takes to come back to its client).
+check(all(d < SESSION_MS / 2000.0 + 1.0 for d in late),
+      "no quorum: no write acknowledged past the members' leases (%d after the cut, the last "
+      "%.2f s after it)" % (len(late), max(late) if late else 0.0))
+t_back = time.monotonic()
+zk[down[0]].start()
+check(ensemble.wait_leader(60) is not None, "one server back: a majority elects a leader")
+t_leader = time.monotonic()
+wait_progress("the quorum came back", timeout=40)
+# The new leader gives every session a fresh timeout. A member whose client
+# retried only the server still down would lose its session, and writes
+# would wait for the chain to re-form without it: a session timeout or more.
+back = time.monotonic() - t_leader
+check(back < SESSION_MS / 1000.0,
+      "quorum back: writes acknowledged again %.1f s after a leader was elected (%.1f s after "
+      "the server was started), within the session timeout" % (back, time.monotonic() - t_back))
+zk[down[1]].start()
+wait_until("three servers serve", lambda: all(z.mode() for z in zk))
+check(registrations() == before,
+      "after the quorum loss: every member kept its session (member nodes and their czxids "
+      "unchanged)")
+
 stop.set()
 for t in threads:
     t.join()
@@ -281,9 +320,8 @@ no_bad_reads("all faults")
 
 # --- The end: everything acknowledged, from every member. -------------------
 keys = sorted(acked)
-# A member that lost its session rejoins the chain only
-# after catching up; until then its reads are UNAVAILABLE.
-wait_until("a chain of three after the faults", chain_formed, 60)
+wait_until("a chain of three after the faults",
+           lambda: sorted(m.role() for m in members) == ["head", "middle", "tail"], 60)
 for m in members:
     got = []
     wait_until("%s serves reads" % m.name,

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "partition/registry.h"
+#include "partition/zk_hosts.h"
 
 #if defined(__SANITIZE_THREAD__)
 // libzookeeper_mt formats log text into a static buffer (a race between the
@@ -1559,6 +1560,19 @@ TEST_CASE("DeleteMark deletes the mark's node only while the change node is that
   CHECK(a->DeleteMark(remove).ok());
   CHECK(zoo.Exists(mark_node) == ZNONODE);
   CHECK(a->DeleteMark(remove).ok());
+}
+
+// The C client steps two addresses per failed attempt, so over an even list
+// it would try only half the servers after losing them all (zk_hosts.h).
+TEST_CASE("The ZooKeeper client is given an odd number of servers, chroot kept",
+          "[registry]") {
+  CHECK(ClientHosts("127.0.0.1:2181") == "127.0.0.1:2181");
+  CHECK(ClientHosts("a:1,b:2") == "a:1,b:2,a:1");
+  CHECK(ClientHosts("a:1,b:2/flatkv") == "a:1,b:2,a:1/flatkv");
+  CHECK(ClientHosts("a:1,b:2,c:3/x/y") == "a:1,b:2,c:3/x/y");
+  CHECK(ClientHosts("a:1,b:2,c:3,d:4") == "a:1,b:2,c:3,d:4,a:1");
+  CHECK(ClientHosts("a:1,,b:2,") == "a:1,,b:2,,a:1");
+  CHECK(ClientHosts("a:1/") == "a:1/");
 }
 
 }  // namespace flatkv::partition
