@@ -106,10 +106,13 @@ struct EngineOptions {
 
   // Slots of the sparse tier's hashed table (storage.sparse_slots): its
   // keys go to slot hash(key) mod sparse_slots, as string keys do with
-  // string_slots. Best near the number of keys the tier holds: fewer make
-  // buckets of several keys (each get reads the whole bucket), many more
-  // make its compactions copy an index mostly empty. Fixed once the tier
-  // exists (a store opened with another value is refused).
+  // string_slots. Best near twice the number of keys the tier holds: at
+  // one slot a key, over a third of a fill's puts land on a taken slot and
+  // rewrite its bucket (the old copy is garbage for a compaction), at two a
+  // fifth; fewer make buckets of several keys (each get reads the whole
+  // bucket), many more make its compactions copy an index mostly empty.
+  // Fixed once the tier exists (a store opened with another value is
+  // refused).
   uint64_t sparse_slots = uint64_t{1} << 24;
 
   // Descriptors the store may keep open for its tables: each open table

@@ -261,7 +261,7 @@ const std::vector<Key>& Schema() {
          c->storage.sparse_tier = text == "on";
          return Status::OK();
        }},
-      {"storage.sparse_slots", "16777216", "slots of the sparse tier's hashed table (about the number of keys it holds)",
+      {"storage.sparse_slots", "16777216", "slots of the sparse tier's hashed table (about twice the number of keys it holds)",
        Int<uint64_t>([](Config* c) { return &c->storage.sparse_slots; }, 1,
                      int64_t{1} << 34, "storage.sparse_slots")},
       {"cache.policy", "arc", "lru | arc",
