@@ -1263,7 +1263,15 @@ Status Store::SPut(std::string_view key, std::string_view value) {
     const uint64_t hash = HashStringKey(key);
     const int64_t ikey = static_cast<int64_t>(SlotOfHash(hash));
     const auto slot = static_cast<uint64_t>(ikey);
-    std::string entry;
+    // Reused by the thread, as the buckets below are: a put allocates
+    // nothing once warm. A large value does not pin its memory there.
+    thread_local std::string entry;
+    struct Release {
+      ~Release() {
+        if (entry.capacity() > (1u << 20)) std::string().swap(entry);
+      }
+    } release;
+    entry.clear();
     AppendBucketPut(&entry, key, value);
     std::lock_guard<std::mutex> lock(string_mu_[slot % kStringStripes]);
     FilterBeforeWrite(slot, BucketFilterBit(hash));
