@@ -438,7 +438,7 @@ Status FlatTable::ReadIfSmall(int64_t key, size_t max_bytes, std::string* value,
   const uint64_t slot = static_cast<uint64_t>(key) - static_cast<uint64_t>(kmin());
   const FileState& fs = files_[slot % params_.index.data_files];
   const uint64_t v = ReadSlot(fs, slot);
-  if (v == 0) return Status::NotFound("key " + std::to_string(key));
+  if (v == 0) return Status::NotFound("no record");
   uint64_t pos;
   size_t guess;
   DecodeSlot(v, &pos, &guess);

@@ -117,7 +117,8 @@ class FlatTable {
   // *small (one read for a whole value; one per part for a value built by
   // Append()); otherwise only sets *small = false, reading nothing when the
   // size hint already says it is larger. While compacting, reads as Get()
-  // does. NotFound if the key is absent.
+  // does. NotFound if the key is absent, with a fixed message (the
+  // string-key writes ask it for every put and never show it).
   Status ReadIfSmall(int64_t key, size_t max_bytes, std::string* value, bool* small) const;
   // For a value built by Append() whose reading fails its checksum: the
   // parts after the last bad one, concatenated (what survives of the
