@@ -96,6 +96,13 @@ Status SparseTier::LoadOrder() {
     cursor = std::move(next);
   }
   std::sort(keys.begin(), keys.end());
+  if (!corrupt.empty()) {
+    lo_.store(std::numeric_limits<int64_t>::min(), std::memory_order_relaxed);
+    hi_.store(std::numeric_limits<int64_t>::max(), std::memory_order_relaxed);
+  } else if (!keys.empty()) {
+    Cover(keys.front());
+    Cover(keys.back());
+  }
   {
     std::unique_lock<std::shared_mutex> lock(order_mu_);
     order_.insert(keys.begin(), keys.end());
@@ -144,7 +151,19 @@ void SparseTier::Fold() const {
   FoldLocked();
 }
 
+void SparseTier::Cover(int64_t key) {
+  // Relaxed is enough: a get that must see this put's key starts after the
+  // put returned, so after this store, and reads it or a wider bound.
+  int64_t lo = lo_.load(std::memory_order_relaxed);
+  while (key < lo && !lo_.compare_exchange_weak(lo, key, std::memory_order_relaxed)) {
+  }
+  int64_t hi = hi_.load(std::memory_order_relaxed);
+  while (key > hi && !hi_.compare_exchange_weak(hi, key, std::memory_order_relaxed)) {
+  }
+}
+
 Status SparseTier::Put(int64_t key, std::string_view value) {
+  Cover(key);
   FLATKV_RETURN_IF_ERROR(Named(table_->SPut(EncodeSparseKey(key), value)));
   NoteChange(key, true);
   return Status::OK();
@@ -157,6 +176,9 @@ Status SparseTier::PutBatch(const std::vector<KeyValueRef>& pairs,
 }
 
 Status SparseTier::Get(int64_t key, std::string* value) const {
+  if (key < lo_.load(std::memory_order_relaxed) || key > hi_.load(std::memory_order_relaxed)) {
+    return Status::NotFound("key");
+  }
   Status st = table_->SGet(EncodeSparseKey(key), value);
   return st.IsNotFound() ? Status::NotFound("key") : Named(st);
 }

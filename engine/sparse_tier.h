@@ -14,7 +14,8 @@
 // EncodeSparseKey(k), in the bucket of its hash. So a tier key costs what a
 // string key costs, whatever the keys' spread: a put is one append to its
 // bucket's data file, a get one read (none for most absent keys, by the
-// bucket filter), and the string table's compaction, crash recovery,
+// bucket filter, and no look at the table for a key outside the span of the
+// tier's keys), and the string table's compaction, crash recovery,
 // checksums, full-disk handling and damaged-bucket rule apply unchanged.
 //
 // Key order, which hashing gives up, is kept in memory: an ordered set of
@@ -35,6 +36,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <shared_mutex>
 #include <string>
@@ -71,7 +73,8 @@ class SparseTier {
   // (pairs before it may be written), as Store::PutBatch.
   Status PutBatch(const std::vector<KeyValueRef>& pairs, const std::vector<uint32_t>& items);
   // NotFound leaves *value unchanged; Corruption if its bucket fails its
-  // checksum (never a wrong value).
+  // checksum (never a wrong value). A key outside the tier's bounds (below)
+  // is NotFound without a look at the table.
   Status Get(int64_t key, std::string* value) const;
   Status Delete(int64_t key);
   // Deletes every key in [lo, hi], durably (synced before this returns,
@@ -153,6 +156,17 @@ class SparseTier {
   mutable std::vector<Change> pending_;      // GUARDED_BY(order_mu_)
   mutable std::atomic<size_t> pending_count_{0};  // pending_.size(), read without the lock
   size_t bad_buckets_at_open_ = 0;  // set by LoadOrder
+  // Bounds of every key the tier may hold: each key found at open and each
+  // key put since lies in [lo_, hi_] (a put widens them before it writes;
+  // removes never narrow them). A get outside them is answered without the
+  // table's hash, filter and index: the misses of IDs newer than any stored
+  // (Snowflake IDs, timestamps) cost one compare, as an LSM tree's do by its
+  // files' key ranges. With buckets failing their checksum at open, whose
+  // keys are unknown and must read as Corruption, they span every key.
+  std::atomic<int64_t> lo_{std::numeric_limits<int64_t>::max()};
+  std::atomic<int64_t> hi_{std::numeric_limits<int64_t>::min()};
+  // Widens the bounds to hold "key".
+  void Cover(int64_t key);
 };
 
 }  // namespace flatkv::engine
