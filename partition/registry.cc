@@ -301,6 +301,7 @@ struct Registry::Impl {
   Status RegisterNode();
   Status TakeOver(int64_t session, bool create_mark, int64_t* czxid);
   int CreateMember(bool create_mark, int64_t* czxid);
+  void DeleteOrderNodes(const std::string& name, int64_t czxid);
   Status MemberError(int rc);
   static constexpr int kMarkGone = -10000;  // CreateMember: the mark node is gone
   Status RemoveNode();
@@ -318,8 +319,9 @@ struct Registry::Impl {
   struct ReadBatch;
   struct PendingRead;
   struct MemberNode {
-    Ring::Registration reg;  // with the node's czxid
-    int64_t owner = 0;       // its ephemeralOwner (session)
+    Ring::Registration reg;  // with the node's czxid, or its order (by_seq)
+    int64_t owner = 0;       // its ephemeralOwner (session), when its czxid was read
+    bool by_seq = false;     // reg.member.czxid is its order node's sequence number
   };
   struct ChainNode {
     int32_t version = 0;     // data version: a term of the ring's version
@@ -355,6 +357,10 @@ struct Registry::Impl {
   Status ReadPass(const std::map<std::string, uint64_t>& dirty);
   RingChange ParseChange(const std::string& data, const Stat& stat);
   ChainNode ParseChainNode(const std::string& name, const ReadOp& op);
+  using AddRead = std::function<Status(const std::string& name, const ReadOp& exists)>;
+  Status OrderMembers(const ReadOp* order, const std::vector<std::string>& unordered, View* next,
+                      const AddRead& add_read);
+  bool OwnMark(int64_t mark) const { return !opt_.observer && mark == opt_.mark; }
   void CheckOwnNode();
   std::shared_ptr<const Ring> BuildRing() const;
   int GetData(const std::string& path, bool watch, std::string* data, Stat* stat);
@@ -379,6 +385,7 @@ struct Registry::Impl {
   const std::string chains_path_;   // <service_path>/.cluster/chains
   const std::string change_path_;   // <service_path>/.cluster/change
   const std::string chain_path_;    // <service_path>/.cluster/chains/<mark>
+  const std::string order_path_;    // <service_path>/.cluster/order
   std::thread thread_;
   std::mutex close_mu_;             // serializes Close()
   // The published ring. Its own mutex, held only to copy the pointer, so
@@ -430,6 +437,7 @@ struct Registry::Impl {
   bool settings_ok_ = false;     // .cluster checked in this process
   View view_;                    // what the current ring was built from
   bool need_register_ = false;   // a copy of want_register_ && !registered_
+  std::string own_order_path_;   // our order node (.cluster/order) while we may hold one
   bool was_connected_ = false;   // for logging transitions
   int64_t next_probe_ms_ = 0;    // BootTimeMs() at which the next lease probe is due
   bool yielded_ = false;         // our address is held by another live session
@@ -449,6 +457,7 @@ Registry::Impl::Impl(RegistryOptions o)
       chains_path_(cluster_path_ + "/chains"),
       change_path_(cluster_path_ + "/change"),
       chain_path_(chains_path_ + "/" + std::to_string(opt_.mark)),
+      order_path_(cluster_path_ + "/order"),
       disconnected_since_ms_(NowMs()) {
   stats_.ring_version = -1;
   MarkDirtyLocked(kAllPaths, /*urgent=*/true);
@@ -919,6 +928,7 @@ Status Registry::Impl::TakeOver(int64_t session, bool create_mark, int64_t* czxi
                  member_path_, stat.ephemeralOwner);
     rc = zoo_delete(zh_, member_path_.c_str(), stat.version);
     if (rc != ZOK && rc != ZNONODE) return ZkError("delete", member_path_, rc);
+    if (rc == ZOK) DeleteOrderNodes(member_name_, stat.czxid);
   } else if (rc != ZNONODE) {
     return ZkError("exists", member_path_, rc);
   }
@@ -931,31 +941,73 @@ Status Registry::Impl::TakeOver(int64_t session, bool create_mark, int64_t* czxi
 // never comes back through a member that registers again
 // (partition/change.h).
 int Registry::Impl::CreateMember(bool create_mark, int64_t* czxid) {
-  if (create_mark) {
-    // zoo_create2: the node's Stat comes with the answer, so the czxid is
-    // the one this create made.
-    Stat stat{};
-    const int rc = zoo_create2(zh_, member_path_.c_str(), member_name_.data(),
-                               static_cast<int>(member_name_.size()), acl_.get(), ZOO_EPHEMERAL,
-                               nullptr, 0, &stat);
-    *czxid = stat.czxid;
-    return rc;
+  // Our order node left by an earlier registration of this session (our
+  // member node deleted by hand, Deregister() whose delete failed): two
+  // order nodes of one name make every instance read czxids for our mark.
+  if (!own_order_path_.empty()) {
+    const int rc = zoo_delete(zh_, own_order_path_.c_str(), -1);
+    if (rc != ZOK && rc != ZNONODE) return rc;
+    own_order_path_.clear();
   }
-  zoo_op_t ops[2];
-  zoo_op_result_t results[2] = {};
-  zoo_check_op_init(&ops[0], mark_path_.c_str(), -1);
-  zoo_create_op_init(&ops[1], member_path_.c_str(), member_name_.data(),
-                     static_cast<int>(member_name_.size()), acl_.get(), ZOO_EPHEMERAL, nullptr,
-                     0);
-  int rc = zoo_multi(zh_, 2, ops, results);
-  if (rc == ZOK) {
-    Stat stat{};
-    rc = zoo_exists(zh_, member_path_.c_str(), 0, &stat);
-    *czxid = stat.czxid;
-    return rc;
+  const std::string order_prefix = order_path_ + "/" + member_name_ + "-";
+  for (bool retried = false;; retried = true) {
+    zoo_op_t ops[3];
+    zoo_op_result_t results[3] = {};
+    int n = 0;
+    if (!create_mark) zoo_check_op_init(&ops[n++], mark_path_.c_str(), -1);
+    const int member_op = n;
+    zoo_create_op_init(&ops[n++], member_path_.c_str(), member_name_.data(),
+                       static_cast<int>(member_name_.size()), acl_.get(), ZOO_EPHEMERAL, nullptr,
+                       0);
+    const int order_op = n;
+    std::vector<char> order_buf(order_prefix.size() + 64);
+    zoo_create_op_init(&ops[n++], order_prefix.c_str(), nullptr, -1, acl_.get(),
+                       ZOO_EPHEMERAL_SEQUENTIAL, order_buf.data(),
+                       static_cast<int>(order_buf.size()));
+    int rc = zoo_multi(zh_, n, ops, results);
+    if (rc == ZOK) {
+      own_order_path_ = order_buf.data();
+      Stat stat{};
+      rc = zoo_exists(zh_, member_path_.c_str(), 0, &stat);
+      *czxid = stat.czxid;
+      return rc;
+    }
+    if (!create_mark && results[0].err == ZNONODE) return kMarkGone;
+    if (results[order_op].err == ZNONODE && !retried) {
+      // No .cluster/order yet (a ring an earlier version made): create it.
+      const int made = Create(order_path_, "", ZOO_PERSISTENT);
+      if (made == ZNONODE) settings_ok_ = false;  // .cluster was deleted: recreate it
+      if (made != ZOK && made != ZNODEEXISTS) return made;
+      continue;
+    }
+    const int err = results[member_op].err;
+    return err != ZOK && err != ZRUNTIMEINCONSISTENCY ? err : rc;
   }
-  if (results[0].err == ZNONODE) return kMarkGone;
-  return results[1].err != ZOK && results[1].err != ZRUNTIMEINCONSISTENCY ? results[1].err : rc;
+}
+
+// Deletes the order nodes of member node "name" made with creation zxid
+// "czxid" (the same transaction made both): once that registration's member
+// node is gone, so that a later registration of the name is the only one
+// with an order node. Best effort: a node left over goes with its session,
+// and until then instances read czxids for that mark.
+void Registry::Impl::DeleteOrderNodes(const std::string& name, int64_t czxid) {
+  String_vector children{};
+  int rc = zoo_get_children(zh_, order_path_.c_str(), 0, &children);
+  if (rc != ZOK) return;
+  std::vector<std::string> names(children.data, children.data + children.count);
+  deallocate_String_vector(&children);
+  for (const std::string& child : names) {
+    std::string of;
+    int64_t seq;
+    if (!ParseOrderNode(child, &of, &seq) || of != name) continue;
+    const std::string path = order_path_ + "/" + child;
+    Stat stat{};
+    rc = zoo_exists(zh_, path.c_str(), 0, &stat);
+    if (rc == ZOK && stat.czxid == czxid) rc = zoo_delete(zh_, path.c_str(), -1);
+    if (rc != ZOK && rc != ZNONODE) {
+      spdlog::warn("registry: removing {}: {}", path, ZkError("delete", path, rc).ToString());
+    }
+  }
 }
 
 Status Registry::Impl::MemberError(int rc) {
@@ -983,6 +1035,11 @@ Status Registry::Impl::RemoveNode() {
     if (rc == ZOK) spdlog::info("registry: deregistered {}", member_path_);
   }
   if (rc != ZOK && rc != ZNONODE) return ZkError("delete", member_path_, rc);
+  if (!own_order_path_.empty()) {
+    rc = zoo_delete(zh_, own_order_path_.c_str(), -1);
+    if (rc != ZOK && rc != ZNONODE) return ZkError("delete", own_order_path_, rc);
+    own_order_path_.clear();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     deregister_ = false;
@@ -1050,6 +1107,7 @@ void Registry::Impl::ServeEvictions() {
     if (rc == ZOK && stale) {
       rc = zoo_delete(zh_, path.c_str(), stat.version);
       if (rc == ZOK) {
+        DeleteOrderNodes(MemberNodeName(opt_.mark, e->member), stat.czxid);
         spdlog::warn("registry: removed {} (czxid 0x{:x}): {}", path, stat.czxid,
                      e->czxid == 0 ? "left by this instance's previous process"
                                    : "its host refused connections to it");
@@ -1201,9 +1259,10 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
 //
 // What was read stays in view_ between reads, and each watch event names
 // the path it is about, so a read asks ZooKeeper only for what changed: the
-// listing whose watch fired, a chain node whose watch fired, and the
-// creation zxid of a member name not seen before (a live node's czxid
-// never changes). A name deleted and created again between two listings
+// listing whose watch fired, a chain node whose watch fired, and the chain
+// order of a member name not seen before (a live node's never changes):
+// one listing of the order nodes for those of other marks (OrderMembers),
+// the creation zxid of one of our own mark. A name deleted and created again between two listings
 // shows in both; the listing's cversion (one per child created or deleted)
 // then grows by more than the names that came and went, and every member's
 // czxid is read again.
@@ -1438,6 +1497,7 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
     }
   }
   std::vector<std::pair<std::string, ReadOp*>> member_reads;
+  std::vector<std::string> unordered;  // of other marks, to key by order nodes
   if (children != nullptr) {
     if (children->rc == ZNONODE) settings_ok_ = false;  // the service path was deleted: recreate it
     if (children->rc != ZOK) return ZkError("get children", opt_.service_path, children->rc);
@@ -1472,6 +1532,8 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
       const auto known = view_.members.find(child);
       if (!churn && known != view_.members.end()) {
         next.members.emplace(child, known->second);
+      } else if (!OwnMark(r.mark)) {
+        unordered.push_back(child);  // ordered by the order listing below
       } else if (one_new && child != member_name_) {
         MemberNode m;
         m.reg = std::move(r);
@@ -1483,6 +1545,12 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
       }
     }
   }
+  // Members of other marks are ordered by their order nodes: one listing
+  // instead of an exists each. Sent after the service path's listing, so it
+  // shows the order node of every member that listing holds (both were
+  // made in one transaction) unless the member has gone since.
+  ReadOp* order = unordered.empty() ? nullptr
+                                    : Send(second, Kind::kChildren, order_path_, false);
   ReadOp* marks_exists = nullptr;
   if (marks != nullptr) {
     next.marks.clear();
@@ -1543,15 +1611,18 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
   }
   FLATKV_RETURN_IF_ERROR(Wait(second));
 
-  for (const auto& [name, op] : member_reads) {
-    if (op->rc == ZNONODE) continue;  // gone since the listing; its watch event follows
-    if (op->rc != ZOK) return ZkError("exists", op->path, op->rc);
+  const auto add_read = [&](const std::string& name, const ReadOp& op) -> Status {
+    if (op.rc == ZNONODE) return Status::OK();  // gone since the listing; its watch event follows
+    if (op.rc != ZOK) return ZkError("exists", op.path, op.rc);
     MemberNode m;
     ParseMemberNode(name, &m.reg.mark, &m.reg.member.host, &m.reg.member.port);
-    m.reg.member.czxid = op->stat.czxid;
-    m.owner = op->stat.ephemeralOwner;
-    next.members.emplace(name, std::move(m));
-  }
+    m.reg.member.czxid = op.stat.czxid;
+    m.owner = op.stat.ephemeralOwner;
+    next.members[name] = std::move(m);
+    return Status::OK();
+  };
+  for (const auto& [name, op] : member_reads) FLATKV_RETURN_IF_ERROR(add_read(name, *op));
+  FLATKV_RETURN_IF_ERROR(OrderMembers(order, unordered, &next, add_read));
   for (const auto& [name, op] : new_chains) {
     if (op->rc == ZNONODE) continue;  // deleted since the listing, whose watch fires
     if (op->rc != ZOK) return ZkError("get", op->path, op->rc);
@@ -1569,6 +1640,56 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
   if (change != nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
     change_seq_ = change->seq;
+  }
+  return Status::OK();
+}
+
+// Keys the members "unordered" names (of other marks, new to this view) by
+// the listing "order" of .cluster/order: a member with exactly one order
+// node by its sequence number. Every member of a mark is keyed alike, so a
+// mark where a member has none (a node made by other software or an
+// earlier version) or several (an earlier registration's not yet gone) is
+// keyed by czxids: they are read for each of its members not read before,
+// and kept (the mark stays keyed so while this view lasts). This
+// instance's own mark is always keyed by czxids (ChainConfig's epochs).
+Status Registry::Impl::OrderMembers(const ReadOp* order, const std::vector<std::string>& unordered,
+                                    View* next, const AddRead& add_read) {
+  if (order == nullptr) return Status::OK();
+  if (order->rc != ZOK && order->rc != ZNONODE) {
+    return ZkError("get children", order_path_, order->rc);
+  }
+  std::map<std::string, std::vector<int64_t>> seqs;
+  for (const std::string& child : order->children) {
+    std::string name;
+    int64_t seq;
+    if (ParseOrderNode(child, &name, &seq)) seqs[name].push_back(seq);
+  }
+  for (const std::string& name : unordered) {
+    MemberNode m;
+    ParseMemberNode(name, &m.reg.mark, &m.reg.member.host, &m.reg.member.port);
+    const auto it = seqs.find(name);
+    if (it != seqs.end() && it->second.size() == 1) {
+      m.reg.member.czxid = it->second.front();
+      m.by_seq = true;
+    }
+    next->members[name] = std::move(m);
+  }
+  std::set<int64_t> by_czxid;
+  for (const auto& [name, m] : next->members) {
+    if (!OwnMark(m.reg.mark) && !m.by_seq) by_czxid.insert(m.reg.mark);
+  }
+  auto third = std::make_shared<ReadBatch>();
+  std::vector<std::pair<std::string, ReadOp*>> reads;
+  for (const auto& [name, m] : next->members) {
+    if (by_czxid.count(m.reg.mark) == 0 || (!m.by_seq && m.reg.member.czxid != 0)) continue;
+    reads.emplace_back(name,
+                       Send(third, ReadKind::kExists, opt_.service_path + "/" + name, false));
+  }
+  if (reads.empty()) return Status::OK();
+  FLATKV_RETURN_IF_ERROR(Wait(third));
+  for (const auto& [name, op] : reads) {
+    next->members.erase(name);
+    FLATKV_RETURN_IF_ERROR(add_read(name, *op));
   }
   return Status::OK();
 }

@@ -8,15 +8,20 @@
 //   - on Register(): creates .cluster/marks/<mark> (persistent, empty; or
 //     checks that it exists, Register(false)), then
 //     the ephemeral member node <service_path>/thriftbinary<mark>:<host>:<port>
-//     whose data is the same string; Deregister() deletes it again;
+//     whose data is the same string, and in the same transaction its order
+//     node .cluster/order/<member node name>-<sequence> (ephemeral
+//     sequential: ZooKeeper numbers registrations in order);
+//     Deregister() deletes both again;
 //   - on RecordChain(): writes the chain of this instance's mark to
 //     .cluster/chains/<mark> (persistent; JSON, RecordedChain in ring.h),
 //     only through the session that holds this instance's member node;
 //   - watches the children of <service_path>, .cluster/marks and
 //     .cluster/chains, the data of each chain node and .cluster/change, and
 //     on an event re-reads only what the event names, and of that only what
-//     is new: a member's creation zxid is read once per registration (a
-//     live node's never changes), a chain node only when its watch fired.
+//     is new: the chain order of a new member of another mark comes from
+//     one listing of .cluster/order for all of them, the creation zxid of
+//     one of this instance's mark is read once per registration (a live
+//     node's never changes), a chain node only when its watch fired.
 //     A burst of events is read as one (kCoalesceMs; the change node's at
 //     once: members must follow a ring change promptly), with asynchronous
 //     calls sent together (one round trip per step, not one per node); on a

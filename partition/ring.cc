@@ -437,6 +437,16 @@ bool ParseMemberNode(std::string_view name, int64_t* mark, std::string* host, in
   return ParseHostPort(name.substr(colon + 1), "member", host, port).ok();
 }
 
+bool ParseOrderNode(std::string_view name, std::string* member, int64_t* seq) {
+  const size_t dash = name.rfind('-');
+  if (dash == std::string_view::npos || dash == 0 || dash + 1 == name.size()) return false;
+  const std::string_view digits = name.substr(dash + 1);
+  if (digits.find_first_not_of("0123456789") != std::string_view::npos) return false;
+  if (!ParseI64(digits, seq)) return false;
+  member->assign(name.substr(0, dash));
+  return true;
+}
+
 Status ParseHostPort(std::string_view text, std::string_view what, std::string* host, int* port) {
   // The port follows the last ':' so an IPv6 address in brackets works too.
   const size_t colon = text.rfind(':');

@@ -69,7 +69,11 @@ struct RingSettings {
 struct Member {
   std::string host;
   int port = 0;
-  int64_t czxid = 0;  // creation zxid of its member node: chain order
+  // Chain order: the creation zxid of its member node, or, in a view
+  // (Registry) of another mark whose members each have one order node, its
+  // registration's sequence number there (.cluster/order), which orders the
+  // same way. The members of one partition are keyed alike.
+  int64_t czxid = 0;
 
   std::string address() const { return host + ":" + std::to_string(port); }
   bool operator==(const Member& o) const { return host == o.host && port == o.port; }
@@ -251,6 +255,10 @@ std::string MemberNodeName(int64_t mark, std::string_view address);
 // Parses a member node name. False for a name that does not start with
 // "thriftbinary" or is malformed (not a member: callers skip it).
 bool ParseMemberNode(std::string_view name, int64_t* mark, std::string* host, int* port);
+// Parses an order node's name, "<member node name>-<sequence>" (a
+// sequential node ZooKeeper numbered): false unless it ends in '-' and
+// decimal digits after a non-empty name.
+bool ParseOrderNode(std::string_view name, std::string* member, int64_t* seq);
 // Parses "host:port" (port 1..65535, host non-empty). InvalidArgument
 // naming "what" otherwise.
 Status ParseHostPort(std::string_view text, std::string_view what, std::string* host, int* port);

@@ -906,7 +906,9 @@ TEST_CASE("registration_czxid names the member node, and Deregister removes it u
   const int64_t first = a->registration_czxid();
   CHECK(first != 0);
   CHECK(first == stat.czxid);
-  CHECK(observer->ring()->Find(100)->chain.at(0).czxid == first);
+  // Members of the mark key its chain by czxid (ChainConfig's epochs); an
+  // observer may key it by order nodes, which order it the same (AllSee).
+  CHECK(Eventually([&] { return b->ring()->Find(100)->chain.at(0).czxid == first; }, 1s));
   CHECK(Eventually(
       [&] {
         const std::shared_ptr<const Ring> ring = a->ring();
@@ -940,7 +942,7 @@ TEST_CASE("registration_czxid names the member node, and Deregister removes it u
   REQUIRE(zoo.Exists(node, &stat) == ZOK);
   CHECK(stat.czxid == second);
   CHECK(AllSee({a.get(), b.get(), observer.get()}, "100=[127.0.0.1:9002,127.0.0.1:9001]", 1s));
-  CHECK(observer->ring()->Find(100)->chain.at(1).czxid == second);
+  CHECK(Eventually([&] { return b->ring()->Find(100)->chain.at(1).czxid == second; }, 1s));
   CHECK(Eventually([&] { return calls() == std::vector<int64_t>{first, second}; }, 1s));
 
   // Deregister and Register before the registry thread acts: still a new
@@ -1213,7 +1215,9 @@ TEST_CASE("With credentials a ring the world may write is refused, naming the no
   const Status secured = SecureRing(zk.address(), "/flatkv", credentials, false, 5000, &nodes);
   INFO(secured.ToString());
   REQUIRE(secured.ok());
-  CHECK(nodes == 5);  // the path, .cluster, marks, marks/100, the open member
+  // The path, .cluster, marks, marks/100, order, the open member and its
+  // order node.
+  CHECK(nodes == 7);
   CHECK(zoo.Acl("/flatkv/thriftbinary100:127.0.0.1:9001") == "digest:flatkv:x:31 world:anyone:1");
   // Safe to repeat; a wrong password cannot undo it.
   CHECK(SecureRing(zk.address(), "/flatkv", credentials, false, 5000, &nodes).ok());
@@ -1226,6 +1230,14 @@ TEST_CASE("With credentials a ring the world may write is refused, naming the no
   std::unique_ptr<Registry> joined = StartRegistry(std::move(again));
   REQUIRE(joined->WaitRegistered(5000).ok());
   CHECK(zoo.Acl("/flatkv/thriftbinary100:127.0.0.1:9002") == "digest:flatkv:x:31 world:anyone:1");
+  Stat stat;
+  int orders = 0;
+  for (const std::string& child : zoo.Children("/flatkv/.cluster/order", &stat)) {
+    if (child.rfind("thriftbinary100:127.0.0.1:9002-", 0) != 0) continue;
+    ++orders;
+    CHECK(zoo.Acl("/flatkv/.cluster/order/" + child) == "digest:flatkv:x:31 world:anyone:1");
+  }
+  CHECK(orders == 1);
 }
 
 TEST_CASE("A transitional ACL lets members without credentials write while others join with them",
@@ -1356,6 +1368,114 @@ TEST_CASE("A burst of member changes is read as a few reads, and one change cost
   CHECK(Eventually([&] { return CzxidIn(*a, 100, "127.0.0.1:10000") == joined.czxid; }, 1s));
   std::this_thread::sleep_for(200ms);
   CHECK(a->stats().zk_reads - before_join.zk_reads == 1);
+}
+
+// The order nodes of "member" ("host:port" of "mark") under .cluster/order.
+std::vector<std::string> OrderNodesOf(Inspector* zoo, int64_t mark, const std::string& member) {
+  const std::string prefix = "thriftbinary" + std::to_string(mark) + ":" + member + "-";
+  Stat stat;
+  std::vector<std::string> out;
+  for (const std::string& child : zoo->Children("/flatkv/.cluster/order", &stat)) {
+    if (child.rfind(prefix, 0) == 0) out.push_back(child);
+  }
+  return out;
+}
+
+TEST_CASE("Other marks' chains are ordered by one listing of order nodes, czxids where one lacks",
+          "[partition][registry]") {
+  // An instance needs each chain's order; reading the czxid of every member
+  // of every mark would cost a new instance a read per member. Each
+  // registration makes an order node in the same transaction as its member
+  // node, numbered by ZooKeeper in registration order, so one listing
+  // orders every other mark. An instance's own mark is read by czxid (its
+  // chain's epochs).
+  ZooKeeperServer zk;
+  Inspector zoo(zk.address());
+  std::vector<std::unique_ptr<Registry>> members;
+  std::string expected;
+  for (int64_t mark : {100, 200, 300, 400}) {
+    expected += (expected.empty() ? "" : " ") + std::to_string(mark) + "=[";
+    for (int i = 0; i < 3; ++i) {
+      const int port = static_cast<int>(9000 + mark / 100 * 10 + i);
+      members.push_back(StartRegistered(zk, mark, port));
+      expected += std::string(i > 0 ? "," : "") + "127.0.0.1:" + std::to_string(port);
+    }
+    expected += "]";
+  }
+  std::unique_ptr<Registry> observer = StartRegistry(ObserverOptions(zk));
+  std::vector<Registry*> all{observer.get()};
+  for (const auto& m : members) all.push_back(m.get());
+  REQUIRE(AllSee(all, expected, 2s));
+  // The observer's first read: the listings, the change node and one
+  // listing of the order nodes, not an exists per member.
+  CHECK(observer->stats().zk_reads < static_cast<int64_t>(members.size()));
+
+  // One order node per member, made with its member node (same czxid),
+  // numbered in registration order.
+  int64_t last_seq = -1;
+  for (int64_t mark : {100, 200, 300, 400}) {
+    for (int i = 0; i < 3; ++i) {
+      const std::string member = "127.0.0.1:" + std::to_string(9000 + mark / 100 * 10 + i);
+      const std::vector<std::string> nodes = OrderNodesOf(&zoo, mark, member);
+      REQUIRE(nodes.size() == 1);
+      Stat order{};
+      Stat node{};
+      REQUIRE(zoo.Exists("/flatkv/.cluster/order/" + nodes[0], &order) == ZOK);
+      REQUIRE(zoo.Exists("/flatkv/thriftbinary" + std::to_string(mark) + ":" + member, &node) ==
+              ZOK);
+      CHECK(order.czxid == node.czxid);
+      const int64_t seq = std::stoll(nodes[0].substr(nodes[0].rfind('-') + 1));
+      CHECK(seq > last_seq);
+      last_seq = seq;
+      // Mark 100's own members key it by czxid; the others by the number.
+      CHECK(CzxidIn(*members[0], mark, member) == (mark == 100 ? node.czxid : seq));
+    }
+  }
+
+  // A member node made by other software (no order node) joins mark 200 at
+  // its tail, by its czxid; the mark is then keyed by czxids, and a later
+  // registration still lands behind it.
+  zoo.Create("/flatkv/thriftbinary200:127.0.0.1:9999", "thriftbinary200:127.0.0.1:9999",
+             ZOO_EPHEMERAL);
+  std::unique_ptr<Registry> late = StartRegistered(zk, 200, 9998);
+  all.push_back(late.get());
+  const std::string with_200 =
+      "100=[127.0.0.1:9010,127.0.0.1:9011,127.0.0.1:9012] "
+      "200=[127.0.0.1:9020,127.0.0.1:9021,127.0.0.1:9022,127.0.0.1:9999,127.0.0.1:9998] "
+      "300=[127.0.0.1:9030,127.0.0.1:9031,127.0.0.1:9032] "
+      "400=[127.0.0.1:9040,127.0.0.1:9041,127.0.0.1:9042]";
+  CHECK(AllSee(all, with_200, 2s));
+  Stat hand{};
+  REQUIRE(zoo.Exists("/flatkv/thriftbinary200:127.0.0.1:9999", &hand) == ZOK);
+  CHECK(CzxidIn(*observer, 200, "127.0.0.1:9999") == hand.czxid);
+
+  // An evicted registration's order node goes with its member node; the
+  // member registers again (new nodes) and rejoins at the tail.
+  Registry& victim = *members[1];  // 127.0.0.1:9011, mark 100
+  const int64_t czxid = victim.registration_czxid();
+  REQUIRE(czxid != 0);
+  members[0]->Evict("127.0.0.1:9011", czxid);
+  CHECK(Eventually(
+      [&] { return victim.registration_czxid() != 0 && victim.registration_czxid() != czxid; },
+      5s));
+  CHECK(Eventually([&] { return OrderNodesOf(&zoo, 100, "127.0.0.1:9011").size() == 1; }, 2s));
+  CHECK(AllSee({observer.get(), members[5].get()},
+               "100=[127.0.0.1:9010,127.0.0.1:9012,127.0.0.1:9011] "
+               "200=[127.0.0.1:9020,127.0.0.1:9021,127.0.0.1:9022,127.0.0.1:9999,127.0.0.1:9998] "
+               "300=[127.0.0.1:9030,127.0.0.1:9031,127.0.0.1:9032] "
+               "400=[127.0.0.1:9040,127.0.0.1:9041,127.0.0.1:9042]",
+               2s));
+
+  // Deregister removes the order node with the member node; Register makes
+  // both again, at the tail.
+  members[6]->Deregister();  // 127.0.0.1:9030
+  CHECK(Eventually([&] { return OrderNodesOf(&zoo, 300, "127.0.0.1:9030").empty(); }, 2s));
+  members[6]->Register();
+  REQUIRE(members[6]->WaitRegistered(5000).ok());
+  CHECK(OrderNodesOf(&zoo, 300, "127.0.0.1:9030").size() == 1);
+  CHECK(Eventually([&] { return RingOf(*observer).find("300=[127.0.0.1:9031,127.0.0.1:9032,"
+                                                       "127.0.0.1:9030]") != std::string::npos; },
+                   2s));
 }
 
 TEST_CASE("A ring without the change node shows every member registered before it went",
