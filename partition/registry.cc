@@ -101,6 +101,8 @@ constexpr int kClusterDataMax = 4096;   // .cluster holds ~60 bytes of JSON
 constexpr int kChainDataMax = 16384;    // a chain node: ~25 bytes per member
 constexpr int kRecordAttempts = 5;      // RecordChain: re-reads after a lost race
 constexpr int kCoalesceMs = 20;         // a burst of watch events is read as one
+constexpr int kStormGapMs = 500;        // reads closer than this: events keep coming...
+constexpr int kMaxSpacingMs = 250;      // ...so space watch reads, doubling up to this
 constexpr int kReadPasses = 3;          // read steps before a view is published anyway
 constexpr int kReadPassesMax = 32;      // ...unless its change node keeps changing
 constexpr int kCloseWaitMs = 1000;      // Close(): answers in flight still read for this long
@@ -301,6 +303,7 @@ struct Registry::Impl {
   Status RegisterNode();
   Status TakeOver(int64_t session, bool create_mark, int64_t* czxid);
   int CreateMember(bool create_mark, int64_t* czxid);
+  std::vector<std::string> OrderNodesOf(const std::string& name, int64_t czxid);
   void DeleteOrderNodes(const std::string& name, int64_t czxid);
   Status MemberError(int rc);
   static constexpr int kMarkGone = -10000;  // CreateMember: the mark node is gone
@@ -353,6 +356,7 @@ struct Registry::Impl {
   void MarkDirtyLocked(const std::string& path, bool urgent);
   void MarkListingsLocked();
   int ReadDelayMs();
+  void NoteRead(int64_t started_ms);
   Status ReadRing();
   Status ReadPass(const std::map<std::string, uint64_t>& dirty);
   RingChange ParseChange(const std::string& data, const Stat& stat);
@@ -408,6 +412,8 @@ struct Registry::Impl {
   std::map<std::string, uint64_t> dirty_;  // GUARDED_BY(mu_): path to read -> seq of its first event
   bool urgent_ = false;               // GUARDED_BY(mu_): read dirty_ without waiting for more
   int64_t dirty_since_ms_ = 0;        // GUARDED_BY(mu_): when dirty_ became non-empty
+  int64_t last_read_ms_ = 0;          // GUARDED_BY(mu_): when the last ring read ended
+  int spacing_ms_ = 0;                // GUARDED_BY(mu_): least time between watch reads
   uint64_t change_seq_ = 0;           // GUARDED_BY(mu_): seq of the change node's last answer
   std::condition_variable reads_cv_;  // the registry thread waits on it for answers
   bool register_event_ = false;       // GUARDED_BY(mu_): Register() was called
@@ -921,6 +927,10 @@ Status Registry::Impl::TakeOver(int64_t session, bool create_mark, int64_t* czxi
   int rc = zoo_exists(zh_, member_path_.c_str(), 0, &stat);
   if (rc == ZOK && stat.ephemeralOwner == session) {
     *czxid = stat.czxid;
+    // Its order node was made with it; its name came back with the answer
+    // that was lost.
+    const std::vector<std::string> order = OrderNodesOf(member_name_, stat.czxid);
+    if (!order.empty()) own_order_path_ = order.front();
     return Status::OK();
   }
   if (rc == ZOK) {
@@ -985,15 +995,12 @@ int Registry::Impl::CreateMember(bool create_mark, int64_t* czxid) {
   }
 }
 
-// Deletes the order nodes of member node "name" made with creation zxid
-// "czxid" (the same transaction made both): once that registration's member
-// node is gone, so that a later registration of the name is the only one
-// with an order node. Best effort: a node left over goes with its session,
-// and until then instances read czxids for that mark.
-void Registry::Impl::DeleteOrderNodes(const std::string& name, int64_t czxid) {
+// The paths of the order nodes of member node "name" made with creation
+// zxid "czxid" (the transaction that made that member node made them).
+std::vector<std::string> Registry::Impl::OrderNodesOf(const std::string& name, int64_t czxid) {
+  std::vector<std::string> out;
   String_vector children{};
-  int rc = zoo_get_children(zh_, order_path_.c_str(), 0, &children);
-  if (rc != ZOK) return;
+  if (zoo_get_children(zh_, order_path_.c_str(), 0, &children) != ZOK) return out;
   std::vector<std::string> names(children.data, children.data + children.count);
   deallocate_String_vector(&children);
   for (const std::string& child : names) {
@@ -1002,8 +1009,20 @@ void Registry::Impl::DeleteOrderNodes(const std::string& name, int64_t czxid) {
     if (!ParseOrderNode(child, &of, &seq) || of != name) continue;
     const std::string path = order_path_ + "/" + child;
     Stat stat{};
-    rc = zoo_exists(zh_, path.c_str(), 0, &stat);
-    if (rc == ZOK && stat.czxid == czxid) rc = zoo_delete(zh_, path.c_str(), -1);
+    if (zoo_exists(zh_, path.c_str(), 0, &stat) == ZOK && stat.czxid == czxid) {
+      out.push_back(path);
+    }
+  }
+  return out;
+}
+
+// Deletes those order nodes once that registration's member node is gone,
+// so that a later registration of the name is the only one with an order
+// node. Best effort: a node left over goes with its session, and until
+// then instances read czxids for that mark.
+void Registry::Impl::DeleteOrderNodes(const std::string& name, int64_t czxid) {
+  for (const std::string& path : OrderNodesOf(name, czxid)) {
+    const int rc = zoo_delete(zh_, path.c_str(), -1);
     if (rc != ZOK && rc != ZNONODE) {
       spdlog::warn("registry: removing {}: {}", path, ZkError("delete", path, rc).ToString());
     }
@@ -1262,10 +1281,10 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
 // listing whose watch fired, a chain node whose watch fired, and the chain
 // order of a member name not seen before (a live node's never changes):
 // one listing of the order nodes for those of other marks (OrderMembers),
-// the creation zxid of one of our own mark. A name deleted and created again between two listings
-// shows in both; the listing's cversion (one per child created or deleted)
-// then grows by more than the names that came and went, and every member's
-// czxid is read again.
+// the creation zxid of one of our own mark. A name deleted and created
+// again between two listings shows in both; the listing's cversion (one
+// per child created or deleted) then grows by more than the names that
+// came and went, and every member's order is read again.
 //
 // The reads of one step are sent together with the asynchronous API and
 // answered on the completion thread, in the order sent, after every watch
@@ -1408,12 +1427,31 @@ void Registry::Impl::MarkDirtyLocked(const std::string& path, bool urgent) {
 }
 
 // -1: nothing to read; 0: read now; else the milliseconds until the burst
-// of events that made paths dirty is read as one.
+// of events that made paths dirty is read as one: kCoalesceMs after its
+// first event, and no sooner than spacing_ms_ after the last read.
 int Registry::Impl::ReadDelayMs() {
   std::lock_guard<std::mutex> lock(mu_);
   if (dirty_.empty()) return -1;
   if (urgent_) return 0;
-  return static_cast<int>(std::max<int64_t>(0, dirty_since_ms_ + kCoalesceMs - NowMs()));
+  const int64_t due = std::max(dirty_since_ms_ + kCoalesceMs, last_read_ms_ + spacing_ms_);
+  return static_cast<int>(std::max<int64_t>(0, due - NowMs()));
+}
+
+// A storm of changes (a ring starting, a rolling restart) fires every
+// instance's watches many times a second, and each read costs ZooKeeper a
+// request or two per instance and the instance O(members) of work. A read
+// that begins within kStormGapMs of the last one's end doubles the spacing
+// of the watch reads after it (from kCoalesceMs up to kMaxSpacingMs, so a
+// change still shows within 1 s); one after a quiet gap resets it. Reads
+// the registry needs at once (urgent_) are never held back.
+void Registry::Impl::NoteRead(int64_t started_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (last_read_ms_ != 0 && started_ms - last_read_ms_ < kStormGapMs) {
+    spacing_ms_ = std::min(kMaxSpacingMs, std::max(kCoalesceMs, 2 * spacing_ms_));
+  } else {
+    spacing_ms_ = 0;
+  }
+  last_read_ms_ = NowMs();
 }
 
 bool ReadAgain(const std::map<std::string, uint64_t>& dirty, uint64_t change_seq,
@@ -1425,6 +1463,7 @@ bool ReadAgain(const std::map<std::string, uint64_t>& dirty, uint64_t change_seq
 }
 
 Status Registry::Impl::ReadRing() {
+  const int64_t started_ms = NowMs();
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1457,6 +1496,7 @@ Status Registry::Impl::ReadRing() {
   }
   CheckOwnNode();
   Publish(BuildRing(), ticket);
+  NoteRead(started_ms);
   return Status::OK();
 }
 

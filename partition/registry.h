@@ -22,7 +22,8 @@
 //     one listing of .cluster/order for all of them, the creation zxid of
 //     one of this instance's mark is read once per registration (a live
 //     node's never changes), a chain node only when its watch fired.
-//     A burst of events is read as one (kCoalesceMs; the change node's at
+//     A burst of events is read as one (kCoalesceMs, spaced up to
+//     kMaxSpacingMs apart while events keep coming; the change node's at
 //     once: members must follow a ring change promptly), with asynchronous
 //     calls sent together (one round trip per step, not one per node); on a
 //     reconnect the listings are read again. It then builds a new Ring and

@@ -492,7 +492,8 @@ TEST_CASE("Keys beyond the tier's smallest and largest read as absent, every key
     }
     const int64_t lo = model.begin()->first;
     const int64_t hi = model.rbegin()->first;
-    for (int64_t k : {lo - 1, hi + 1, hi + (int64_t{1} << 22), INT64_MIN, INT64_MAX - 1, int64_t{0}}) {
+    const int64_t next_ms = hi + (int64_t{1} << 22);
+    for (int64_t k : {lo - 1, hi + 1, next_ms, INT64_MIN, INT64_MAX - 1, int64_t{0}}) {
       if (model.count(k) != 0) continue;
       INFO("absent key " << k);
       CHECK(store->Get(k, &got).IsNotFound());
@@ -503,7 +504,8 @@ TEST_CASE("Keys beyond the tier's smallest and largest read as absent, every key
   };
   check_all();
   // Below and above the span, and at the ends of the key space.
-  for (int64_t k : {base - 7, base + (int64_t{600} << 22), INT64_MIN + 1, INT64_MAX - (int64_t{1} << 40)}) {
+  const int64_t later = base + (int64_t{600} << 22);
+  for (int64_t k : {base - 7, later, INT64_MIN + 1, INT64_MAX - (int64_t{1} << 40)}) {
     model[k] = ValueFor(k, 2);
     REQUIRE(store->Put(k, model[k]).ok());
     REQUIRE(store->Get(k, &got).ok());

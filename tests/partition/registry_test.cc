@@ -1478,6 +1478,50 @@ TEST_CASE("Other marks' chains are ordered by one listing of order nodes, czxids
                    2s));
 }
 
+TEST_CASE("In a storm of joins a registry reads a few times a second, each join shown within 1 s",
+          "[partition][registry]") {
+  // A ring starting or restarting fires every instance's watches many times
+  // a second; reading each burst apart costs ZooKeeper requests and the
+  // instance a pass over the ring each time.
+  ZooKeeperServer zk;
+  std::unique_ptr<Registry> a = StartRegistered(zk, 100, 9001);
+  REQUIRE(AllSee({a.get()}, "100=[127.0.0.1:9001]", 1s));
+  Inspector zoo(zk.address());
+  const auto shown = [&] {
+    const std::shared_ptr<const Ring> ring = a->ring();
+    const Partition* p = ring ? ring->Find(200) : nullptr;
+    return p == nullptr ? size_t{0} : p->chain.size();
+  };
+  std::this_thread::sleep_for(600ms);  // quiet: the storm starts from the least spacing
+  const RegistryStats before = a->stats();
+  constexpr int kStorm = 100;
+  std::vector<std::chrono::steady_clock::time_point> created;
+  int late = 0;
+  for (int i = 0; i < kStorm; ++i) {
+    const std::string name = "thriftbinary200:127.0.0.1:" + std::to_string(10000 + i);
+    zoo.Create("/flatkv/" + name, name, ZOO_EPHEMERAL);
+    created.push_back(std::chrono::steady_clock::now());
+    size_t due = 0;
+    while (due < created.size() && created[due] + 1s <= std::chrono::steady_clock::now()) ++due;
+    if (shown() < due) ++late;
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(late == 0);
+  REQUIRE(Eventually([&] { return shown() == kStorm; }, 1s));
+  std::this_thread::sleep_for(300ms);
+  // A read per join would be 100; about 2.5 s of storm at four reads a
+  // second, plus the ramp to that spacing, is under 20.
+  const int64_t reads = a->stats().ring_reads - before.ring_reads;
+  INFO(reads << " reads");
+  CHECK(reads <= 20);
+  // After a quiet gap a single change is read at once again.
+  std::this_thread::sleep_for(600ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(zoo.Delete("/flatkv/thriftbinary200:127.0.0.1:10000") == ZOK);
+  REQUIRE(Eventually([&] { return shown() == kStorm - 1; }, 1s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 200ms);
+}
+
 TEST_CASE("A ring without the change node shows every member registered before it went",
           "[partition][registry]") {
   ZooKeeperServer zk;
