@@ -303,6 +303,7 @@ struct Registry::Impl {
   Status RegisterNode();
   Status TakeOver(int64_t session, bool create_mark, int64_t* czxid);
   int CreateMember(bool create_mark, int64_t* czxid);
+  int DeleteOwnOrderNode();
   std::vector<std::string> OrderNodesOf(const std::string& name, int64_t czxid);
   void DeleteOrderNodes(const std::string& name, int64_t czxid);
   Status MemberError(int rc);
@@ -798,23 +799,28 @@ Status Registry::Impl::CheckAcls() {
 
 // ---- registry thread: settings ------------------------------------------
 
-// The first instance creates .cluster with the settings as its data in one
-// request, so no instance ever sees a .cluster without settings from us.
+// .cluster holds the ring's settings. Every instance but the first finds
+// it, so it is read first (one request) and created only when missing: the
+// first instance creates it with the settings as its data in one request,
+// so no instance ever sees a .cluster without settings from us.
 Status Registry::Impl::EnsureSettings() {
-  const std::string json = opt_.settings.ToJson();
-  int rc = Create(cluster_path_, json, ZOO_PERSISTENT);
-  if (rc == ZNONODE) {
-    Status s = CreateParents();
-    if (!s.ok()) return s;
-    rc = Create(cluster_path_, json, ZOO_PERSISTENT);
-  }
-  Status s;
-  if (rc == ZOK) {
-    spdlog::info("registry: wrote the ring settings {} to {}", json, cluster_path_);
-  } else if (rc == ZNODEEXISTS) {
-    s = CheckClusterNode();
-  } else {
-    s = ZkError("create", cluster_path_, rc);
+  Status s = CheckClusterNode();
+  if (s.IsNotFound()) {
+    const std::string json = opt_.settings.ToJson();
+    int rc = Create(cluster_path_, json, ZOO_PERSISTENT);
+    if (rc == ZNONODE) {
+      s = CreateParents();
+      if (!s.ok()) return s;
+      rc = Create(cluster_path_, json, ZOO_PERSISTENT);
+    }
+    if (rc == ZOK) {
+      spdlog::info("registry: wrote the ring settings {} to {}", json, cluster_path_);
+      s = Status::OK();
+    } else if (rc == ZNODEEXISTS) {  // another instance created it first
+      s = CheckClusterNode();
+    } else {
+      s = ZkError("create", cluster_path_, rc);
+    }
   }
   if (s.ok()) s = CheckAcls();
   if (s.ok()) settings_ok_ = true;
@@ -853,13 +859,14 @@ Status Registry::Impl::CreateParents() {
   }
 }
 
-// .cluster exists: check our settings against it, or fill it in if another
-// tool created it empty.
+// Checks our settings against .cluster's, or fills them in if another tool
+// created it empty. NotFound: there is no .cluster.
 Status Registry::Impl::CheckClusterNode() {
   char buf[kClusterDataMax];
   int len = sizeof(buf);
   Stat stat{};
   const int rc = zoo_get(zh_, cluster_path_.c_str(), 0, buf, &len, &stat);
+  if (rc == ZNONODE) return Status::NotFound(cluster_path_);
   if (rc != ZOK) return ZkError("get", cluster_path_, rc);
   if (len <= 0) {
     const std::string json = opt_.settings.ToJson();
@@ -883,13 +890,6 @@ Status Registry::Impl::RegisterNode() {
     std::lock_guard<std::mutex> lock(mu_);
     create_mark = create_mark_;
     session = session_id_;
-  }
-  if (create_mark) {
-    for (const std::string* path : {&marks_path_, &mark_path_}) {
-      const int rc = Create(*path, "", ZOO_PERSISTENT);
-      if (rc == ZNONODE) settings_ok_ = false;  // .cluster was deleted: recreate it
-      if (rc != ZOK && rc != ZNODEEXISTS) return ZkError("create", *path, rc);
-    }
   }
   int64_t czxid = 0;
   int rc = CreateMember(create_mark, &czxid);
@@ -946,53 +946,75 @@ Status Registry::Impl::TakeOver(int64_t session, bool create_mark, int64_t* czxi
   return rc == ZOK ? Status::OK() : MemberError(rc);
 }
 
-// Creates our member node. Without create_mark only while the mark's node
-// exists (one multi: check it, create ours): a mark a remove-mark deleted
-// never comes back through a member that registers again
-// (partition/change.h).
+// Creates our member node and its order node in one multi that also checks
+// that our mark's node exists. Without create_mark a missing mark node is
+// kMarkGone: a mark a remove-mark deleted never comes back through a member
+// that registers again (partition/change.h). With it, the mark's node (and
+// .cluster/marks, .cluster/order) is created when missing and the multi sent
+// again; in a ring that has them, registering is that one request.
 int Registry::Impl::CreateMember(bool create_mark, int64_t* czxid) {
-  // Our order node left by an earlier registration of this session (our
-  // member node deleted by hand, Deregister() whose delete failed): two
-  // order nodes of one name make every instance read czxids for our mark.
-  if (!own_order_path_.empty()) {
-    const int rc = zoo_delete(zh_, own_order_path_.c_str(), -1);
-    if (rc != ZOK && rc != ZNONODE) return rc;
-    own_order_path_.clear();
-  }
+  // An order node an earlier registration of this session left (our member
+  // node deleted by hand, a Deregister() whose delete failed): two order
+  // nodes of one name make every instance read czxids for our mark.
+  if (const int rc = DeleteOwnOrderNode(); rc != ZOK) return rc;
   const std::string order_prefix = order_path_ + "/" + member_name_ + "-";
-  for (bool retried = false;; retried = true) {
-    zoo_op_t ops[3];
-    zoo_op_result_t results[3] = {};
-    int n = 0;
-    if (!create_mark) zoo_check_op_init(&ops[n++], mark_path_.c_str(), -1);
-    const int member_op = n;
-    zoo_create_op_init(&ops[n++], member_path_.c_str(), member_name_.data(),
+  bool made_mark = false;
+  bool made_order = false;
+  for (;;) {
+    zoo_op_t ops[4];
+    zoo_op_result_t results[4] = {};
+    zoo_check_op_init(&ops[0], mark_path_.c_str(), -1);
+    zoo_create_op_init(&ops[1], member_path_.c_str(), member_name_.data(),
                        static_cast<int>(member_name_.size()), acl_.get(), ZOO_EPHEMERAL, nullptr,
                        0);
-    const int order_op = n;
+    // A set of the node just made, with the data it was made with: its
+    // answer carries the node's Stat, so the czxid costs no request of its
+    // own (a multi's create answers with the path only).
+    Stat stat{};
+    zoo_set_op_init(&ops[2], member_path_.c_str(), member_name_.data(),
+                    static_cast<int>(member_name_.size()), 0, &stat);
     std::vector<char> order_buf(order_prefix.size() + 64);
-    zoo_create_op_init(&ops[n++], order_prefix.c_str(), nullptr, -1, acl_.get(),
+    zoo_create_op_init(&ops[3], order_prefix.c_str(), nullptr, -1, acl_.get(),
                        ZOO_EPHEMERAL_SEQUENTIAL, order_buf.data(),
                        static_cast<int>(order_buf.size()));
-    int rc = zoo_multi(zh_, n, ops, results);
+    const int rc = zoo_multi(zh_, 4, ops, results);
     if (rc == ZOK) {
       own_order_path_ = order_buf.data();
-      Stat stat{};
-      rc = zoo_exists(zh_, member_path_.c_str(), 0, &stat);
       *czxid = stat.czxid;
-      return rc;
+      return ZOK;
     }
-    if (!create_mark && results[0].err == ZNONODE) return kMarkGone;
-    if (results[order_op].err == ZNONODE && !retried) {
+    if (results[0].err == ZNONODE) {
+      if (!create_mark) return kMarkGone;
+      if (made_mark) return ZNONODE;  // deleted again at once: retried later
+      for (const std::string* path : {&marks_path_, &mark_path_}) {
+        const int made = Create(*path, "", ZOO_PERSISTENT);
+        if (made == ZNONODE) settings_ok_ = false;  // .cluster was deleted: recreate it
+        if (made != ZOK && made != ZNODEEXISTS) return made;
+      }
+      made_mark = true;
+      continue;
+    }
+    if (results[3].err == ZNONODE && !made_order) {
       // No .cluster/order yet (a ring an earlier version made): create it.
       const int made = Create(order_path_, "", ZOO_PERSISTENT);
       if (made == ZNONODE) settings_ok_ = false;  // .cluster was deleted: recreate it
       if (made != ZOK && made != ZNODEEXISTS) return made;
+      made_order = true;
       continue;
     }
-    const int err = results[member_op].err;
+    const int err = results[1].err;
     return err != ZOK && err != ZRUNTIMEINCONSISTENCY ? err : rc;
   }
+}
+
+// Deletes the order node of our last registration, if we may still hold
+// one: ZOK once there is none. Kept on any other answer, to try again.
+int Registry::Impl::DeleteOwnOrderNode() {
+  if (own_order_path_.empty()) return ZOK;
+  const int rc = zoo_delete(zh_, own_order_path_.c_str(), -1);
+  if (rc != ZOK && rc != ZNONODE) return rc;
+  own_order_path_.clear();
+  return ZOK;
 }
 
 // The paths of the order nodes of member node "name" made with creation
@@ -1054,11 +1076,8 @@ Status Registry::Impl::RemoveNode() {
     if (rc == ZOK) spdlog::info("registry: deregistered {}", member_path_);
   }
   if (rc != ZOK && rc != ZNONODE) return ZkError("delete", member_path_, rc);
-  if (!own_order_path_.empty()) {
-    rc = zoo_delete(zh_, own_order_path_.c_str(), -1);
-    if (rc != ZOK && rc != ZNONODE) return ZkError("delete", own_order_path_, rc);
-    own_order_path_.clear();
-  }
+  rc = DeleteOwnOrderNode();
+  if (rc != ZOK) return ZkError("delete", own_order_path_, rc);
   {
     std::lock_guard<std::mutex> lock(mu_);
     deregister_ = false;
@@ -1295,7 +1314,9 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
 //
 // The change node first: a view without it must show every member and mark
 // registered before it went (partition/change.h relies on it). Its read is
-// sent before the others of its step; what is not read again in that step
+// sent before the others of its step (an exists while the view has no
+// change node; the get that follows if it came is answered after them, so
+// more of the step may need reading again); what is not read again in that step
 // is used only if no event about it came before the change node's answer
 // (else another step reads it). A view whose every path is clean when the
 // last answer came is ZooKeeper's state at that answer; after kReadPasses
@@ -1509,7 +1530,15 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
   View next = view_;
 
   auto first = std::make_shared<ReadBatch>();
-  ReadOp* change = wanted(change_path_) ? Send(first, Kind::kGet, change_path_, true) : nullptr;
+  // The change node is there only while a ring change runs: where the view
+  // has none, an exists (which watches its creation) asks for it, and its
+  // data is read only if it came.
+  const bool change_wanted = wanted(change_path_);
+  ReadOp* change_probe = change_wanted && !view_.change
+                             ? Send(first, Kind::kExists, change_path_, true)
+                             : nullptr;
+  ReadOp* change = change_wanted && view_.change ? Send(first, Kind::kGet, change_path_, true)
+                                                 : nullptr;
   ReadOp* children = wanted(opt_.service_path)
                          ? Send(first, Kind::kChildren, opt_.service_path, true)
                          : nullptr;
@@ -1525,7 +1554,19 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
 
   auto second = std::make_shared<ReadBatch>();
   ReadOp* change_exists = nullptr;
-  if (change != nullptr) {
+  ReadOp* change_data = nullptr;  // the get after an exists that found it
+  // The answer that read the change node's state: the rule on what else a
+  // view may use is ordered by it (ReadAgain).
+  ReadOp* change_read = change != nullptr ? change : change_probe;
+  if (change_probe != nullptr) {
+    if (change_probe->rc == ZOK) {
+      change_data = Send(second, Kind::kGet, change_path_, true);
+      change_read = change_data;
+    } else if (change_probe->rc != ZNONODE) {
+      return ZkError("exists", change_path_, change_probe->rc);
+    }
+    next.change.reset();
+  } else if (change != nullptr) {
     if (change->rc == ZNONODE) {
       next.change.reset();
       // No watch was left by the get: watch its creation.
@@ -1651,6 +1692,12 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
   }
   FLATKV_RETURN_IF_ERROR(Wait(second));
 
+  // ZNONODE: deleted since the exists, whose watch tells.
+  if (change_data != nullptr && change_data->rc == ZOK) {
+    next.change = ParseChange(change_data->data, change_data->stat);
+  } else if (change_data != nullptr && change_data->rc != ZNONODE) {
+    return ZkError("get", change_path_, change_data->rc);
+  }
   const auto add_read = [&](const std::string& name, const ReadOp& op) -> Status {
     if (op.rc == ZNONODE) return Status::OK();  // gone since the listing; its watch event follows
     if (op.rc != ZOK) return ZkError("exists", op.path, op.rc);
@@ -1677,9 +1724,9 @@ Status Registry::Impl::ReadPass(const std::map<std::string, uint64_t>& dirty) {
   }
   next.valid = true;
   view_ = std::move(next);
-  if (change != nullptr) {
+  if (change_read != nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
-    change_seq_ = change->seq;
+    change_seq_ = change_read->seq;
   }
   return Status::OK();
 }
