@@ -12,10 +12,12 @@
 //   join     a new registry registers;
 //   kill9    a flatkv-server is killed with SIGKILL (its node goes when
 //            ZooKeeper expires its session, a session timeout later).
-// For each: ZooKeeper requests (mntr's zk_packets_received, minus the idle
-// rate over the same time), ZooKeeper CPU seconds (/proc, minus idle), and
-// the milliseconds until each registry's ring showed the change (p50, p99,
-// max; kill9's from the kill). One JSON object per line on stdout.
+// For each: ZooKeeper requests (mntr's zk_packets_received; minus the idle
+// rate over the same time but for startup, which shows it both ways),
+// ZooKeeper CPU seconds (/proc, minus idle), the milliseconds until each
+// registry's ring showed the change (p50, p99, max; kill9's from the kill),
+// and how many ring reads each registry made and ZooKeeper reads they took
+// (RegistryStats). One JSON object per line on stdout.
 //
 //   flatkv-registry-bench --members 30,100,300 --servers 3
 //       --server-bin build/server/flatkv-server --zk-cpu 0 --bench-cpu 1
@@ -56,6 +58,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using partition::Registry;
 using partition::RegistryOptions;
+using partition::RegistryStats;
 using partition::Ring;
 
 int64_t NowMs() {
@@ -341,7 +344,7 @@ class Bench {
       const auto b = Snapshot();
       Expect("127.0.0.1:" + std::to_string(40000 + n_), true, 0);
       MarkSelf(n_ - 1);
-      members_[n_ - 1] = StartMember(n_, 100 * ((n_ - 1) / f_.replicas + 1));
+      Replace(n_ - 1, StartMember(n_, 100 * ((n_ - 1) / f_.replicas + 1)));
       const bool ok = WaitAll(b.ms);
       std::this_thread::sleep_for(std::chrono::seconds(1));
       Print("join", b, Snapshot(), ok, b.ms, true);
@@ -368,8 +371,28 @@ class Bench {
     int64_t ms;
     int64_t packets;
     double cpu;
+    int64_t ring_reads;  // the registries' (RegistryStats), closed ones' included
+    int64_t zk_reads;
   };
-  Snap Snapshot() { return Snap{NowMs(), zk_.packets(), zk_.cpu()}; }
+  Snap Snapshot() {
+    Snap s{NowMs(), zk_.packets(), zk_.cpu(), retired_.ring_reads, retired_.zk_reads};
+    for (const Member& m : members_) {
+      if (!m.registry) continue;
+      const RegistryStats st = m.registry->stats();
+      s.ring_reads += st.ring_reads;
+      s.zk_reads += st.zk_reads;
+    }
+    return s;
+  }
+  // Replaces member i, keeping the counters of the one it replaces.
+  void Replace(int i, Member m) {
+    if (members_[i].registry) {
+      const RegistryStats st = members_[i].registry->stats();
+      retired_.ring_reads += st.ring_reads;
+      retired_.zk_reads += st.zk_reads;
+    }
+    members_[i] = std::move(m);
+  }
 
   Member StartMember(int i, int64_t mark) {
     Member m;
@@ -448,8 +471,9 @@ class Bench {
     const double seconds = (a.ms - b.ms) / 1000.0;
     double requests = static_cast<double>(a.packets - b.packets);
     double cpu = a.cpu - b.cpu;
+    const double beyond_idle = requests - idle_packets_per_s_ * seconds;
     if (subtract_idle) {
-      requests -= idle_packets_per_s_ * seconds;
+      requests = beyond_idle;
       cpu -= idle_cpu_per_s_ * seconds;
     }
     std::vector<int64_t> lat;
@@ -469,11 +493,15 @@ class Bench {
         "{\"phase\": \"%s\", \"members\": %d, \"registries\": %d, \"servers\": %d, "
         "\"session_timeout_ms\": %d, \"seconds\": %.2f, \"zk_requests\": %.0f, "
         "\"requests_per_member\": %.2f, \"zk_cpu_s\": %.2f, \"all_seen\": %s, \"seen\": %zu, "
-        "\"p50_ms\": %lld, \"p99_ms\": %lld, \"max_ms\": %lld}\n",
+        "\"p50_ms\": %lld, \"p99_ms\": %lld, \"max_ms\": %lld, "
+        "\"beyond_idle_per_member\": %.2f, \"ring_reads_per_registry\": %.2f, "
+        "\"zk_reads_per_registry\": %.2f}\n",
         phase, members, n_, f_.servers, f_.session_timeout_ms, seconds, requests,
         requests / members, cpu, all_seen ? "true" : "false", lat.size(),
         static_cast<long long>(pct(0.5)), static_cast<long long>(pct(0.99)),
-        static_cast<long long>(lat.empty() ? -1 : lat.back()));
+        static_cast<long long>(lat.empty() ? -1 : lat.back()),
+        beyond_idle / members, static_cast<double>(a.ring_reads - b.ring_reads) / n_,
+        static_cast<double>(a.zk_reads - b.zk_reads) / n_);
     std::fflush(stdout);
   }
 
@@ -483,6 +511,7 @@ class Bench {
   std::vector<Member> members_;
   std::vector<Server> servers_;
   Watcher watcher_;
+  RegistryStats retired_;  // of registries replaced since the start
   double idle_packets_per_s_ = 0;
   double idle_cpu_per_s_ = 0;
 };
