@@ -213,16 +213,40 @@ uint64_t FlatIndex::Load(uint64_t slot) const {
 Status FlatIndex::ReservePage(uint64_t page) {
   std::atomic<uint64_t>& word = reserved_[page / 64];
   const uint64_t bit = uint64_t{1} << (page % 64);
+  if (word.load(std::memory_order_acquire) & bit) return Status::OK();
+  // One reserver at a time: a page found empty below is filled with zeros,
+  // which must not land after another reserver's caller stored a slot there.
+  std::lock_guard<std::mutex> lock(reserve_mu_);
   if (word.load(std::memory_order_relaxed) & bit) return Status::OK();
   const uint64_t off = kHeaderBytes + page * kPage;
   const uint64_t len = std::min<uint64_t>(kPage, len_ - off);
-  if (fallocate(fd_, 0, static_cast<off_t>(off), static_cast<off_t>(len)) != 0) {
+  // A page that is a hole is reserved by writing its zeros: the file system
+  // reserves its block then (a full disk fails this write, not a later
+  // store through the mapping) and allocates it at write-back, in file
+  // order, next to its neighbours. fallocate, which cannot harm a page that
+  // holds slots, is kept for those: an extent fallocate'd page by page in
+  // random order stays an extent of its own, and the first msync after
+  // thousands of them converts each one (measured: over a second for a
+  // 12 MiB index filled by a compaction, against 20 ms for written holes).
+  const off_t data = lseek(fd_, static_cast<off_t>(off), SEEK_DATA);
+  const bool hole = (data < 0 && errno == ENXIO) ||
+                    (data >= 0 && static_cast<uint64_t>(data) >= off + len);
+  if (hole) {
+    static const char kZeros[kPage] = {};
+    size_t done = 0;
+    while (done < len) {
+      const ssize_t n = pwrite(fd_, kZeros + done, len - done, static_cast<off_t>(off + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Status::FromErrno("reserving index page in " + path_, n < 0 ? errno : EIO);
+      done += static_cast<size_t>(n);
+    }
+  } else if (fallocate(fd_, 0, static_cast<off_t>(off), static_cast<off_t>(len)) != 0) {
     int err = errno;
     if (err != EOPNOTSUPP) return Status::FromErrno("reserving index page in " + path_, err);
     err = posix_fallocate(fd_, static_cast<off_t>(off), static_cast<off_t>(len));
     if (err != 0) return Status::FromErrno("reserving index page in " + path_, err);
   }
-  word.fetch_or(bit, std::memory_order_relaxed);
+  word.fetch_or(bit, std::memory_order_release);
   return Status::OK();
 }
 

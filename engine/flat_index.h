@@ -41,6 +41,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,7 @@ class FlatIndex {
   uint64_t dead_bytes_ = 0;
   // One bit per page of the slot area: reserved by this process already.
   std::unique_ptr<std::atomic<uint64_t>[]> reserved_;
+  std::mutex reserve_mu_;  // serializes ReservePage's first reservation of a page
   // Live-slot summary: total, per chunk, and per group (an array of
   // kChunkSlots / kGroupSlots counts per chunk, allocated on first use and
   // freed by the destructor).
