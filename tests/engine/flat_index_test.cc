@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/flat_index.h"
@@ -306,6 +307,30 @@ TEST_CASE("FlatIndex reopened keeps the slots of a page it reserves again", "[en
     INFO("slot " << s);
     REQUIRE(index->Load(s) == (stored ? s + 1 : 0));
   }
+}
+
+TEST_CASE("FlatIndex: writers storing into the same new pages at once lose no slot",
+          "[engine][index]") {
+  // Writers of different data files store into neighbouring slots, so they
+  // reserve the same pages at the same moment: the first reservation of a
+  // page (which fills a hole with zeros) must not land after another
+  // writer's store there.
+  TempDir dir;
+  const int kWriters = 4;
+  const IndexParams p = Params(6, 400000, 0, kWriters);
+  auto index = MustOpen(dir / "index", p);
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      for (uint64_t s = static_cast<uint64_t>(w); s < p.slots; s += kWriters) {
+        if (!index->Store(s, s + 1).ok()) return;
+      }
+    });
+  }
+  for (auto& t : writers) t.join();
+  uint64_t lost = 0;
+  for (uint64_t s = 0; s < p.slots; ++s) lost += index->Load(s) != s + 1;
+  REQUIRE(lost == 0);
 }
 
 TEST_CASE("FlatIndex on a full disk refuses a store into a new page, with NoSpace",
