@@ -224,10 +224,10 @@ Status FlatIndex::ReservePage(uint64_t page) {
   // reserves its block then (a full disk fails this write, not a later
   // store through the mapping) and allocates it at write-back, in file
   // order, next to its neighbours. fallocate, which cannot harm a page that
-  // holds slots, is kept for those: an extent fallocate'd page by page in
-  // random order stays an extent of its own, and the first msync after
-  // thousands of them converts each one (measured: over a second for a
-  // 12 MiB index filled by a compaction, against 20 ms for written holes).
+  // holds slots, is kept for those. Pages fallocate'd one by one in random
+  // order (a compaction fills its new index so) stay an extent each, and
+  // the next msync converts them one at a time: docs/performance.md,
+  // "Index pages of a new generation".
   const off_t data = lseek(fd_, static_cast<off_t>(off), SEEK_DATA);
   const bool hole = (data < 0 && errno == ENXIO) ||
                     (data >= 0 && static_cast<uint64_t>(data) >= off + len);
