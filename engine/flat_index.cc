@@ -231,21 +231,22 @@ Status FlatIndex::ReservePage(uint64_t page) {
   const off_t data = lseek(fd_, static_cast<off_t>(off), SEEK_DATA);
   const bool hole = (data < 0 && errno == ENXIO) ||
                     (data >= 0 && static_cast<uint64_t>(data) >= off + len);
+  int err = 0;
   if (hole) {
     static const char kZeros[kPage] = {};
-    size_t done = 0;
-    while (done < len) {
+    for (size_t done = 0; done < len && err == 0;) {
       const ssize_t n = pwrite(fd_, kZeros + done, len - done, static_cast<off_t>(off + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return Status::FromErrno("reserving index page in " + path_, n < 0 ? errno : EIO);
-      done += static_cast<size_t>(n);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (n == 0 || errno != EINTR) {
+        err = n == 0 ? EIO : errno;
+      }
     }
   } else if (fallocate(fd_, 0, static_cast<off_t>(off), static_cast<off_t>(len)) != 0) {
-    int err = errno;
-    if (err != EOPNOTSUPP) return Status::FromErrno("reserving index page in " + path_, err);
-    err = posix_fallocate(fd_, static_cast<off_t>(off), static_cast<off_t>(len));
-    if (err != 0) return Status::FromErrno("reserving index page in " + path_, err);
+    err = errno;
+    if (err == EOPNOTSUPP) err = posix_fallocate(fd_, static_cast<off_t>(off), static_cast<off_t>(len));
   }
+  if (err != 0) return Status::FromErrno("reserving index page in " + path_, err);
   word.fetch_or(bit, std::memory_order_release);
   return Status::OK();
 }
