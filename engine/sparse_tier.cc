@@ -164,8 +164,12 @@ void SparseTier::Cover(int64_t key) {
 
 Status SparseTier::Put(int64_t key, std::string_view value) {
   Cover(key);
-  FLATKV_RETURN_IF_ERROR(Named(table_->SPut(EncodeSparseKey(key), value)));
-  NoteChange(key, true);
+  bool replaced;
+  FLATKV_RETURN_IF_ERROR(Named(table_->SPut(EncodeSparseKey(key), value, &replaced)));
+  // A key its bucket held is in the key order already (the Store serializes
+  // the writes of a key, so its last put noted it): an overwrite leaves the
+  // order alone (noting it anyway cost a tenth of an overwrite's time).
+  if (!replaced) NoteChange(key, true);
   return Status::OK();
 }
 

@@ -1252,7 +1252,8 @@ Status Store::CheckStringKey(std::string_view key) const {
   return Status::OK();
 }
 
-Status Store::SPut(std::string_view key, std::string_view value) {
+Status Store::SPut(std::string_view key, std::string_view value, bool* replaced) {
+  if (replaced != nullptr) *replaced = false;
   WaitForCompactor(RecordSize(key.size() + value.size()));  // before any Guard: it may wait
   return NoteWrite([&]() -> Status {
     Guard guard(this);
@@ -1292,11 +1293,13 @@ Status Store::SPut(std::string_view key, std::string_view value) {
     FLATKV_RETURN_IF_ERROR(st);
     if (small) {
       // Almost always compact already (this path writes it so): one pass.
-      if (!PutInCompactBucket(bucket, key, value, &rewritten)) {
+      bool found = false;
+      if (!PutInCompactBucket(bucket, key, value, &rewritten, &found)) {
         bucket += entry;
         rewritten = CompactBucket(bucket);
       }
       Status put = table->Put(ikey, rewritten);
+      if (put.ok() && replaced != nullptr) *replaced = found;
       // A known filter has the key's bit already; an unknown one (blocked
       // above) is learnt here, where the whole bucket is at hand.
       if (put.ok() && !(FilterLoad(slot) & kFilterKnown)) {

@@ -240,8 +240,12 @@ class Store {
   // included, up to max_key_bytes. SGet follows Get's contract: NotFound
   // leaves *value unchanged. SPut returns InvalidArgument for a key over
   // max_key_bytes and ValueTooLarge for a value over max_value_bytes.
+  // SPut's *replaced (if given) is true when the put is known to have
+  // replaced a live value of the key (its bucket was small enough to be
+  // rewritten whole); false when the key was absent, or when the put only
+  // appended to a large bucket, which it does not read.
   Status SGet(std::string_view key, std::string* value) const;
-  Status SPut(std::string_view key, std::string_view value);
+  Status SPut(std::string_view key, std::string_view value, bool* replaced = nullptr);
   Status SRemove(std::string_view key, bool* existed = nullptr);
 
   // A write into a bucket whose record fails its checksum succeeds: the

@@ -180,24 +180,27 @@ bool BucketIsCompact(std::string_view bucket) {
 }
 
 bool PutInCompactBucket(std::string_view bucket, std::string_view key, std::string_view value,
-                        std::string* out) {
+                        std::string* out, bool* replaced) {
   out->clear();
   out->reserve(bucket.size() + key.size() + value.size() + 21);  // 1 + two varints
   bool damaged;
   if (!bucket.empty() && static_cast<BucketEntryKind>(bucket.front()) == BucketEntryKind::kDamaged) {
     AppendBucketDamaged(out);
   }
-  bool placed = false;
+  bool placed = false, found = false;
   const bool ok = ForEachCompactEntry(bucket, &damaged, [&](std::string_view k,
                                                             std::string_view entry) {
     if (!placed && !(k < key)) {
       AppendBucketPut(out, key, value);  // before k, or in place of it
       placed = true;
-      if (k == key) return;
+      found = k == key;
+      if (found) return;
     }
     out->append(entry);
   });
   if (!ok) return false;
+  // A compact bucket's entries after a damaged mark may be removes.
+  if (replaced != nullptr) *replaced = found && !damaged;
   // (A damaged mark alone or with removes only is compact: BucketIsCompact.)
   if (!placed) AppendBucketPut(out, key, value);
   return true;

@@ -91,9 +91,11 @@ uint8_t BucketFilter(std::string_view bucket);
 
 // CompactBucket(bucket + a put of key), in one pass and one allocation, for
 // a compact bucket (BucketIsCompact) or an empty one: stores it in *out and
-// returns true. Returns false, *out unspecified, for any other bucket.
+// returns true, with *replaced (if given) true when the bucket held a live
+// put of key (never for a damaged bucket, whose other keys are unknown).
+// Returns false, *out and *replaced unspecified, for any other bucket.
 bool PutInCompactBucket(std::string_view bucket, std::string_view key, std::string_view value,
-                        std::string* out);
+                        std::string* out, bool* replaced = nullptr);
 
 // CompactBucket(bucket + a remove of key), in one pass, for a compact bucket
 // without a damaged mark (live puts only): stores it in *out (empty when

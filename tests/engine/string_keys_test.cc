@@ -112,12 +112,18 @@ TEST_CASE("A compact bucket is recognized without rebuilding it and stays compac
     const std::string& k = keys[rng() % keys.size()];
     const std::string v(rng() % 4, 'n');
     std::string out;
-    const bool done = flatkv::engine::PutInCompactBucket(b, k, v, &out);
+    bool replaced = false;
+    const bool done = flatkv::engine::PutInCompactBucket(b, k, v, &out, &replaced);
     REQUIRE(done == (is || b.empty()));
     if (done) {
       std::string with = b;
       flatkv::engine::AppendBucketPut(&with, k, v);
       REQUIRE(out == flatkv::engine::CompactBucket(with));
+      // The sparse tier leaves its key order alone when a put replaced the
+      // key: a wrong "true" would lose the key from scans.
+      std::string ignored;
+      REQUIRE(replaced == (!flatkv::engine::BucketDamaged(b) &&
+                           flatkv::engine::FindInBucket(b, k, &ignored) == BucketLookup::kFound));
     }
     // SRemove's rewrite: a compact bucket without a damaged mark only.
     bool found = false;
