@@ -26,7 +26,9 @@
 // is sorted and folded into the set once it is long enough or when the
 // order is read. A B-tree insert of a random key costs a cache miss per
 // level (about a third of a put's time in a million-key tier); a sorted
-// batch walks the tree in order and costs about a quarter of that.
+// batch walks the tree in order and costs about a quarter of that. A put
+// that replaced a key its bucket held (Store::SPut says so) notes nothing:
+// the key is in the order already.
 //
 // Thread safety: every method may be called from any thread. A put or
 // remove updates the table and then the key order, so a scan running
