@@ -168,7 +168,7 @@ Status SparseTier::Put(int64_t key, std::string_view value) {
   FLATKV_RETURN_IF_ERROR(Named(table_->SPut(EncodeSparseKey(key), value, &replaced)));
   // A key its bucket held is in the key order already (the Store serializes
   // the writes of a key, so its last put noted it): an overwrite leaves the
-  // order alone (noting it anyway cost a tenth of an overwrite's time).
+  // order alone rather than sorting and folding the key in for nothing.
   if (!replaced) NoteChange(key, true);
   return Status::OK();
 }
