@@ -4,8 +4,10 @@
 # sweep can go on where one stopped), and writes a markdown report table.
 #
 #   deploy/jepsen.sh [--runs N] [--first-seed K] [--seconds S] [--scenarios a,b] [--modes sync,async]
-#                    [--server BIN] [--clock-server BIN] [--out DIR]
+#                    [--server BIN] [--clock-server BIN] [--set KEY=VALUE]... [--out DIR]
 #
+# --set gives every member a setting (flatkv-server --set), e.g.
+# --set storage.sparse_tier=on runs the suite's keys through the sparse tier.
 # Needs root, nft, go and Java (deploy/install-deps.sh). The server defaults
 # to build/server/flatkv-server (or $FLATKV_SERVER). The clock scenario runs a
 # server under libfaketime, which deadlocks jemalloc at start-up, so it takes
@@ -28,6 +30,7 @@ modes=sync,async
 server=${FLATKV_SERVER:-$repo/build/server/flatkv-server}
 clock_server=${FLATKV_CLOCK_SERVER:-$repo/build-nojemalloc/server/flatkv-server}
 out=$repo/build/jepsen-$(date +%Y%m%d-%H%M%S)
+settings=()
 
 while (($#)); do
   case "$1" in
@@ -39,7 +42,8 @@ while (($#)); do
     --server) server=$2; shift 2 ;;
     --clock-server) clock_server=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+    --set) settings+=(--set "$2"); shift 2 ;;
+    *) sed -n '2,23p' "$0" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -51,7 +55,8 @@ for ((i = 1; i <= runs; i++)); do
       bin=$server
       [[ $sc == clock ]] && bin=$clock_server
       /usr/bin/python3 "$repo/tests/jepsen/run.py" --scenario "$sc" --mode "$mode" \
-        --seconds "$seconds" --server "$bin" --out "$out" --seed "$((first_seed + i - 1))" 2>&1 \
+        --seconds "$seconds" --server "$bin" --out "$out" --seed "$((first_seed + i - 1))" \
+        "${settings[@]}" 2>&1 \
         | tee -a "$out/run.log" | grep -E '^(==|ANOMALY|  evidence|[a-z-]+ +(sync|async) +ops)'
       rc=${PIPESTATUS[0]}
       ((rc == 2)) && { echo "jepsen.sh: the suite could not run (see $out/run.log)" >&2; exit 2; }

@@ -83,12 +83,13 @@ class ZooKeeperEnsemble:
 
 
 class Member:
-    """One flatkv-server in namespace fkj-<name> at "addr":PORT. With
+    """One flatkv-server in namespace fkj-<name> at "addr":PORT, with the
+    run's own --set arguments in "settings" after the suite's. With
     "faketime", it runs under libfaketime with its wall clock read from a
     file (set_clock) and its monotonic clock left alone."""
 
     def __init__(self, work, net, server_bin, zk, name, addr, mark, replication,
-                 session_ms, faketime=False):
+                 session_ms, faketime=False, settings=()):
         self.name, self.addr, self.mark = name, addr, mark
         self.ns = net.add(name, addr)
         self.address = "%s:%d" % (addr, PORT)
@@ -102,6 +103,8 @@ class Member:
                      "--set", "cluster.mark=%d" % mark,
                      "--set", "cluster.replication=" + replication,
                      "--set", "cluster.session_timeout_ms=%d" % session_ms]
+        for kv in settings:  # the run's own settings (run.py --set)
+            self.args += ["--set", kv]
         self.clock_file = os.path.join(work, name + ".faketime") if faketime else None
         if self.clock_file:
             self.set_clock("+0")

@@ -59,6 +59,8 @@ def parse():
     p.add_argument("--writes-in-doubt", action="store_true",
                    help="every error answered to a write is in doubt (default: the server's retry contract)")
     p.add_argument("--keep", action="store_true", help="keep the evidence even without an anomaly")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for every member (flatkv-server --set), e.g. storage.sparse_tier=on")
     return p.parse_args()
 
 
@@ -292,7 +294,8 @@ def main():
             members.append(cluster.Member(
                 work, net, args.server, zk_of.get(n, zk), "n%d" % n,
                 "%s.%d" % (topology.SUBNET, 10 + n), mark,
-                args.mode, args.session_ms, faketime=(args.scenario == "clock" and n == 3)))
+                args.mode, args.session_ms, faketime=(args.scenario == "clock" and n == 3),
+                settings=args.set))
     # Registration order makes the chain: start one at a time.
     # Not through the follower the nemesis cuts: it would see the tail's
     # node go only once that follower gave up.
@@ -393,7 +396,7 @@ def main():
     timings = fault_timings(nem.events, ops, watch, members)
     result = {
         "scenario": args.scenario, "mode": args.mode, "seconds": args.seconds, "seed": args.seed,
-        "session_ms": args.session_ms, "server": args.server,
+        "session_ms": args.session_ms, "server": args.server, "settings": args.set,
         "ops": len(ops), **counts,
         "linearizable": linearizable, "check": verdict, "stale_reads": len(stale),
         "phantom_reads": len(phantoms),
