@@ -264,7 +264,7 @@ for wanted in ("tail", "middle", "head"):
 # SIGSTOP of mark B's head past its session timeout, then SIGCONT.
 victim = by_role(MARK_B, "head")
 paused.add(victim)
-victim.proc.send_signal(signal.SIGSTOP)
+harness.pause(victim.proc)
 wait_chain(MARK_B, 2, timeout=SESSION_MS / 1000 * 4 + 10)
 wait_progress("SIGSTOP of a head")
 victim.proc.send_signal(signal.SIGCONT)

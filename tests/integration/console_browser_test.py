@@ -371,7 +371,10 @@ try:
     # to cluster.peer_timeout_ms, and so does a /kv write to its mark (its
     # chain waits for it): both off the HTTP loop, so the instance's
     # /health answers meanwhile, before either does.
-    joiner.proc.send_signal(signal.SIGSTOP)
+    t_stop = time.monotonic()
+    stopped = harness.pause(joiner.proc)
+    check(stopped, "every thread of the joiner stopped (SIGSTOP) within %.3f s" %
+          (time.monotonic() - t_stop))
     done = {}
 
     def timed(name, method, path, body=None, token=None):

@@ -564,7 +564,7 @@ def run_fault(what, fault, heal, settle, check_stale):
 
 
 stop_failures = run_fault(
-    "b paused with SIGSTOP", lambda: mb.proc.send_signal(signal.SIGSTOP),
+    "b paused with SIGSTOP", lambda: harness.pause(mb.proc),
     lambda: mb.proc.send_signal(signal.SIGCONT), lambda: time.sleep(0.2), False)
 check(all("did not answer" in f[2] and "cluster.peer_timeout_ms" in f[2] and str(B) in f[2]
           for f in stop_failures),

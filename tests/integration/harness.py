@@ -165,6 +165,30 @@ def start(server_bin, port, data, *extra, stderr=subprocess.DEVNULL, env=None):
     return proc
 
 
+def pause(proc, timeout=10):
+    """SIGSTOP, then waits until every thread of proc is stopped: the kernel
+    stops a process only once the thread that takes the signal runs again,
+    and a thread sleeping in the kernel (a disk write on a loaded machine)
+    may take hundreds of milliseconds while the other threads still answer
+    calls. Returns False if some thread is not stopped within "timeout"."""
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        try:
+            for tid in os.listdir("/proc/%d/task" % proc.pid):
+                with open("/proc/%d/task/%s/stat" % (proc.pid, tid)) as f:
+                    # "pid (comm) state ...": comm may hold spaces
+                    states.append(f.read().rpartition(")")[2].split()[0])
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return False  # the process is gone
+        if states and all(s in ("T", "t") for s in states):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+
+
 def stop(proc, timeout=60):
     """SIGTERM, then the exit code."""
     proc.send_signal(signal.SIGTERM)

@@ -136,7 +136,7 @@ wait_until("C's chain of two", lambda: ring(b1) == {B: [b1.port], C: [c0.port, c
 c_keys = {k: b"c%d" % k for k in range(2001, 2500, 7)}
 for k, v in c_keys.items():
     b1.call(lambda c: c.put(k, v))
-c0.proc.send_signal(signal.SIGSTOP)
+harness.pause(c0.proc)
 r = remove_mark(b1, C)
 check(r.returncode == 0, "flatkv admin remove-mark 2500 through b1 while c0 is stopped: %r"
       % r.stderr[-200:])

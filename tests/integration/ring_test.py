@@ -567,7 +567,7 @@ check(max(reads) <= 3,
 
 sessions_before = ma.c.stats().get("cluster.zk_sessions", 0)
 ma.drop()
-ma.proc.send_signal(signal.SIGSTOP)
+harness.pause(ma.proc)
 took = harness.wait_ring([mb.port, mc.port], without(ma), SESSION_MS / 1000 + 3)
 check(took is not None, "a paused with SIGSTOP: its session expires and the others drop it (%.2f s)"
       % (took if took is not None else -1))

@@ -320,7 +320,7 @@ def czxid(path):
 
 
 before = czxid(b1.node())
-b1.proc.send_signal(signal.SIGSTOP)
+harness.pause(b1.proc)
 time.sleep(SESSION_MS / 1000.0 * 3 + 1)
 b1.proc.send_signal(signal.SIGCONT)
 wait("session expiry: b1 registers again (a new member node)",
