@@ -82,6 +82,7 @@
 #include <vector>
 
 #include "partition/zk_hosts.h"
+#include "partition/zk_multi.h"
 
 namespace flatkv::partition {
 namespace {
@@ -977,7 +978,7 @@ int Registry::Impl::CreateMember(bool create_mark, int64_t* czxid) {
     zoo_create_op_init(&ops[3], order_prefix.c_str(), nullptr, -1, acl_.get(),
                        ZOO_EPHEMERAL_SEQUENTIAL, order_buf.data(),
                        static_cast<int>(order_buf.size()));
-    const int rc = zoo_multi(zh_, 4, ops, results);
+    const int rc = ZkMulti(zh_, 4, ops, results);
     if (rc == ZOK) {
       own_order_path_ = order_buf.data();
       *czxid = stat.czxid;
@@ -1251,7 +1252,7 @@ Status Registry::Impl::RecordNow(const RecordedChain& chain) {
                          static_cast<int>(json.size()), acl_.get(), ZOO_PERSISTENT, created,
                          sizeof(created));
     }
-    rc = zoo_multi(zh_, static_cast<int>(n), ops.data(), results.data());
+    rc = ZkMulti(zh_, static_cast<int>(n), ops.data(), results.data());
     if (rc == ZOK) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -1943,7 +1944,7 @@ Status Registry::Impl::ChangeNow(const Request& request) {
       zoo_op_result_t results[2] = {};
       zoo_check_op_init(&ops[0], change_path_.c_str(), node.version);
       zoo_delete_op_init(&ops[1], path.c_str(), -1);
-      rc = zoo_multi(zh_, 2, ops, results);
+      rc = ZkMulti(zh_, 2, ops, results);
       if (rc != ZOK && results[0].err != ZOK) {
         return Status::Busy("the ring change node changed while mark " +
                             std::to_string(request.change.source) + "'s node was deleted; "

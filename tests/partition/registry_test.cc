@@ -25,6 +25,7 @@
 
 #include "partition/registry.h"
 #include "partition/zk_hosts.h"
+#include "partition/zk_multi.h"
 
 #if defined(__SANITIZE_THREAD__)
 // libzookeeper_mt formats log text into a static buffer (a race between the
@@ -129,6 +130,7 @@ class Inspector {
     return Eventually([this] { return connected_.load(); }, timeout);
   }
   ~Inspector() { Close(); }
+  zhandle_t* handle() const { return zh_; }
   void Close() {
     if (zh_ != nullptr) zookeeper_close(zh_);
     zh_ = nullptr;
@@ -1772,6 +1774,55 @@ TEST_CASE("The ZooKeeper client is given an odd number of servers, chroot kept",
   CHECK(ClientHosts("a:1,b:2,c:3,d:4") == "a:1,b:2,c:3,d:4,a:1");
   CHECK(ClientHosts("a:1,,b:2,") == "a:1,,b:2,,a:1");
   CHECK(ClientHosts("a:1/") == "a:1/");
+}
+
+// zoo_amulti frees the path of every op after the first it cannot build,
+// set or not; on an expired session it can build none (zk_multi.h).
+TEST_CASE("A multi on a handle whose session expired is refused and frees none of the caller's paths",
+          "[registry]") {
+  ZooKeeperServer zk;
+  Inspector zoo(zk.address());
+  zoo.Create("/flatkv");
+  Inspector doomed(zk.address());
+  const clientid_t session = *zoo_client_id(doomed.handle());
+  // ZooKeeper's FAQ: a second handle on the session, closed, ends it; the
+  // first learns it at its next reconnect.
+  const bool expired = Eventually([&] {
+    Inspector twin(zk.address(), &session);
+    if (twin.WaitConnected(2s)) twin.Close();
+    return Eventually([&] { return zoo_state(doomed.handle()) == ZOO_EXPIRED_SESSION_STATE; }, 2s);
+  }, 30s);
+  REQUIRE(expired);
+  // The registry's own multi: paths too long for a string's inline buffer,
+  // so each is the caller's heap memory.
+  const std::string mark = "/flatkv/.cluster/marks/1000000000000000000";
+  const std::string member = "/flatkv/thriftbinary1000000000000000000:127.0.0.1:65535";
+  const std::string order = "/flatkv/.cluster/order/thriftbinary1000000000000000000-";
+  const auto multi = [&](zhandle_t* zh, zoo_op_result_t* results) {
+    zoo_op_t ops[4];
+    Stat stat{};
+    char created[256];
+    zoo_check_op_init(&ops[0], mark.c_str(), -1);
+    zoo_create_op_init(&ops[1], member.c_str(), "x", 1, &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL,
+                       nullptr, 0);
+    zoo_set_op_init(&ops[2], member.c_str(), "y", 1, 0, &stat);
+    zoo_create_op_init(&ops[3], order.c_str(), nullptr, -1, &ZOO_OPEN_ACL_UNSAFE,
+                       ZOO_EPHEMERAL_SEQUENTIAL, created, sizeof(created));
+    return ZkMulti(zh, 4, ops, results);
+  };
+  for (int round = 0; round < 10; ++round) {
+    zoo_op_result_t results[4] = {};
+    CHECK(multi(doomed.handle(), results) == ZINVALIDSTATE);
+  }
+  CHECK(mark == "/flatkv/.cluster/marks/1000000000000000000");
+  CHECK(member == "/flatkv/thriftbinary1000000000000000000:127.0.0.1:65535");
+  CHECK(order == "/flatkv/.cluster/order/thriftbinary1000000000000000000-");
+  CHECK(zoo.Exists(member) == ZNONODE);
+  // On a connected handle the same multi goes out: it fails on the missing
+  // mark node, op by op.
+  zoo_op_result_t results[4] = {};
+  CHECK(multi(zoo.handle(), results) == ZNONODE);
+  CHECK(results[0].err == ZNONODE);
 }
 
 }  // namespace flatkv::partition
