@@ -239,6 +239,10 @@ const std::vector<Key>& Schema() {
       {"storage.compaction_garbage_ratio", "0.5", "compact a table once this share is garbage; 0 = never by itself",
        Ratio([](Config* c) { return &c->storage.compaction_garbage_ratio; },
              "storage.compaction_garbage_ratio")},
+      {"storage.compaction_min_bytes", "64Mi",
+       "no automatic compaction while the log bytes are under this (the whole store's for compaction_disk_ratio, a table's for compaction_garbage_ratio)",
+       Int<uint64_t>([](Config* c) { return &c->storage.compaction_min_bytes; }, 1,
+                     int64_t{1} << 50, "storage.compaction_min_bytes")},
       {"storage.compaction_disk_ratio", "1.5",
        "keep the log bytes under this multiple of the live bytes (compact the table with the most garbage; writes wait for the compactor past +0.1); 0 = off",
        Multiple([](Config* c) { return &c->storage.compaction_disk_ratio; },
@@ -546,6 +550,12 @@ Status LoadConfigInner(const std::string& path, const std::vector<std::string>& 
                        Config* config);
 
 }  // namespace
+
+engine::EngineOptions ServerStorageDefaults() {
+  engine::EngineOptions o;
+  o.compaction_min_bytes = uint64_t{64} << 20;
+  return o;
+}
 
 Status LoadConfig(const std::string& path, const std::vector<std::string>& overrides,
                   Config* config) {

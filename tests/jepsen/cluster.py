@@ -102,7 +102,11 @@ class Member:
                      "--set", "cluster.zookeeper=" + zk.hosts,
                      "--set", "cluster.mark=%d" % mark,
                      "--set", "cluster.replication=" + replication,
-                     "--set", "cluster.session_timeout_ms=%d" % session_ms]
+                     "--set", "cluster.session_timeout_ms=%d" % session_ms,
+                     # The workload's stores hold a few MB: with the
+                     # engine's floor instead of the server's 64 MiB they
+                     # compact during the faults too.
+                     "--set", "storage.compaction_min_bytes=1Mi"]
         for kv in settings:  # the run's own settings (run.py --set)
             self.args += ["--set", kv]
         self.clock_file = os.path.join(work, name + ".faketime") if faketime else None

@@ -113,6 +113,12 @@ TEST_CASE("DescribeConfig lists every key with its default and meaning", "[serve
   REQUIRE(LoadConfig("", {}, &c).ok());
   REQUIRE(text.find("server.port = 9901") != std::string::npos);
   REQUIRE(text.find("storage.index_item_bytes = 6") != std::string::npos);
+  // The one storage default a server sets apart from the engine's.
+  REQUIRE(text.find("storage.compaction_min_bytes = 64Mi") != std::string::npos);
+  REQUIRE(c.storage.compaction_min_bytes == uint64_t{64} << 20);
+  REQUIRE(flatkv::engine::EngineOptions{}.compaction_min_bytes == uint64_t{1} << 20);
+  REQUIRE(LoadConfig("", {"storage.compaction_min_bytes=1Mi"}, &c).ok());
+  REQUIRE(c.storage.compaction_min_bytes == uint64_t{1} << 20);
 }
 
 TEST_CASE("conf/flatkv.yaml loads, holds exactly the defaults and shows every key",
@@ -126,6 +132,7 @@ TEST_CASE("conf/flatkv.yaml loads, holds exactly the defaults and shows every ke
   REQUIRE(from_file.storage.key_max == defaults.storage.key_max);
   REQUIRE(from_file.storage.max_value_bytes == defaults.storage.max_value_bytes);
   REQUIRE(from_file.storage.compaction_garbage_ratio == defaults.storage.compaction_garbage_ratio);
+  REQUIRE(from_file.storage.compaction_min_bytes == defaults.storage.compaction_min_bytes);
   REQUIRE(from_file.cache.capacity_bytes == defaults.cache.capacity_bytes);
   REQUIRE(from_file.cache.mode == defaults.cache.mode);
   REQUIRE(from_file.log_level == defaults.log_level);
