@@ -78,10 +78,10 @@ struct ClusterOptions {
 // store compacts on its own only once its log holds 64 MiB (the engine's
 // default is 1 MiB), as Redis rewrites its append-only file only past
 // 64 MB. Below that a compaction at the default ratio of 1.5 copies two
-// bytes per byte it frees, often, on the core that answers the calls: with
-// 100,000 keys of 100 B it was the whole difference in put p999 and most
-// in CPU per put (docs/performance.md). The floor costs at most 64 MiB of
-// disk; past it the ratio holds as before.
+// bytes per byte it frees, many times a minute under overwrites, on the
+// core that answers the calls: it made most of a put's tail and CPU beyond
+// Redis's (docs/performance.md, "Compaction's share of a put"). The floor
+// costs at most 64 MiB of disk; past it the ratio holds as before.
 engine::EngineOptions ServerStorageDefaults();
 
 struct Config {
