@@ -15,7 +15,8 @@
 # build-nojemalloc/server/flatkv-server, or $FLATKV_CLOCK_SERVER; made by
 #   cmake -S . -B build-nojemalloc -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLATKV_JEMALLOC=OFF
 #   cmake --build build-nojemalloc --target flatkv-server flatkv
-# ). Each run's line goes to
+# which this script runs itself when the default is used, so that the clock
+# scenario never runs a server older than the tree). Each run's line goes to
 # DIR/results.jsonl; DIR/report.md is the table; a run with an anomaly keeps
 # its history, Porcupine's HTML and every log in a directory of DIR.
 # Exit status: 0 if no run found an anomaly, 1 otherwise, 2 if it could not run.
@@ -28,7 +29,7 @@ seconds=30
 scenarios=none,zk-cut-tail,zk-cut-head,zk-cut-any,peer-cut,isolate,asym,loss,pause,kill,zk-restart,zk-follower-cut,ring-change,ring-change-mix,clock
 modes=sync,async
 server=${FLATKV_SERVER:-$repo/build/server/flatkv-server}
-clock_server=${FLATKV_CLOCK_SERVER:-$repo/build-nojemalloc/server/flatkv-server}
+clock_server=${FLATKV_CLOCK_SERVER:-}
 out=$repo/build/jepsen-$(date +%Y%m%d-%H%M%S)
 settings=()
 
@@ -43,10 +44,24 @@ while (($#)); do
     --clock-server) clock_server=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --set) settings+=(--set "$2"); shift 2 ;;
-    *) sed -n '2,23p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,22p' "$0" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
+
+# The default clock server: built, or brought up to date (a binary older
+# than the tree may refuse a setting the suite passes).
+if [[ ,$scenarios, == *,clock,* && -z $clock_server ]]; then
+  nojemalloc=$repo/build-nojemalloc
+  clock_server=$nojemalloc/server/flatkv-server
+  if ! { [[ -f $nojemalloc/build.ninja ]] ||
+         cmake -S "$repo" -B "$nojemalloc" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+           -DFLATKV_JEMALLOC=OFF >"$out/clock-server-build.log" 2>&1; } ||
+     ! cmake --build "$nojemalloc" --target flatkv-server flatkv >>"$out/clock-server-build.log" 2>&1; then
+    echo "jepsen.sh: cannot build the clock scenario's server in $nojemalloc (see $out/clock-server-build.log)" >&2
+    exit 2
+  fi
+fi
 
 status=0
 for ((i = 1; i <= runs; i++)); do
